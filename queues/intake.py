@@ -1,0 +1,94 @@
+"""The API's side of the queue (asyncio): enqueue, read a request's output, cancel it."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import redis.asyncio as aioredis
+import redis.exceptions
+
+from queues import scripts
+from queues.keys import Keys, models_key
+from queues.records import Event, QueuedRequest, parse_event
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Intake:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        model: str,
+        *,
+        max_waiting: int = 0,
+        hard_limit: int = 0,
+        retention_s: int = 3600,
+        clock: Callable[[], int] = now_ms,
+    ) -> None:
+        self.client = client
+        self.keys = Keys(model)
+        self.max_waiting = max_waiting
+        self.hard_limit = hard_limit
+        self.retention_s = retention_s
+        self.clock = clock
+        self._scripts = scripts.register(client)
+
+    async def enqueue(self, request: QueuedRequest) -> int:
+        """Add a request; returns how many wait ahead of it. Raises QueueRefused."""
+        k = self.keys
+        try:
+            _member, ahead = await self._scripts["enqueue"](
+                keys=[k.seq, k.waiting, k.req(request.id), k.wake],
+                args=[
+                    request.id, request.priority, _ids_json(request.prompt), len(request.prompt),
+                    request.params_json(), self.clock(), self.max_waiting, self.hard_limit,
+                ],
+            )
+        except redis.exceptions.ResponseError as error:
+            refused = scripts.refused(error)
+            if refused:
+                raise refused from None
+            raise
+        return int(ahead)
+
+    async def read(
+        self, request_id: str, after: str = "0-0", block_ms: int = 1000
+    ) -> list[tuple[str, Event]]:
+        """Output events after entry id `after` (empty when none came within block_ms).
+        Entry ids are the stream's own, so a client can resume from the last one it saw."""
+        reply = await self.client.xread({self.keys.out(request_id): after}, block=block_ms, count=256)
+        events: list[tuple[str, Event]] = []
+        for _stream, entries in reply or []:
+            for entry_id, fields in entries:
+                events.append((_text(entry_id), parse_event({_text(a): _text(b) for a, b in fields.items()})))
+        return events
+
+    async def cancel(self, request_id: str) -> str:
+        k = self.keys
+        status = await self._scripts["cancel"](
+            keys=[k.waiting, k.req(request_id), k.out(request_id)],
+            args=[self.clock(), self.retention_s],
+        )
+        return _text(status)
+
+    async def record(self, request_id: str) -> dict[str, str]:
+        raw = await self.client.hgetall(self.keys.req(request_id))
+        return {_text(a): _text(b) for a, b in raw.items()}
+
+
+async def live_models(client: aioredis.Redis, within_ms: int, now: int | None = None) -> list[str]:
+    """Models with a worker heartbeat in the last `within_ms`."""
+    now = now_ms() if now is None else now
+    names = await client.zrangebyscore(models_key(), now - within_ms, "+inf")
+    return [_text(n) for n in names]
+
+
+def _ids_json(ids: list[int]) -> str:
+    return "[" + ",".join(map(str, ids)) + "]"
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,30 @@
+--[[ enqueue: a new request joins the waiting queue.
+KEYS[1] seq counter      KEYS[2] waiting zset   KEYS[3] request hash   KEYS[4] wake list
+ARGV[1] id   ARGV[2] priority   ARGV[3] prompt (JSON ids)   ARGV[4] prompt length
+ARGV[5] params (JSON)   ARGV[6] now (ms)   ARGV[7] max waiting ahead (0 = unbounded)
+ARGV[8] hard limit on the whole queue (0 = unbounded)
+Returns {member, number waiting ahead of it}.
+Errors: QUEUE_FULL (shed: as many requests of this priority or higher already wait, or the
+queue is at its hard limit), DUPLICATE (the id exists).
+Lower priorities are shed first: a request is refused when max-ahead requests that would be
+served before it already wait, so a full queue of priority 0 still accepts a priority 9. ]]
+local priority = tonumber(ARGV[2])
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  return redis.error_reply('DUPLICATE')
+end
+local ahead = redis.call('ZCOUNT', KEYS[2], '-inf', -priority)
+local max_ahead = tonumber(ARGV[7])
+local hard = tonumber(ARGV[8])
+if (max_ahead > 0 and ahead >= max_ahead) or (hard > 0 and redis.call('ZCARD', KEYS[2]) >= hard) then
+  return redis.error_reply('QUEUE_FULL')
+end
+local seq = redis.call('INCR', KEYS[1])
+local member = string.format('%012d:%s', seq, ARGV[1])
+redis.call('HSET', KEYS[3],
+  'id', ARGV[1], 'priority', ARGV[2], 'status', 'waiting', 'member', member,
+  'prompt_tokens', ARGV[4], 'prompt', ARGV[3], 'params', ARGV[5],
+  'enqueued_ms', ARGV[6], 'attempts', 0)
+redis.call('ZADD', KEYS[2], -priority, member)
+redis.call('LPUSH', KEYS[4], member)
+redis.call('LTRIM', KEYS[4], 0, 63)
+return {member, ahead}

@@ -1,0 +1,83 @@
+"""What travels through Redis: a queued request and the events of its output stream."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Union
+
+
+@dataclass(frozen=True)
+class QueuedRequest:
+    id: str
+    priority: int
+    prompt: list[int]  # token ids, tokenized by the API
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop: list[str] = field(default_factory=list)
+
+    def params_json(self) -> str:
+        d = asdict(self)
+        for k in ("id", "priority", "prompt"):
+            d.pop(k)
+        return json.dumps(d)
+
+    @classmethod
+    def from_hash(cls, h: dict[str, str]) -> "QueuedRequest":
+        return cls(
+            id=h["id"],
+            priority=int(h["priority"]),
+            prompt=json.loads(h["prompt"]),
+            **json.loads(h["params"]),
+        )
+
+
+@dataclass(frozen=True)
+class Token:
+    text: str
+    token_ids: list[int]
+
+
+@dataclass(frozen=True)
+class Done:
+    finish_reason: str  # "stop" | "length"
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Failed:
+    message: str
+    code: str = "engine_error"
+
+
+Event = Union[Token, Done, Failed]
+
+
+def event_fields(event: Event) -> dict[str, str]:
+    """Flat string fields of one stream entry, readable in redis-cli (XRANGE)."""
+    if isinstance(event, Token):
+        return {"type": "token", "text": event.text, "ids": ",".join(map(str, event.token_ids))}
+    if isinstance(event, Done):
+        return {
+            "type": "done",
+            "finish_reason": event.finish_reason,
+            "prompt_tokens": str(event.prompt_tokens),
+            "completion_tokens": str(event.completion_tokens),
+        }
+    return {"type": "error", "message": event.message, "code": event.code}
+
+
+def parse_event(fields: dict[str, str]) -> Event:
+    kind = fields.get("type")
+    if kind == "token":
+        ids = fields.get("ids", "")
+        return Token(fields.get("text", ""), [int(i) for i in ids.split(",") if i])
+    if kind == "done":
+        return Done(fields["finish_reason"], int(fields["prompt_tokens"]), int(fields["completion_tokens"]))
+    return Failed(fields.get("message", "unknown error"), fields.get("code", "engine_error"))

