@@ -1,0 +1,238 @@
+"""A Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2, Qwen3 shapes) with a KV cache per slot.
+
+Two entry points, both under the caller's `torch.inference_mode()`:
+- `prefill(slot, tokens, start)`: a chunk of one slot's prompt; logits for its last position only.
+- `decode(slots, tokens, positions)`: one token for each of B slots, each at its own position.
+
+Weights come in already in this model's layout (the loaders undo file-format quirks) under the
+names listed in `WEIGHT_NAMES`; `Transformer.from_weights` fuses q/k/v and gate/up into single
+matrices, since at batch 1 every extra op is Python overhead that dominates the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+# Per-layer weight names the loaders produce (prefix "layers.{i}."); optional ones may be absent.
+WEIGHT_NAMES = (
+    "attn_norm", "q", "k", "v", "o", "ffn_norm", "gate", "up", "down",  # always
+    "q_bias", "k_bias", "v_bias", "q_norm", "k_norm",  # Qwen2 biases, Qwen3 q/k norms
+)
+# Whole-model names: "embed", "norm", and "output" unless the embeddings are tied.
+
+# Decode attends over the cache sliced to the longest active row, rounded up to this, so the
+# shapes (and any future compiled graph) change only every BUCKET tokens.
+KV_BUCKET = 256
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    hidden_dim: int
+    vocab_size: int
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    max_positions: int = 8192  # what the model was trained for (informational)
+
+    @property
+    def q_size(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.attn_norm = nn.Parameter(torch.ones(cfg.dim), requires_grad=False)
+        self.ffn_norm = nn.Parameter(torch.ones(cfg.dim), requires_grad=False)
+        self.wqkv = nn.Linear(cfg.dim, cfg.q_size + 2 * cfg.kv_size, bias=cfg.qkv_bias)
+        self.wo = nn.Linear(cfg.q_size, cfg.dim, bias=False)
+        self.w_gate_up = nn.Linear(cfg.dim, 2 * cfg.hidden_dim, bias=False)
+        self.w_down = nn.Linear(cfg.hidden_dim, cfg.dim, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = nn.Parameter(torch.ones(cfg.head_dim), requires_grad=False)
+            self.k_norm = nn.Parameter(torch.ones(cfg.head_dim), requires_grad=False)
+        # Filled by Transformer.allocate_cache: [num_slots, n_kv_heads, ctx, head_dim] each.
+        self.k_cache: Tensor | None = None
+        self.v_cache: Tensor | None = None
+
+    def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        # x: [B, T, dim]; cos, sin: [B, T, head_dim] -> q [B, H, T, hd], k and v [B, KV, T, hd]
+        cfg = self.cfg
+        bsz, seq, _ = x.shape
+        h = F.rms_norm(x, (cfg.dim,), self.attn_norm, cfg.norm_eps)
+        q, k, v = self.wqkv(h).split((cfg.q_size, cfg.kv_size, cfg.kv_size), dim=-1)
+        q = q.view(bsz, seq, cfg.n_heads, cfg.head_dim)
+        k = k.view(bsz, seq, cfg.n_kv_heads, cfg.head_dim)
+        v = v.view(bsz, seq, cfg.n_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q = F.rms_norm(q, (cfg.head_dim,), self.q_norm, cfg.norm_eps)
+            k = F.rms_norm(k, (cfg.head_dim,), self.k_norm, cfg.norm_eps)
+        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # broadcast over heads
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def mlp(self, x: Tensor) -> Tensor:
+        # x: [B, T, dim] -> [B, T, dim], residual included
+        h = F.rms_norm(x, (self.cfg.dim,), self.ffn_norm, self.cfg.norm_eps)
+        gate, up = self.w_gate_up(h).chunk(2, dim=-1)
+        return x + self.w_down(F.silu(gate) * up)
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = nn.Parameter(torch.ones(cfg.dim), requires_grad=False)
+        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.cos: Tensor | None = None
+        self.sin: Tensor | None = None
+        self.num_slots = 0
+        self.ctx = 0
+
+    # ---- set-up ---------------------------------------------------------------------------
+
+    @classmethod
+    def from_weights(
+        cls, cfg: ModelConfig, weights: dict[str, Tensor], *, dtype: torch.dtype, device: torch.device
+    ) -> "Transformer":
+        """Build from loader names (see WEIGHT_NAMES); fuses q/k/v and gate/up once, here."""
+        with torch.device("meta"):
+            model = cls(cfg)
+        model = model.to_empty(device=device).to(dtype)
+        model.requires_grad_(False)
+
+        def take(name: str) -> Tensor:
+            return weights[name].to(device=device, dtype=dtype)
+
+        model.embed.weight.copy_(take("embed"))
+        model.norm.copy_(take("norm"))
+        if cfg.tie_embeddings or "output" not in weights:
+            model.output.weight = model.embed.weight
+        else:
+            model.output.weight.copy_(take("output"))
+        for i, block in enumerate(model.layers):
+            p = f"layers.{i}."
+            block.attn_norm.copy_(take(p + "attn_norm"))
+            block.ffn_norm.copy_(take(p + "ffn_norm"))
+            block.wqkv.weight.copy_(torch.cat([take(p + "q"), take(p + "k"), take(p + "v")]))
+            if cfg.qkv_bias:
+                block.wqkv.bias.copy_(torch.cat([take(p + "q_bias"), take(p + "k_bias"), take(p + "v_bias")]))
+            block.wo.weight.copy_(take(p + "o"))
+            block.w_gate_up.weight.copy_(torch.cat([take(p + "gate"), take(p + "up")]))
+            block.w_down.weight.copy_(take(p + "down"))
+            if cfg.qk_norm:
+                block.q_norm.copy_(take(p + "q_norm"))
+                block.k_norm.copy_(take(p + "k_norm"))
+        return model.eval()
+
+    def allocate_cache(self, num_slots: int, ctx: int) -> None:
+        """One K and one V buffer per layer (a single shared buffer made writes copy it whole)."""
+        cfg = self.cfg
+        device, dtype = self.embed.weight.device, self.embed.weight.dtype
+        shape = (num_slots, cfg.n_kv_heads, ctx, cfg.head_dim)
+        for block in self.layers:
+            block.k_cache = torch.zeros(shape, device=device, dtype=dtype)
+            block.v_cache = torch.zeros(shape, device=device, dtype=dtype)
+        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
+        angles = torch.outer(torch.arange(ctx, dtype=torch.float64), inv_freq)
+        angles = torch.cat([angles, angles], dim=-1)  # HF layout: the two halves share frequencies
+        # Tables in float32 (angles past a few hundred lose their low bits in bf16); each step
+        # rounds the rows it uses to the model dtype, as transformers does.
+        self.cos = angles.cos().to(device=device, dtype=torch.float32)
+        self.sin = angles.sin().to(device=device, dtype=torch.float32)
+        self.num_slots, self.ctx = num_slots, ctx
+
+    # ---- forward --------------------------------------------------------------------------
+
+    def prefill(self, slot: int, tokens: Tensor, start: int, need_logits: bool = True) -> Tensor | None:
+        """tokens: [T] at positions [start, start+T) of `slot` -> logits [V] (float32) of the last
+        position, or None when need_logits is False (a middle chunk of a prompt)."""
+        seq = tokens.shape[0]
+        end = start + seq
+        dtype = self.embed.weight.dtype
+        x = self.embed(tokens).unsqueeze(0)  # [1, T, dim]
+        cos = self.cos[start:end].to(dtype).unsqueeze(0)  # [1, T, hd]
+        sin = self.sin[start:end].to(dtype).unsqueeze(0)
+        # Causal inside the chunk, everything before it visible: key j is seen by row i iff j <= start+i.
+        rows = torch.arange(start, end, device=tokens.device).unsqueeze(1)
+        cols = torch.arange(end, device=tokens.device).unsqueeze(0)
+        mask = (cols <= rows).view(1, 1, 1, seq, end)  # [1, 1, 1, T, L]
+        for block in self.layers:
+            q, k, v = block.qkv(x, cos, sin)  # q [1, H, T, hd]; k, v [1, KV, T, hd]
+            block.k_cache[slot, :, start:end] = k[0]
+            block.v_cache[slot, :, start:end] = v[0]
+            keys = block.k_cache[slot : slot + 1, :, :end]  # [1, KV, L, hd], a view
+            values = block.v_cache[slot : slot + 1, :, :end]
+            x = x + block.wo(attend(q, keys, values, mask))
+            x = block.mlp(x)
+        if not need_logits:
+            return None
+        last = F.rms_norm(x[:, -1], (self.cfg.dim,), self.norm, self.cfg.norm_eps)  # [1, dim]
+        return self.output(last)[0].float()
+
+    def decode(self, slots: Tensor, tokens: Tensor, positions: Tensor, span: int, slot_range: tuple[int, int] | None) -> Tensor:
+        """One step for B slots.
+        slots, tokens, positions: [B] (long) -> logits [B, V] (float32).
+        span: keys to attend to (>= max(positions)+1, bucketed by the caller).
+        slot_range: (lo, hi) when slots == lo..hi-1 in order, so the cache is sliced, not gathered."""
+        bsz = tokens.shape[0]
+        dtype = self.embed.weight.dtype
+        x = self.embed(tokens).unsqueeze(1)  # [B, 1, dim]
+        cos = self.cos[positions].to(dtype).unsqueeze(1)  # [B, 1, hd]
+        sin = self.sin[positions].to(dtype).unsqueeze(1)
+        cols = torch.arange(span, device=tokens.device)
+        mask = (cols.unsqueeze(0) <= positions.unsqueeze(1)).view(bsz, 1, 1, 1, span)  # [B, 1, 1, 1, L]
+        for block in self.layers:
+            q, k, v = block.qkv(x, cos, sin)  # q [B, H, 1, hd]; k, v [B, KV, 1, hd]
+            block.k_cache[slots, :, positions] = k[:, :, 0]  # one index-put per buffer
+            block.v_cache[slots, :, positions] = v[:, :, 0]
+            if slot_range is not None:
+                keys = block.k_cache[slot_range[0] : slot_range[1], :, :span]  # [B, KV, L, hd], a view
+                values = block.v_cache[slot_range[0] : slot_range[1], :, :span]
+            else:
+                keys = block.k_cache[slots, :, :span]  # scattered slots: a gather (copy)
+                values = block.v_cache[slots, :, :span]
+            x = x + block.wo(attend(q, keys, values, mask))
+            x = block.mlp(x)
+        h = F.rms_norm(x[:, 0], (self.cfg.dim,), self.norm, self.cfg.norm_eps)  # [B, dim]
+        return self.output(h).float()
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    # HF RoPE layout: the first half of head_dim pairs with the second half.
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def attend(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
+    """Plain matmul -> float32 softmax -> matmul (SDPA with one query was ~4x slower in bf16).
+    q: [B, H, T, hd]; keys, values: [B, KV, L, hd]; mask: [B, 1, 1, T, L] bool -> [B, T, H*hd]."""
+    bsz, n_heads, seq, head_dim = q.shape
+    n_kv = keys.shape[1]
+    group = n_heads // n_kv
+    # Query head h reads kv head h // group, so grouping heads under their kv head needs no copy.
+    qg = q.reshape(bsz, n_kv, group * seq, head_dim)
+    scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * (head_dim**-0.5)  # [B, KV, G*T, L]
+    scores = scores.view(bsz, n_kv, group, seq, -1).masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(values.dtype).view(bsz, n_kv, group * seq, -1)
+    out = torch.matmul(probs, values)  # [B, KV, G*T, hd]
+    return out.view(bsz, n_heads, seq, head_dim).transpose(1, 2).reshape(bsz, seq, n_heads * head_dim)

@@ -1,0 +1,156 @@
+"""The real engine: a Transformer, its slots' positions and samplers, behind engine.protocol.Engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from engine.files import is_gguf, resolve_model_path, served_model_name
+from engine.model import KV_BUCKET, ModelConfig, Transformer
+from engine.protocol import SamplingParams
+from engine.sampling import SlotSampler, sample_tokens
+from engine.tokenizer import Tokenizer
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+class TorchEngine:
+    """Satisfies engine.protocol.Engine. Not thread-safe: one worker loop drives it."""
+
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, *, model_name: str, eos_token_ids: frozenset[int]) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.num_slots = model.num_slots
+        self.ctx = model.ctx
+        self.eos_token_ids = eos_token_ids
+        self.device = model.embed.weight.device
+        self.dtype = model.embed.weight.dtype
+        self._positions = [0] * self.num_slots
+        self._samplers = [SlotSampler.start(SamplingParams(temperature=0.0)) for _ in range(self.num_slots)]
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.model.cfg
+
+    def begin(self, slot: int, params: SamplingParams) -> None:
+        self._check_slot(slot)
+        self._positions[slot] = 0
+        self._samplers[slot] = SlotSampler.start(params)
+
+    def read(self, slot: int, tokens: Sequence[int], sample: bool) -> int | None:
+        self._check_slot(slot)
+        start = self._positions[slot]
+        if len(tokens) == 0:
+            raise ValueError("read() needs at least one token")
+        if start + len(tokens) > self.ctx:
+            raise ValueError(f"slot {slot}: {start} cached + {len(tokens)} new tokens exceed ctx={self.ctx}")
+        ids = torch.tensor(list(tokens), dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            logits = self.model.prefill(slot, ids, start, need_logits=sample)
+        self._positions[slot] = start + len(tokens)
+        if not sample:
+            return None
+        return sample_tokens(logits.unsqueeze(0), [self._samplers[slot]], self.eos_token_ids)[0]
+
+    def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> list[int]:
+        if len(slots) != len(tokens):
+            raise ValueError("decode() needs one token per slot")
+        if not slots:
+            return []
+        if len(set(slots)) != len(slots):
+            raise ValueError("decode() got the same slot twice")
+        for slot in slots:
+            self._check_slot(slot)
+            if self._positions[slot] >= self.ctx:
+                raise ValueError(f"slot {slot} is full (ctx={self.ctx})")
+        positions = [self._positions[s] for s in slots]
+        span = min(self.ctx, -(-(max(positions) + 1) // KV_BUCKET) * KV_BUCKET)
+        lo = slots[0]
+        contiguous = list(slots) == list(range(lo, lo + len(slots)))
+        dev = self.device
+        with torch.inference_mode():
+            logits = self.model.decode(
+                torch.tensor(list(slots), dtype=torch.long, device=dev),
+                torch.tensor(list(tokens), dtype=torch.long, device=dev),
+                torch.tensor(positions, dtype=torch.long, device=dev),
+                span,
+                (lo, lo + len(slots)) if contiguous else None,
+            )
+        for slot in slots:
+            self._positions[slot] += 1
+        return sample_tokens(logits, [self._samplers[s] for s in slots], self.eos_token_ids)
+
+    def position(self, slot: int) -> int:
+        self._check_slot(slot)
+        return self._positions[slot]
+
+    def truncate(self, slot: int, length: int) -> None:
+        # Cached entries past `length` stay in memory but every mask hides them until overwritten.
+        self._check_slot(slot)
+        if not 0 <= length <= self._positions[slot]:
+            raise ValueError(f"slot {slot}: cannot truncate {self._positions[slot]} tokens to {length}")
+        self._positions[slot] = length
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.num_slots:
+            raise ValueError(f"slot {slot} out of range (num_slots={self.num_slots})")
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """bf16 on CUDA; on this kind of CPU (AVX512-BF16) bf16 decodes faster too (see docs/engine.md);
+    a CPU without native bf16 falls back to float32, where bf16 would be emulated and slow."""
+    if device.type == "cuda":
+        return torch.bfloat16
+    return torch.bfloat16 if _cpu_has_bf16() else torch.float32
+
+
+def _cpu_has_bf16() -> bool:
+    try:
+        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def load_engine(
+    model_path: str | Path | None,
+    *,
+    num_slots: int = 4,
+    ctx: int = 2048,
+    device: str = "cpu",
+    dtype: str | None = None,
+    threads: int | None = None,
+) -> TorchEngine:
+    """Open a GGUF file or HF folder (None: the default SmolLM2) and allocate its slots."""
+    if num_slots < 1 or ctx < 1:
+        raise ValueError("num_slots and ctx must be positive")
+    if threads is not None:
+        torch.set_num_threads(threads)
+    dev = torch.device(device)
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"unsupported device {device!r}: use 'cpu' or 'cuda:N'")
+    if dtype is None:
+        torch_dtype = default_dtype(dev)
+    elif dtype in _DTYPES:
+        torch_dtype = _DTYPES[dtype]
+    else:
+        raise ValueError(f"unsupported dtype {dtype!r} (use one of {sorted(_DTYPES)})")
+
+    path = resolve_model_path(model_path)
+    if is_gguf(path):
+        from engine.gguf_loader import GGUFModel
+
+        gguf = GGUFModel(path)
+        config, weights, file_eos = gguf.config, gguf.weights(), gguf.eos_token_ids()
+    else:
+        from engine import hf_loader
+
+        config, weights, file_eos = hf_loader.read_config(path), hf_loader.load_weights(path), []
+    tokenizer = Tokenizer.from_model_path(path, extra_eos_ids=file_eos)
+    model = Transformer.from_weights(config, weights, dtype=torch_dtype, device=dev)
+    del weights
+    model.allocate_cache(num_slots, ctx)
+    return TorchEngine(model, tokenizer, model_name=served_model_name(path), eos_token_ids=tokenizer.eos_token_ids)
