@@ -10,7 +10,7 @@ import redis.exceptions
 
 from queues import scripts
 from queues.keys import Keys, models_key
-from queues.records import Event, QueuedRequest, parse_event
+from queues.records import Event, QueuedRequest, parse_event, text
 
 
 def now_ms() -> int:
@@ -63,7 +63,7 @@ class Intake:
         events: list[tuple[str, Event]] = []
         for _stream, entries in reply or []:
             for entry_id, fields in entries:
-                events.append((_text(entry_id), parse_event({_text(a): _text(b) for a, b in fields.items()})))
+                events.append((text(entry_id), parse_event({text(a): text(b) for a, b in fields.items()})))
         return events
 
     async def cancel(self, request_id: str) -> str:
@@ -72,23 +72,19 @@ class Intake:
             keys=[k.waiting, k.req(request_id), k.out(request_id)],
             args=[self.clock(), self.retention_s],
         )
-        return _text(status)
+        return text(status)
 
     async def record(self, request_id: str) -> dict[str, str]:
         raw = await self.client.hgetall(self.keys.req(request_id))
-        return {_text(a): _text(b) for a, b in raw.items()}
+        return {text(a): text(b) for a, b in raw.items()}
 
 
 async def live_models(client: aioredis.Redis, within_ms: int, now: int | None = None) -> list[str]:
     """Models with a worker heartbeat in the last `within_ms`."""
     now = now_ms() if now is None else now
     names = await client.zrangebyscore(models_key(), now - within_ms, "+inf")
-    return [_text(n) for n in names]
+    return [text(n) for n in names]
 
 
 def _ids_json(ids: list[int]) -> str:
     return "[" + ",".join(map(str, ids)) + "]"
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

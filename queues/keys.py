@@ -38,6 +38,11 @@ class Keys:
         return f"{self.base}:seq"
 
     @property
+    def claims(self) -> str:
+        """Counter of claims: a request's `claim_seq` says in which order it got a slot."""
+        return f"{self.base}:claims"
+
+    @property
     def wake(self) -> str:
         """List a worker blocks on while idle; enqueue pushes to it."""
         return f"{self.base}:wake"

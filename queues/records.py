@@ -59,6 +59,11 @@ class Failed:
 Event = Union[Token, Done, Failed]
 
 
+def text(value: bytes | str) -> str:
+    """Replies come as bytes or str depending on the client's decode_responses."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def event_fields(event: Event) -> dict[str, str]:
     """Flat string fields of one stream entry, readable in redis-cli (XRANGE)."""
     if isinstance(event, Token):

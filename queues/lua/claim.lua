@@ -1,5 +1,5 @@
 --[[ claim: a worker takes one waiting request into a slot, atomically with its lease.
-KEYS[1] waiting zset   KEYS[2] running zset   KEYS[3] request hash
+KEYS[1] waiting zset   KEYS[2] running zset   KEYS[3] request hash   KEYS[4] claim counter
 ARGV[1] member (as read from the head of waiting)   ARGV[2] id   ARGV[3] worker id
 ARGV[4] slot   ARGV[5] now (ms)   ARGV[6] lease deadline (ms)
 Returns the request hash as a flat list, or nil when another worker took the member first
@@ -11,4 +11,6 @@ redis.call('ZADD', KEYS[2], ARGV[6], ARGV[2])
 redis.call('HSET', KEYS[3], 'status', 'running', 'worker', ARGV[3], 'slot', ARGV[4],
   'claimed_ms', ARGV[5])
 redis.call('HINCRBY', KEYS[3], 'attempts', 1)
+-- the model's n-th claim: the order in which requests got slots, across all workers
+redis.call('HSET', KEYS[3], 'claim_seq', redis.call('INCR', KEYS[4]))
 return redis.call('HGETALL', KEYS[3])

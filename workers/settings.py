@@ -1,0 +1,29 @@
+"""A worker process's configuration: every option is a CLI flag and a STRATA_ variable."""
+
+from __future__ import annotations
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="STRATA_", extra="ignore")
+
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        validation_alias=AliasChoices("redis_url", "STRATA_REDIS_URL", "REDIS_URL"),
+        description="Redis the worker pulls requests from",
+    )
+    model: str | None = Field(None, description="GGUF file or Hugging Face folder; default SmolLM2-135M-Instruct")
+    served_model_name: str | None = Field(None, description="name clients use; default derived from the file")
+    device: str = Field("cpu", description="cpu or cuda:N")
+    dtype: str | None = Field(None, description="float32 or bfloat16; default the faster one for the device")
+    parallel: int = Field(4, ge=1, description="slots: requests decoded together")
+    ctx: int = Field(2048, ge=16, description="tokens per slot (prompt + answer)")
+    prefill_chunk: int = Field(256, ge=1, description="tokens read per chunk; a chunk boundary is where a read can stop")
+    threads: int | None = Field(None, description="torch CPU threads; default all cores")
+    lease_ms: int = Field(15_000, ge=100, description="a claim not renewed for this long goes back to the queue")
+    heartbeat_s: float = Field(1.0, gt=0, description="how often the worker hash is refreshed")
+    idle_wait_s: float = Field(0.5, gt=0, description="longest block on an empty queue")
+    worker_id: str | None = Field(None, description="default host-pid-device")
+    retention_s: int = Field(3600, ge=0, description="how long a finished request's hash and stream stay")

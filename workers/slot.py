@@ -1,0 +1,53 @@
+"""One place in the worker's batch and the request it holds."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from queues.records import QueuedRequest
+from workers.text import TextStream
+
+
+class Phase(enum.Enum):
+    FREE = "free"
+    READING = "reading"  # prompt being read into the KV cache, one chunk at a time
+    DECODING = "decoding"
+
+
+@dataclass
+class Slot:
+    index: int
+    phase: Phase = Phase.FREE
+    request: QueuedRequest | None = None
+    seq: int = 0  # arrival order, for first come first served within a priority
+    tokens: list[int] = field(default_factory=list)  # what the cache must hold: prompt (+ resumed)
+    read_pos: int = 0  # tokens of `tokens` already in the cache
+    generated: int = 0  # tokens produced, including any from an earlier attempt
+    last_token: int = -1
+    text: TextStream | None = None
+    yields: int = 0
+    last_used: int = 0  # step when it was last freed: least-recently-used order
+
+    @property
+    def is_free(self) -> bool:
+        return self.phase is Phase.FREE
+
+    @property
+    def priority(self) -> int:
+        return self.request.priority if self.request else 0
+
+    @property
+    def to_read(self) -> int:
+        return len(self.tokens) - self.read_pos
+
+    def release(self, step: int) -> None:
+        self.phase = Phase.FREE
+        self.request = None
+        self.tokens = []
+        self.read_pos = 0
+        self.generated = 0
+        self.last_token = -1
+        self.text = None
+        self.yields = 0
+        self.last_used = step
