@@ -20,7 +20,7 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
 class TorchEngine:
     """Satisfies engine.protocol.Engine. Not thread-safe: one worker loop drives it."""
 
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, *, model_name: str, eos_token_ids: frozenset[int]) -> None:
+    def __init__(self, model: Transformer, tokenizer: Tokenizer | None, *, model_name: str, eos_token_ids: frozenset[int]) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -150,7 +150,27 @@ def load_engine(
 
         config, weights, file_eos = hf_loader.read_config(path), hf_loader.load_weights(path), []
     tokenizer = Tokenizer.from_model_path(path, extra_eos_ids=file_eos)
-    model = Transformer.from_weights(config, weights, dtype=torch_dtype, device=dev)
-    del weights
+    return build_engine(
+        config, weights, tokenizer, model_name=served_model_name(path),
+        num_slots=num_slots, ctx=ctx, device=dev, dtype=torch_dtype,
+    )
+
+
+def build_engine(
+    config: ModelConfig,
+    weights: dict[str, torch.Tensor],
+    tokenizer: Tokenizer | None,
+    *,
+    model_name: str,
+    num_slots: int,
+    ctx: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    eos_token_ids: frozenset[int] | None = None,
+) -> TorchEngine:
+    """An engine from loaded parts (tests reuse one loaded file for several dtypes/slot counts)."""
+    model = Transformer.from_weights(config, weights, dtype=dtype, device=device)
     model.allocate_cache(num_slots, ctx)
-    return TorchEngine(model, tokenizer, model_name=served_model_name(path), eos_token_ids=tokenizer.eos_token_ids)
+    if eos_token_ids is None:
+        eos_token_ids = tokenizer.eos_token_ids if tokenizer is not None else frozenset()
+    return TorchEngine(model, tokenizer, model_name=model_name, eos_token_ids=eos_token_ids)

@@ -1,0 +1,50 @@
+"""Shared engine fixtures. The real SmolLM2 file is read once per session (reading it costs ~10 s)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@dataclass
+class LoadedSmolLM2:
+    path: object
+    config: object
+    weights: dict
+    tokenizer: object
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> LoadedSmolLM2:
+    from engine.files import default_model_path
+    from engine.gguf_loader import GGUFModel
+    from engine.tokenizer import Tokenizer
+
+    path = default_model_path()
+    gguf = GGUFModel(path)
+    tokenizer = Tokenizer.from_model_path(path, extra_eos_ids=gguf.eos_token_ids())
+    return LoadedSmolLM2(path=path, config=gguf.config, weights=gguf.weights(), tokenizer=tokenizer)
+
+
+def make_engine(loaded: LoadedSmolLM2, dtype: torch.dtype, num_slots: int = 4, ctx: int = 512):
+    from engine.runner import build_engine
+
+    return build_engine(
+        loaded.config, loaded.weights, loaded.tokenizer, model_name="SmolLM2-135M-Instruct",
+        num_slots=num_slots, ctx=ctx, device=torch.device("cpu"), dtype=dtype,
+    )
+
+
+@pytest.fixture(scope="session")
+def smollm2_f32(smollm2: LoadedSmolLM2):
+    return make_engine(smollm2, torch.float32)
+
+
+@pytest.fixture(scope="session")
+def smollm2_bf16(smollm2: LoadedSmolLM2):
+    return make_engine(smollm2, torch.bfloat16)

@@ -1,0 +1,159 @@
+"""GGUF files written here with gguf.GGUFWriter, read back through engine.gguf_loader."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFReader, GGUFWriter
+from gguf.quants import dequantize, quantize
+
+from engine.gguf_loader import GGUFModel, unpermute_rope_rows
+from engine.model import Transformer
+
+N_HEADS, N_KV = 4, 2
+GGUF_NAMES = {
+    "q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
+    "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down",
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+}
+
+
+def llamacpp_permute(weight: np.ndarray, n_heads: int) -> np.ndarray:
+    """What llama.cpp's converter does to Q/K rows: within a head, pair row i with i + hd/2
+    as neighbours (interleaved RoPE)."""
+    rows = weight.shape[0]
+    return weight.reshape(n_heads, 2, rows // n_heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=N_HEADS,
+        num_key_value_heads=N_KV, vocab_size=256, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
+    )
+    return LlamaForCausalLM(cfg).float().eval()
+
+
+def gguf_tensors(hf) -> dict[str, np.ndarray]:
+    out = {}
+    for name, p in hf.state_dict().items():
+        w = p.detach().numpy().astype(np.float32)
+        if name == "model.embed_tokens.weight":
+            out["token_embd.weight"] = w
+        elif name == "model.norm.weight":
+            out["output_norm.weight"] = w
+        elif name == "lm_head.weight":
+            out["output.weight"] = w
+        else:
+            parts = name.split(".")  # model.layers.{i}[.self_attn|.mlp].{proj}.weight
+            i, proj = parts[2], parts[-2]
+            if proj == "q_proj":
+                w = llamacpp_permute(w, N_HEADS)
+            elif proj == "k_proj":
+                w = llamacpp_permute(w, N_KV)
+            out[f"blk.{i}.{GGUF_NAMES[proj]}.weight"] = w
+    return out
+
+
+def write_gguf(path, tensors: dict[str, np.ndarray], qtype_of) -> None:
+    writer = GGUFWriter(path, "llama")
+    writer.add_block_count(2)
+    writer.add_context_length(512)
+    writer.add_embedding_length(64)
+    writer.add_feed_forward_length(128)
+    writer.add_head_count(N_HEADS)
+    writer.add_head_count_kv(N_KV)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(256)
+    for name, w in tensors.items():
+        qtype = qtype_of(name, w)
+        if qtype == Q.F32:
+            writer.add_tensor(name, w)
+        elif qtype == Q.F16:
+            writer.add_tensor(name, w.astype(np.float16))
+        else:
+            writer.add_tensor(name, quantize(w, qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_f32_file_gives_hf_weights_and_logits(hf_model, tmp_path):
+    path = tmp_path / "tiny.gguf"
+    write_gguf(path, gguf_tensors(hf_model), lambda name, w: Q.F32)
+    loaded = GGUFModel(path)
+    weights = loaded.weights()
+    sd = hf_model.state_dict()
+    # Exact: the loader must undo the Q/K permutation and the reversed dims with no loss.
+    torch.testing.assert_close(weights["layers.1.q"], sd["model.layers.1.self_attn.q_proj.weight"], atol=0, rtol=0)
+    torch.testing.assert_close(weights["layers.0.k"], sd["model.layers.0.self_attn.k_proj.weight"], atol=0, rtol=0)
+    torch.testing.assert_close(weights["layers.0.down"], sd["model.layers.0.mlp.down_proj.weight"], atol=0, rtol=0)
+    assert not loaded.config.tie_embeddings and loaded.config.n_kv_heads == N_KV
+
+    model = Transformer.from_weights(loaded.config, weights, dtype=torch.float32, device=torch.device("cpu"))
+    model.allocate_cache(1, 64)
+    ids = list(range(3, 40))
+    with torch.no_grad():
+        ref = hf_model(torch.tensor([ids])).logits[0, -1]
+    with torch.inference_mode():
+        ours = model.prefill(0, torch.tensor(ids), 0)
+    torch.testing.assert_close(ours, ref, atol=2e-4, rtol=0)
+
+
+QTYPES = [Q.F32, Q.F16, Q.Q8_0, Q.Q4_0, Q.Q4_1]
+
+
+def test_quantized_file_matches_gguf_dequantize(hf_model, tmp_path):
+    path = tmp_path / "tiny-mixed.gguf"
+    tensors = gguf_tensors(hf_model)
+    matrices = [n for n, w in tensors.items() if w.ndim == 2]
+    assign = {n: QTYPES[i % len(QTYPES)] for i, n in enumerate(matrices)}
+    write_gguf(path, tensors, lambda name, w: assign.get(name, Q.F32))
+
+    reader = GGUFReader(path)
+    seen = {Q(t.tensor_type).name for t in reader.tensors}
+    assert {"F32", "F16", "Q8_0", "Q4_0", "Q4_1"} <= seen
+    loaded = GGUFModel(path)
+    weights = loaded.weights()
+    for t in reader.tensors:
+        expected = dequantize(t.data, t.tensor_type).reshape(tuple(reversed([int(d) for d in t.shape])))
+        layer, kind = t.name.split(".")[1], t.name.split(".")[-2]
+        if kind == "attn_q":
+            expected = unpermute_rope_rows(expected, N_HEADS)
+        elif kind == "attn_k":
+            expected = unpermute_rope_rows(expected, N_KV)
+        ours = {
+            "token_embd": "embed", "output_norm": "norm", "output": "output",
+        }.get(t.name.split(".")[0]) or f"layers.{layer}." + {
+            "attn_q": "q", "attn_k": "k", "attn_v": "v", "attn_output": "o", "ffn_gate": "gate",
+            "ffn_up": "up", "ffn_down": "down", "attn_norm": "attn_norm", "ffn_norm": "ffn_norm",
+        }[kind]
+        np.testing.assert_array_equal(weights[ours].numpy(), expected.astype(np.float32), err_msg=t.name)
+        # and the quantization itself is close to the original weights
+        np.testing.assert_allclose(weights[ours].numpy(), hf_model.state_dict()[_hf_name(ours)].numpy(), atol=0.05)
+
+    model = Transformer.from_weights(loaded.config, weights, dtype=torch.float32, device=torch.device("cpu"))
+    model.allocate_cache(1, 64)
+    with torch.inference_mode():
+        logits = model.prefill(0, torch.tensor(list(range(20))), 0)
+    assert logits.shape == (256,) and torch.isfinite(logits).all()
+
+
+def _hf_name(ours: str) -> str:
+    top = {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight", "output": "lm_head.weight"}
+    if ours in top:
+        return top[ours]
+    _, i, kind = ours.split(".")
+    sub = {
+        "q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
+        "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj",
+        "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    }[kind]
+    return f"model.layers.{i}.{sub}.weight"
