@@ -1,0 +1,65 @@
+"""The `strata` command. Every option is a flag and a STRATA_ environment variable, because
+each subcommand is a pydantic settings object."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, CliApp, CliSubCommand, SettingsConfigDict
+
+from api.settings import ApiSettings
+from workers.settings import WorkerSettings
+
+
+class ServeCommand(WorkerSettings, ApiSettings):
+    """Redis (embedded unless REDIS_URL is set), the API and one worker, supervised."""
+
+    model_config = SettingsConfigDict(env_prefix="STRATA_", extra="ignore")
+
+    redis_url: str | None = Field(
+        None,
+        validation_alias=AliasChoices("redis_url", "STRATA_REDIS_URL", "REDIS_URL"),
+        description="use this Redis; unset: start an embedded one with its data in --data-dir",
+    )
+    data_dir: Path = Field(Path("data"), description="embedded Redis's append-only files and address")
+    restart_delay_s: float = Field(2.0, ge=0, description="wait before restarting a child that exited")
+
+    def cli_cmd(self) -> None:
+        from strata.serve import serve
+
+        sys.exit(serve(self))
+
+
+class WorkerCommand(WorkerSettings):
+    """One worker process on one device, pulling from REDIS_URL."""
+
+    def cli_cmd(self) -> None:
+        from workers.main import run_worker
+
+        run_worker(self)
+
+
+class ApiCommand(ApiSettings):
+    """The HTTP API alone (stateless: run as many as you like)."""
+
+    def cli_cmd(self) -> None:
+        from api.app import run
+
+        run(self)
+
+
+class Strata(BaseSettings):
+    model_config = SettingsConfigDict(cli_prog_name="strata", cli_kebab_case=True)
+
+    serve: CliSubCommand[ServeCommand]
+    worker: CliSubCommand[WorkerCommand]
+    api: CliSubCommand[ApiCommand]
+
+    def cli_cmd(self) -> None:
+        CliApp.run_subcommand(self)
+
+
+def main(argv: list[str] | None = None) -> None:
+    CliApp.run(Strata, cli_args=sys.argv[1:] if argv is None else argv)

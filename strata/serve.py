@@ -1,0 +1,92 @@
+"""`strata serve`: one command that serves a real model. Starts Redis if none is given, then the
+API and a worker as child processes; restarts a child that dies; stops all on Ctrl-C/SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from queues.server import EmbeddedRedis
+
+log = logging.getLogger("strata.serve")
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    process: subprocess.Popen | None = None
+    restarts: int = 0
+
+    def start(self, env: dict[str, str]) -> None:
+        self.process = subprocess.Popen(self.argv, env=env)
+
+    def exited(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+
+def child_env(settings, redis_url: str) -> dict[str, str]:  # noqa: ANN001 - a ServeCommand
+    """The children read the same settings from STRATA_ variables."""
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    for name, value in settings.model_dump().items():
+        if value is not None:
+            env[f"STRATA_{name.upper()}"] = str(value)
+    env["STRATA_REDIS_URL"] = redis_url
+    return env
+
+
+def serve(settings) -> int:  # noqa: ANN001 - a ServeCommand
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    stopping = False
+
+    def stop(_signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    redis_server = None
+    url = settings.redis_url
+    if not url:
+        redis_server = EmbeddedRedis(settings.data_dir).start()
+        url = redis_server.url
+        log.info("embedded Redis at %s, data in %s", url, settings.data_dir.resolve())
+    env = child_env(settings, url)
+    python = sys.executable
+    children = [
+        Child("worker", [python, "-m", "strata", "worker"]),
+        Child("api", [python, "-m", "strata", "api"]),
+    ]
+    try:
+        for child in children:
+            child.start(env)
+        log.info("serving on http://%s:%d (Redis %s); Ctrl-C stops", settings.host, settings.port, url)
+        while not stopping:
+            time.sleep(0.2)
+            for child in children:
+                code = child.exited()
+                if code is not None and not stopping:
+                    log.warning("%s exited with %s; restarting in %.1fs", child.name, code, settings.restart_delay_s)
+                    time.sleep(settings.restart_delay_s)
+                    child.restarts += 1
+                    child.start(env)
+    finally:
+        for child in children:
+            if child.process and child.process.poll() is None:
+                child.process.send_signal(signal.SIGTERM)
+        for child in children:
+            if child.process:
+                try:
+                    child.process.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    child.process.kill()
+                    child.process.wait()
+        if redis_server:
+            redis_server.stop()
+        log.info("stopped")
+    return 0
