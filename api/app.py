@@ -1,0 +1,107 @@
+"""The FastAPI application: create_app(settings) builds it, run(settings) serves it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import redis.asyncio as aioredis
+import redis.exceptions
+from fastapi import FastAPI
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+
+from api.deps import Services, TokenizerLike
+from api.errors import BodyLimit, install_error_handlers
+from api.routes import chat, completions, health, models
+from api.settings import ApiSettings
+from queues.intake import Intake
+
+log = logging.getLogger("strata.api")
+
+
+def create_app(
+    settings: ApiSettings,
+    *,
+    tokenizer: TokenizerLike | None = None,
+    redis_client: aioredis.Redis | None = None,
+) -> FastAPI:
+    """The API. `tokenizer` and `redis_client` are built from `settings` at startup when not
+    given (tests pass a small fake tokenizer; Redis is always a real server)."""
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[dict]:
+        client = redis_client or connect_redis(settings.redis_url)
+        await wait_for_redis(client, settings.redis_connect_s)
+        tok, name = await anyio.to_thread.run_sync(load_model_facts, settings, tokenizer)
+        intake = Intake(
+            client, name,
+            max_waiting=settings.max_waiting,
+            hard_limit=settings.queue_hard_limit,
+            retention_s=settings.retention_s,
+        )
+        log.info("serving %s; queue at %s", name, settings.redis_url)
+        try:
+            # Starlette hands this dict to every request as request.state: the one place the
+            # built objects live (see api.deps).
+            yield {"services": Services(settings, client, intake, tok, name, int(time.time()))}
+        finally:
+            if redis_client is None:
+                await client.aclose()
+
+    app = FastAPI(title="Strata", version="0.1.0", lifespan=lifespan)
+    install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    for module in (chat, completions, models, health):
+        app.include_router(module.router)
+    return app
+
+
+def connect_redis(url: str) -> aioredis.Redis:
+    """A client that retries a command on a dropped connection (Redis restarting)."""
+    return aioredis.Redis.from_url(
+        url,
+        socket_connect_timeout=5,
+        health_check_interval=30,
+        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=5),
+        retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
+    )
+
+
+async def wait_for_redis(client: aioredis.Redis, within_s: float) -> None:
+    deadline = time.monotonic() + within_s
+    delay = 0.1
+    while True:
+        try:
+            await client.ping()
+            return
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
+            if time.monotonic() >= deadline:
+                raise
+            log.warning("waiting for Redis (%s)", client)
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+def load_model_facts(settings: ApiSettings, tokenizer: TokenizerLike | None) -> tuple[TokenizerLike, str]:
+    """The tokenizer and the served model name, from the model files where not given."""
+    if tokenizer is not None and settings.served_model_name:
+        return tokenizer, settings.served_model_name
+    from engine.files import resolve_model_path, served_model_name
+
+    path = resolve_model_path(settings.model)
+    if tokenizer is None:
+        from engine.tokenizer import Tokenizer
+
+        tokenizer = Tokenizer.from_model_path(path)
+    return tokenizer, settings.served_model_name or served_model_name(path)
+
+
+def run(settings: ApiSettings) -> None:
+    """Serve the API with uvicorn until interrupted (the CLI calls this)."""
+    import uvicorn
+
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")

@@ -1,0 +1,250 @@
+"""What chat and text completions share: turn a validated body into a queued request, enqueue
+it, then read the worker's output back and answer whole or as a stream of SSE events.
+
+Each endpoint only says how its answer is worded (a `Shape`). Whatever way a handler ends
+before the answer's last event (client gone, handler cancelled, Redis error) the request is
+cancelled in Redis, so a worker never spends a slot on an answer nobody reads."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing, asynccontextmanager
+from dataclasses import dataclass
+from typing import Protocol
+
+import anyio
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse, format_sse_event
+from pydantic import BaseModel
+
+from api.deps import Services
+from api.errors import ApiError
+from api.priority import parse_priority
+from api.schemas import ErrorBody, GenerationBody, Usage
+from api.settings import ApiSettings
+from queues.intake import Intake
+from queues.records import Done, Event, Failed, QueuedRequest, Token
+from queues.scripts import QueueError, QueueRefused
+
+log = logging.getLogger("strata.api")
+
+KEEPALIVE_S = 15.0
+_UNAVAILABLE_CODES = {"cancelled", "worker_lost", "unavailable", "expired"}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One accepted request, as its answer refers to it."""
+
+    id: str
+    created: int
+    model: str
+    priority: int
+    include_usage: bool
+
+
+@dataclass(frozen=True)
+class Answer:
+    text: str
+    finish_reason: str
+    usage: Usage
+
+
+class Shape(Protocol):
+    """How one endpoint words its answer."""
+
+    def opening(self, job: Job) -> BaseModel | None: ...
+    def chunk(self, job: Job, text: str | None, finish_reason: str | None) -> BaseModel: ...
+    def usage_chunk(self, job: Job, usage: Usage) -> BaseModel: ...
+    def whole(self, job: Job, answer: Answer) -> BaseModel: ...
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def check_body(body: GenerationBody, services: Services) -> None:
+    """The checks that come before tokenizing: the model asked for, and n."""
+    if body.model and body.model != services.model_name:
+        raise ApiError(
+            404, f"The model '{body.model}' does not exist; this server serves '{services.model_name}'.",
+            code="model_not_found", param="model",
+        )
+    if body.n != 1:
+        raise ApiError(400, "Only n=1 is supported.", code="unsupported_value", param="n")
+
+
+def plan_max_tokens(prompt_len: int, requested: int | None, settings: ApiSettings, param: str) -> int:
+    """The answer length: what was asked (default_max_tokens when nothing was), lowered so that
+    prompt + answer fit in one slot of `ctx` tokens. A prompt that leaves no room is refused."""
+    room = settings.ctx - prompt_len
+    if room <= 0:
+        raise ApiError(
+            400,
+            f"This model's context is {settings.ctx} tokens; the prompt has {prompt_len}, "
+            f"which leaves no room for an answer.",
+            code="context_length_exceeded", param=param,
+        )
+    wanted = settings.default_max_tokens if requested is None else requested
+    return min(wanted, room)
+
+
+def build_request(
+    request_id: str, body: GenerationBody, prompt: list[int], settings: ApiSettings, param: str
+) -> QueuedRequest:
+    max_tokens = plan_max_tokens(len(prompt), body.requested_max_tokens(), settings, param)
+    return QueuedRequest(
+        id=request_id,
+        priority=parse_priority(body.priority, settings.priority_min, settings.priority_max),
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=max(body.top_k, 0),
+        seed=body.seed,
+        min_tokens=min(body.min_tokens, max_tokens),
+        ignore_eos=body.ignore_eos,
+        stop=body.stop_list(),
+    )
+
+
+async def answer(
+    request: Request, services: Services, queued: QueuedRequest, shape: Shape, body: GenerationBody
+) -> Response:
+    """Enqueue, then answer whole or stream: the one path both endpoints take."""
+    settings = services.settings
+    await enqueue(services.intake, queued, settings)
+    job = Job(queued.id, int(time.time()), services.model_name, queued.priority, body.include_usage)
+    headers = {"x-request-id": queued.id, "x-strata-priority": str(queued.priority)}
+    if body.stream:
+        events = stream_events(request, services.intake, job, shape, settings.read_block_ms)
+        # Start the generator now: from here on, however the response ends, its guard cancels.
+        first = await anext(events)
+        return EventSourceResponse(_prepend(first, events), headers=headers)
+    result = await collect(request, services.intake, queued.id, settings.read_block_ms)
+    return JSONResponse(shape.whole(job, result).model_dump(mode="json"), headers=headers)
+
+
+async def enqueue(intake: Intake, queued: QueuedRequest, settings: ApiSettings) -> int:
+    try:
+        return await intake.enqueue(queued)
+    except QueueRefused as refused:
+        if refused.code is QueueError.QUEUE_FULL:
+            raise ApiError(
+                429,
+                f"The queue is full at priority {queued.priority}; retry later or at a higher priority.",
+                code="queue_full",
+                headers={"Retry-After": str(settings.retry_after_s), "x-strata-priority": str(queued.priority)},
+            ) from None
+        raise ApiError(409, f"Request id {queued.id} already exists.", code="duplicate_request") from None
+
+
+# ---- reading the answer back --------------------------------------------------------------
+
+
+class _Progress:
+    finished = False
+
+
+@asynccontextmanager
+async def _cancel_unless_finished(intake: Intake, request_id: str) -> AsyncIterator[_Progress]:
+    progress = _Progress()
+    try:
+        yield progress
+    finally:
+        if not progress.finished:
+            with anyio.CancelScope(shield=True):
+                try:
+                    status = await intake.cancel(request_id)
+                    log.info("cancelled %s (was %s)", request_id, status or "unknown")
+                except Exception:  # noqa: BLE001 - Redis down: the lease expiry frees the slot
+                    log.warning("could not cancel %s", request_id, exc_info=True)
+
+
+async def _follow(
+    request: Request, intake: Intake, request_id: str, block_ms: int, progress: _Progress
+) -> AsyncIterator[list[tuple[str, Event]]]:
+    """Batches of output events (empty when none came within block_ms) up to and including the
+    last one (Done or Failed). Stops early, unfinished, when the client has gone."""
+    after = "0-0"
+    while True:
+        batch = await intake.read(request_id, after, block_ms)
+        for i, (_entry_id, event) in enumerate(batch):
+            if isinstance(event, (Done, Failed)):
+                batch = batch[: i + 1]
+                progress.finished = True
+                break
+        if batch:
+            after = batch[-1][0]
+        yield batch
+        if progress.finished or await request.is_disconnected():
+            return
+
+
+async def collect(request: Request, intake: Intake, request_id: str, block_ms: int) -> Answer:
+    parts: list[str] = []
+    async with _cancel_unless_finished(intake, request_id) as progress:
+        async with aclosing(_follow(request, intake, request_id, block_ms, progress)) as batches:
+            async for batch in batches:
+                for _entry_id, event in batch:
+                    if isinstance(event, Token):
+                        parts.append(event.text)
+                    elif isinstance(event, Done):
+                        usage = Usage.of(event.prompt_tokens, event.completion_tokens)
+                        return Answer("".join(parts), event.finish_reason, usage)
+                    else:
+                        raise failure(event)
+    raise ApiError(499, "The client closed the request.", code="client_closed")
+
+
+def failure(event: Failed) -> ApiError:
+    status = 503 if event.code in _UNAVAILABLE_CODES else 500
+    return ApiError(status, event.message, code=event.code,
+                    type="service_unavailable" if status == 503 else "server_error")
+
+
+async def stream_events(
+    request: Request, intake: Intake, job: Job, shape: Shape, block_ms: int
+) -> AsyncIterator[bytes]:
+    """SSE bytes: the opening chunk, one chunk per token event (id = its Redis stream entry id,
+    so a client can resume), the finish chunk, the usage chunk when asked, then [DONE]."""
+    async with _cancel_unless_finished(intake, job.id) as progress:
+        opening = shape.opening(job)
+        yield _sse(opening) if opening is not None else b": accepted\n\n"
+        quiet_since = time.monotonic()
+        async with aclosing(_follow(request, intake, job.id, block_ms, progress)) as batches:
+            async for batch in batches:
+                if not batch:
+                    if time.monotonic() - quiet_since >= KEEPALIVE_S:
+                        quiet_since = time.monotonic()
+                        yield KEEPALIVE_COMMENT
+                    continue
+                quiet_since = time.monotonic()
+                for entry_id, event in batch:
+                    if isinstance(event, Token):
+                        if event.text:
+                            yield _sse(shape.chunk(job, event.text, None), entry_id)
+                    elif isinstance(event, Done):
+                        yield _sse(shape.chunk(job, None, event.finish_reason), entry_id)
+                        if job.include_usage:
+                            yield _sse(shape.usage_chunk(job, Usage.of(event.prompt_tokens, event.completion_tokens)))
+                        yield format_sse_event(data_str="[DONE]")
+                    else:
+                        error = failure(event)
+                        yield _sse(ErrorBody(error=error.detail), entry_id)
+                        yield format_sse_event(data_str="[DONE]")
+
+
+def _sse(model: BaseModel, entry_id: str | None = None) -> bytes:
+    return format_sse_event(data_str=model.model_dump_json(), id=entry_id)
+
+
+async def _prepend(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    async with aclosing(rest):
+        yield first
+        async for item in rest:
+            yield item

@@ -1,0 +1,47 @@
+"""Everything the API process can be told, from STRATA_* environment variables (or the CLI)."""
+
+from __future__ import annotations
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ApiSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="STRATA_", populate_by_name=True, extra="ignore")
+
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        validation_alias=AliasChoices("redis_url", "STRATA_REDIS_URL", "REDIS_URL"),
+        description="Redis (or Valkey) holding the queues; also read from plain REDIS_URL.",
+    )
+    model: str | None = Field(
+        None, description="Model file (.gguf) or Hugging Face folder; empty = the bundled SmolLM2."
+    )
+    served_model_name: str | None = Field(
+        None, description="Name clients pass as `model`; empty = derived from the model file name."
+    )
+    host: str = Field("127.0.0.1", description="Address the HTTP server binds.")
+    port: int = Field(8000, ge=0, le=65535, description="Port the HTTP server binds.")
+    ctx: int = Field(2048, ge=2, description="Tokens per slot: prompt + answer must fit.")
+    priority_min: int = Field(-100, description="Lowest priority; lower values are raised to it.")
+    priority_max: int = Field(100, description="Highest priority; higher values are lowered to it.")
+    default_max_tokens: int = Field(
+        256, ge=1, description="Answer length when a request gives no max_tokens."
+    )
+    max_waiting: int = Field(
+        1000, ge=0,
+        description="Shed a request (429) when this many of its priority or higher already wait; 0 = never.",
+    )
+    queue_hard_limit: int = Field(
+        10000, ge=0, description="Shed every request when this many wait in all; 0 = no limit."
+    )
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1, description="Largest request body (413 above).")
+    retry_after_s: int = Field(1, ge=0, description="Retry-After seconds sent with a 429.")
+    read_block_ms: int = Field(
+        250, ge=10, le=5000,
+        description="How long one read of the output stream blocks; also how often a gone client is noticed.",
+    )
+    retention_s: int = Field(3600, ge=0, description="How long finished request records stay in Redis.")
+    redis_connect_s: float = Field(
+        30.0, ge=0, description="How long startup keeps retrying to reach Redis."
+    )

@@ -1,0 +1,106 @@
+"""Each bad input gets its status and the one error shape; the server keeps serving."""
+
+import json
+
+import httpx
+import pytest
+
+CHAT = "/v1/chat/completions"
+HI = [{"role": "user", "content": "hi"}]
+
+
+def assert_error(response: httpx.Response, status: int, *, code=None, param=None):
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["message"]
+    if code is not None:
+        assert body["error"]["code"] == code
+    if param is not None:
+        assert body["error"]["param"] == param
+    return body["error"]
+
+
+def assert_still_serves(http: httpx.Client, worker):
+    assert http.get("/health").json() == {"status": "ok"}
+    with http.stream("POST", CHAT, json={"messages": HI, "stream": True, "priority": 3}) as response:
+        assert response.status_code == 200
+        request_id = response.headers["x-request-id"]
+        assert worker.wait_for(1) == [request_id]
+        assert worker.record(request_id)["priority"] == "3"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"messages": "hi"}, "messages"),
+        ({"messages": HI, "max_tokens": "x"}, "max_tokens"),
+        ({}, "messages"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "user"}], "temperature": "hot"}, "temperature"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+    ],
+)
+def test_invalid_fields_are_400_naming_the_field(http, worker, body, param):
+    error = assert_error(http.post(CHAT, json=body), 400, param=param)
+    assert error["type"] == "invalid_request_error"
+    assert_still_serves(http, worker)
+
+
+def test_broken_json_is_400(http, worker):
+    response = http.post(CHAT, content=b'{"messages": [', headers={"content-type": "application/json"})
+    assert_error(response, 400, code="invalid_json")
+    assert_still_serves(http, worker)
+
+
+def test_unknown_model_is_404(http, worker):
+    assert_error(http.post(CHAT, json={"messages": HI, "model": "gpt-9"}), 404, code="model_not_found", param="model")
+    assert_still_serves(http, worker)
+
+
+def test_prompt_longer_than_ctx_is_400(http, worker):
+    long = [{"role": "user", "content": "x" * 100}]  # ctx is 64 fake tokens
+    assert_error(http.post(CHAT, json={"messages": long}), 400, code="context_length_exceeded")
+    response = http.post("/v1/completions", json={"prompt": "y" * 64})
+    assert_error(response, 400, code="context_length_exceeded", param="prompt")
+    assert_still_serves(http, worker)
+
+
+def test_n_other_than_one_is_400(http, worker):
+    assert_error(http.post(CHAT, json={"messages": HI, "n": 2}), 400, param="n")
+    assert_still_serves(http, worker)
+
+
+def test_completion_prompt_list_must_hold_one_string(http, worker):
+    assert_error(http.post("/v1/completions", json={"prompt": ["a", "b"]}), 400, param="prompt")
+    assert_still_serves(http, worker)
+
+
+def test_oversized_body_is_413(start_api, worker):
+    base = start_api(max_body_bytes=1000)
+    body = json.dumps({"messages": [{"role": "user", "content": "x" * 2000}]}).encode()
+    with httpx.Client(base_url=base, timeout=10) as http:
+        assert_error(http.post(CHAT, content=body, headers={"content-type": "application/json"}),
+                     413, code="request_too_large")
+
+        def chunked():  # no Content-Length: counted while read
+            yield body[:600]
+            yield body[600:]
+
+        assert_error(http.post(CHAT, content=chunked(), headers={"content-type": "application/json"}),
+                     413, code="request_too_large")
+        assert_still_serves(http, worker)
+
+
+def test_unknown_route_and_method_use_the_same_shape(http):
+    assert_error(http.get("/v1/nothing"), 404, code="not_found")
+    assert_error(http.get(CHAT), 405, code="method_not_allowed")
+
+
+def test_models_lists_the_served_model(http):
+    body = http.get("/v1/models").json()
+    assert body["object"] == "list"
+    assert [m["id"] for m in body["data"]] == ["tiny"]
+    assert http.get("/v1/models/tiny").json()["object"] == "model"
+    assert_error(http.get("/v1/models/other"), 404, code="model_not_found")
