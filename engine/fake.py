@@ -1,0 +1,97 @@
+"""A fake engine with the real engine's interface, deterministic tokens and a virtual clock.
+It serves scheduler tests and simulations: the worker loop runs over it unchanged, and time
+passes only when it reads or decodes (a cost per prompt token and per decode step)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from engine.protocol import SamplingParams
+
+
+@dataclass
+class VirtualClock:
+    now_ms: int = 0
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+    def advance(self, ms: float) -> None:
+        self.now_ms += int(round(ms))
+
+
+@dataclass
+class Call:
+    """One engine call, as a test reads it back."""
+
+    kind: str  # "read" or "decode"
+    slots: tuple[int, ...]
+    tokens: int  # prompt tokens read, or rows decoded
+    at_ms: int
+
+
+class FakeDecoder:
+    """Token ids to text: token 7 reads " t7"."""
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(f" t{i}" for i in ids)
+
+
+@dataclass
+class FakeEngine:
+    num_slots: int = 4
+    ctx: int = 4096
+    vocab: int = 1000
+    eos_token_id: int = 0
+    read_ms_per_token: float = 1.0
+    decode_ms_per_step: float = 10.0
+    clock: VirtualClock = field(default_factory=VirtualClock)
+    calls: list[Call] = field(default_factory=list)
+    tokenizer: FakeDecoder = field(default_factory=FakeDecoder)
+
+    def __post_init__(self) -> None:
+        self._cache: list[list[int]] = [[] for _ in range(self.num_slots)]
+        self._params = [SamplingParams() for _ in range(self.num_slots)]
+        self._sampled = [0] * self.num_slots
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return frozenset({self.eos_token_id})
+
+    def begin(self, slot: int, params: SamplingParams) -> None:
+        self._cache[slot] = []
+        self._params[slot] = params
+        self._sampled[slot] = 0
+
+    def read(self, slot: int, tokens: Sequence[int], sample: bool) -> int | None:
+        if len(self._cache[slot]) + len(tokens) > self.ctx:
+            raise ValueError("chunk does not fit the slot's context")
+        self._cache[slot].extend(tokens)
+        self.clock.advance(self.read_ms_per_token * len(tokens))
+        self.calls.append(Call("read", (slot,), len(tokens), self.clock.now_ms))
+        return self._next(slot) if sample else None
+
+    def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> list[int]:
+        for slot, token in zip(slots, tokens):
+            self._cache[slot].append(token)
+        self.clock.advance(self.decode_ms_per_step)
+        self.calls.append(Call("decode", tuple(slots), len(slots), self.clock.now_ms))
+        return [self._next(slot) for slot in slots]
+
+    def position(self, slot: int) -> int:
+        return len(self._cache[slot])
+
+    def truncate(self, slot: int, length: int) -> None:
+        del self._cache[slot][length:]
+
+    def prompt_tokens_read(self) -> int:
+        return sum(c.tokens for c in self.calls if c.kind == "read")
+
+    def _next(self, slot: int) -> int:
+        """Depends only on what the slot holds (and the seed): batch and solo agree."""
+        cache = self._cache[slot]
+        seed = self._params[slot].seed or 0
+        token = (sum(cache) * 31 + len(cache) + seed) % (self.vocab - 1) + 1  # never EOS by itself
+        self._sampled[slot] += 1
+        return token

@@ -1,0 +1,135 @@
+"""The worker loop over the fake engine and a real Redis: exact, no sleeps."""
+
+from __future__ import annotations
+
+from engine.fake import FakeEngine
+from queues.claims import Claims
+from queues.keys import Keys
+from tests.workers.conftest import MODEL, make_worker, run_until_idle
+from workers.loop import Worker
+
+K = Keys(MODEL)
+
+
+def stream(redis_client, rid):
+    return [f for _, f in redis_client.xrange(K.out(rid))]
+
+
+def test_a_request_runs_to_max_tokens_and_frees_its_slot(redis_client, submit):
+    submit("a", prompt_len=20, max_tokens=5)
+    worker = make_worker(redis_client, chunk=8)
+    run_until_idle(worker)
+    events = stream(redis_client, "a")
+    assert [e["type"] for e in events] == ["token"] * 5 + ["done"]
+    assert events[-1] == {"type": "done", "finish_reason": "length", "prompt_tokens": "20", "completion_tokens": "5"}
+    reads = [c.tokens for c in worker.engine.calls if c.kind == "read"]
+    assert reads == [8, 8, 4]  # the prompt read in chunks
+    h = redis_client.hgetall(K.req("a"))
+    assert h["status"] == "finished" and int(h["first_token_ms"]) <= int(h["finished_ms"])
+    assert all(s.is_free for s in worker.slots)
+    assert redis_client.zcard(K.running) == 0
+
+
+def test_with_one_slot_busy_the_slot_goes_by_priority_then_arrival(redis_client, submit):
+    submit("busy", max_tokens=50)
+    worker = make_worker(redis_client, slots=1)
+    worker.step()
+    assert worker.slots[0].request.id == "busy"
+    for i, priority in enumerate([0, 5, 0, 9, 5]):
+        submit(f"r{i}", priority)
+    run_until_idle(worker)
+    order = sorted(["r0", "r1", "r2", "r3", "r4"], key=lambda r: int(redis_client.hget(K.req(r), "claim_seq")))
+    assert order == ["r3", "r1", "r4", "r0", "r2"]  # 9, 5, 5, 0, 0
+
+
+def test_batch_and_solo_give_the_same_tokens(redis_client, submit):
+    submit("solo", prompt_len=10, max_tokens=6)
+    run_until_idle(make_worker(redis_client, slots=4))
+    solo = stream(redis_client, "solo")
+    for rid in ("x", "same", "y"):
+        submit(rid, prompt_len=10 if rid == "same" else 7, max_tokens=6)
+    run_until_idle(make_worker(redis_client, slots=4, worker_id="w2"))
+    assert stream(redis_client, "same") == solo
+
+
+def test_stop_string_ends_the_answer_and_is_not_sent(redis_client, submit):
+    submit("free", prompt_len=3, max_tokens=6)
+    run_until_idle(make_worker(redis_client))
+    full = "".join(e.get("text", "") for e in stream(redis_client, "free"))
+    third = full.split(" ")[3]  # " t.. t.. t.." -> the third token's text
+    submit("stopped", prompt_len=3, max_tokens=6, stop=[" " + third])
+    run_until_idle(make_worker(redis_client, worker_id="w2"))
+    events = stream(redis_client, "stopped")
+    text = "".join(e.get("text", "") for e in events)
+    assert text == full[: full.index(" " + third)]
+    assert events[-1]["finish_reason"] == "stop" and events[-1]["completion_tokens"] == "3"
+
+
+def test_a_cancelled_request_frees_its_slot_within_one_step(redis_client, submit, redis_url):
+    import asyncio
+
+    import redis.asyncio as aioredis
+
+    from queues.intake import Intake
+
+    submit("a", max_tokens=1000)
+    worker = make_worker(redis_client, slots=1)
+    worker.step()
+    worker.step()
+
+    async def cancel() -> None:
+        client = aioredis.Redis.from_url(redis_url)
+        await Intake(client, MODEL).cancel("a")
+        await client.aclose()
+
+    asyncio.run(cancel())
+    worker.step()
+    assert worker.slots[0].is_free
+    assert redis_client.hget(K.req("a"), "status") == "cancelled"
+
+
+def test_a_dead_workers_request_resumes_after_the_tokens_it_streamed(redis_client, submit):
+    submit("solo", prompt_len=5, max_tokens=8)
+    run_until_idle(make_worker(redis_client, worker_id="ref"))
+    reference = [e for e in stream(redis_client, "solo") if e["type"] == "token"]
+
+    submit("a", prompt_len=5, max_tokens=8)
+    dying = make_worker(redis_client, slots=1, worker_id="dying")
+    for _ in range(4):
+        dying.step()  # 4 tokens streamed (the read samples the first), then the process "dies"
+    streamed = [e for e in stream(redis_client, "a") if e["type"] == "token"]
+    assert len(streamed) == 4
+
+    engine = FakeEngine(num_slots=1)
+    engine.clock.now_ms = dying.engine.clock.now_ms + 5_000  # past the lease
+    heir = Worker(engine, Claims(redis_client, MODEL, "heir", lease_ms=1000), engine.tokenizer,
+                  prefill_chunk=8, clock=engine.clock)
+    run_until_idle(heir)
+    events = stream(redis_client, "a")
+    assert [e for e in events if e["type"] == "token"] == reference  # the client's stream just continues
+    assert events[-1]["completion_tokens"] == "8"
+    assert redis_client.hget(K.req("a"), "attempts") == "2"
+
+
+def test_a_clean_stop_hands_requests_back_and_another_worker_finishes_them(redis_client, submit):
+    submit("a", prompt_len=5, max_tokens=6)
+    first = make_worker(redis_client, slots=1, worker_id="first")
+    first.step()
+    first.step()
+    first.stop()
+    assert redis_client.hget(K.req("a"), "status") == "waiting"
+    assert not redis_client.exists(K.worker("first"))
+    run_until_idle(make_worker(redis_client, slots=1, worker_id="second"))
+    events = stream(redis_client, "a")
+    assert sum(e["type"] == "token" for e in events) == 6 and events[-1]["type"] == "done"
+
+
+def test_the_worker_hash_shows_slots_and_the_current_read(redis_client, submit):
+    submit("long", priority=3, prompt_len=40)
+    worker = make_worker(redis_client, slots=2, chunk=8)
+    worker.step()
+    worker._maintain(worker.clock())
+    h = redis_client.hgetall(K.worker("w1"))
+    assert (h["slots_total"], h["slots_busy"], h["reading"]) == ("2", "1", "long")
+    assert (h["reading_priority"], h["reading_prompt_tokens"], h["reading_progress"]) == ("3", "40", "8")
+    assert redis_client.ttl(K.worker("w1")) > 0
