@@ -48,3 +48,9 @@ def smollm2_f32(smollm2: LoadedSmolLM2):
 @pytest.fixture(scope="session")
 def smollm2_bf16(smollm2: LoadedSmolLM2):
     return make_engine(smollm2, torch.bfloat16)
+
+
+@pytest.fixture(scope="session")
+def new_smollm2_engine(smollm2: LoadedSmolLM2):
+    """A factory: new_smollm2_engine(dtype, num_slots=..., ctx=...) over the session's loaded file."""
+    return lambda dtype, **kwargs: make_engine(smollm2, dtype, **kwargs)
