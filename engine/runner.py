@@ -167,9 +167,12 @@ def build_engine(
     device: torch.device,
     dtype: torch.dtype,
     eos_token_ids: frozenset[int] | None = None,
+    prepack: bool = True,
 ) -> TorchEngine:
     """An engine from loaded parts (tests reuse one loaded file for several dtypes/slot counts)."""
     model = Transformer.from_weights(config, weights, dtype=dtype, device=device)
+    if prepack:
+        model.prepack_cpu_bf16()  # a no-op unless CPU + bf16
     model.allocate_cache(num_slots, ctx)
     if eos_token_ids is None:
         eos_token_ids = tokenizer.eos_token_ids if tokenizer is not None else frozenset()
