@@ -1,0 +1,84 @@
+"""End to end: a real `strata worker` process and a real `strata api` process (uvicorn) on a
+free port, a real Redis, and the real SmolLM2 file."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+import redis
+
+from engine.files import resolve_model_path, served_model_name
+from queues.keys import Keys, models_key
+from queues.server import EmbeddedRedis, free_port
+
+MODEL = served_model_name(resolve_model_path(None))
+
+
+@dataclass
+class Stack:
+    base_url: str
+    redis_url: str
+    redis: redis.Redis
+    worker: subprocess.Popen
+    api: subprocess.Popen
+    keys: Keys = Keys(MODEL)
+
+
+def start(role: str, env: dict[str, str], *flags: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "strata", role, *flags], env=env)
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def wait_until(check, what: str, timeout_s: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """One slot, float32 (exact greedy answers), chunks of 64 tokens."""
+    server = EmbeddedRedis(tmp_path_factory.mktemp("e2e-redis"), appendonly=False).start()
+    port = free_port()
+    env = {**os.environ, "STRATA_REDIS_URL": server.url, "STRATA_PORT": str(port),
+           "STRATA_PARALLEL": "1", "STRATA_DTYPE": "float32", "STRATA_PREFILL_CHUNK": "64",
+           "STRATA_CTX": "2048", "STRATA_THREADS": "2"}
+    env.pop("REDIS_URL", None)
+    worker = start("worker", env)
+    api = start("api", env)
+    client = redis.Redis.from_url(server.url, decode_responses=True)
+    stack = Stack(f"http://127.0.0.1:{port}", server.url, client, worker, api)
+    try:
+        wait_until(lambda: client.zscore(models_key(), MODEL) is not None, "the worker's heartbeat")
+        wait_until(lambda: _healthy(stack.base_url), "the API")
+        yield stack
+    finally:
+        stop(api)
+        stop(worker)
+        client.close()
+        server.stop()
+
+
+def _healthy(base_url: str) -> bool:
+    try:
+        return httpx.get(f"{base_url}/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False

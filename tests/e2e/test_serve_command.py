@@ -1,0 +1,45 @@
+"""`strata serve` on a fresh data folder: embedded Redis, API and worker from one command, and a
+clean stop on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from queues.server import free_port
+from tests.e2e.conftest import MODEL, _healthy, wait_until
+
+pytestmark = pytest.mark.smollm2
+
+
+def test_serve_starts_everything_answers_and_stops_cleanly(tmp_path):
+    port = free_port()
+    data = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_") and k != "REDIS_URL"}
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "strata", "serve", "--port", str(port), "--data-dir", str(data),
+         "--parallel", "2", "--threads", "2"],
+        env=env,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _healthy(base), "the API", 180)
+        wait_until(lambda: MODEL in [m["id"] for m in httpx.get(f"{base}/v1/models").json()["data"]], "the model", 180)
+        r = httpx.post(f"{base}/v1/chat/completions", timeout=120, json={
+            "model": MODEL, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] > 0
+        assert (data / "redis.url").read_text().startswith("redis://127.0.0.1:")
+        assert any(p.name.startswith("appendonly") for p in data.iterdir())  # persistence is on
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        code = serve.wait(timeout=60)
+    assert code == 0
+    assert not (data / "redis.url").exists()
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{base}/health", timeout=1)
