@@ -66,7 +66,7 @@ def connect_redis(url: str) -> aioredis.Redis:
         url,
         socket_connect_timeout=5,
         health_check_interval=30,
-        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=5),
+        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
         retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
     )
 

@@ -104,3 +104,17 @@ def test_models_lists_the_served_model(http):
     assert [m["id"] for m in body["data"]] == ["tiny"]
     assert http.get("/v1/models/tiny").json()["object"] == "model"
     assert_error(http.get("/v1/models/other"), 404, code="model_not_found")
+
+
+class BrokenTokenizer:
+    def encode(self, text):
+        raise RuntimeError("boom")
+
+    encode_chat = encode
+
+
+def test_unexpected_exception_is_500_in_the_same_shape(start_api, worker):
+    with httpx.Client(base_url=start_api(tokenizer=BrokenTokenizer()), timeout=10) as http:
+        error = assert_error(http.post("/v1/completions", json={"prompt": "x"}), 500, code="internal_error")
+        assert error["type"] == "server_error" and "boom" not in error["message"]
+        assert http.get("/health").status_code == 200
