@@ -52,6 +52,9 @@ class GGUFModel:
         tokens = self.reader.fields.get("tokenizer.ggml.tokens")
         vocab = int(self._field(f"{a}.vocab_size", 0)) or len(tokens.data)
         names = {t.name for t in self.reader.tensors}
+        scaling = self._field(f"{a}.rope.scaling.type")
+        if (scaling not in (None, "none")) or "rope_freqs.weight" in names:
+            raise ValueError(f"RoPE scaling ({scaling or 'rope_freqs'}) is not supported yet")
         return ModelConfig(
             dim=dim,
             n_layers=int(self._field(f"{a}.block_count")),
@@ -79,7 +82,7 @@ class GGUFModel:
         for tensor in self.reader.tensors:
             name = _map_name(tensor.name)
             if name is None:
-                continue  # e.g. rope_freqs: not used by the architectures supported here
+                continue  # nothing else is used by the architectures supported here
             array = dequantize_tensor(tensor)
             if self.arch in _PERMUTED_QK and name.endswith((".q", ".q_bias")):
                 array = unpermute_rope_rows(array, cfg.n_heads)
