@@ -15,7 +15,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
 from api.deps import Services, TokenizerLike
-from api.errors import BodyLimit, install_error_handlers
+from api.errors import BodyLimit, CatchAll, install_error_handlers
 from api.routes import chat, completions, health, models
 from api.settings import ApiSettings
 from queues.intake import Intake
@@ -54,6 +54,7 @@ def create_app(
 
     app = FastAPI(title="Strata", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
+    app.add_middleware(CatchAll)  # added first: the inner of the two
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     for module in (chat, completions, models, health):
         app.include_router(module.router)

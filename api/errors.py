@@ -109,6 +109,33 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _on_unexpected)
 
 
+class CatchAll:
+    """ASGI middleware: an exception no handler took becomes a 500 in the error shape. (Starlette's
+    own last-resort handler answers too, but then re-raises, and the server may reset the
+    connection before the client has read the answer.)"""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:  # noqa: BLE001 - the last resort, logged in full
+            log.exception("unexpected error", exc_info=exc)
+            if not started:
+                error = ApiError(500, "internal server error", code="internal_error", type="server_error")
+                await error.response()(scope, receive, send)
+
+
 class BodyLimit:
     """ASGI middleware: a body over `max_bytes` gets 413 in the error shape, before any route
     reads it. A declared Content-Length is checked at once; a chunked body is read here (it is
