@@ -72,6 +72,29 @@ class Claims:
         fields = {text(flat[i]): text(flat[i + 1]) for i in range(0, len(flat), 2)}
         return Claimed(QueuedRequest.from_hash(fields), int(fields["attempts"]), int(fields["claim_seq"]))
 
+    def assign(self, request_id: str, slot: int) -> None:
+        """The slot chosen once the prompt was known (claim records a provisional one)."""
+        self.client.hset(self.keys.req(request_id), "slot", slot)
+
+    def note_give_way(self, parked_id: str, to_id: str, now_ms: int) -> None:
+        """A read gave way at a chunk boundary: counted on its hash for operators."""
+        key = self.keys.req(parked_id)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hincrby(key, "yields", 1)
+        pipe.hset(key, mapping={"parked_ms": now_ms, "gave_way_to": to_id})
+        pipe.execute()
+
+    def set_idle(self, idle: bool, now_ms: int) -> None:
+        if idle:
+            self.client.zadd(self.keys.idle, {self.worker_id: now_ms})
+        else:
+            self.client.zrem(self.keys.idle, self.worker_id)
+
+    def idle_elsewhere(self, now_ms: int, within_ms: int) -> bool:
+        """Another live worker has a free slot and free lines."""
+        others = self.client.zrangebyscore(self.keys.idle, now_ms - within_ms, "+inf")
+        return any(text(w) != self.worker_id for w in others)
+
     def resumed(self, request_id: str) -> Resumed:
         ids: list[int] = []
         pieces = []
@@ -144,6 +167,7 @@ class Claims:
         """A clean stop: the worker's hash goes at once rather than when its TTL ends."""
         self.client.delete(self.keys.worker(self.worker_id))
         self.client.zrem(self.keys.workers, self.worker_id)
+        self.client.zrem(self.keys.idle, self.worker_id)
 
     def wait_for_work(self, timeout_s: float) -> None:
         """Block until an enqueue pushes a wake-up (or the timeout passes)."""

@@ -52,6 +52,12 @@ class Keys:
         """Sorted set: worker id -> last heartbeat (ms)."""
         return f"{self.base}:workers"
 
+    @property
+    def idle(self) -> str:
+        """Sorted set: workers with a free slot and free lines -> when they said so (ms). A newcomer
+        goes to one of them rather than making a read elsewhere give way."""
+        return f"{self.base}:idle"
+
     def req(self, request_id: str) -> str:
         return f"{self.base}:req:{request_id}"
 

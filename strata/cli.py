@@ -51,7 +51,7 @@ class ApiCommand(ApiSettings):
 
 
 class Strata(BaseSettings):
-    model_config = SettingsConfigDict(cli_prog_name="strata", cli_kebab_case=True)
+    model_config = SettingsConfigDict(cli_prog_name="strata", cli_kebab_case=True, cli_implicit_flags=True)
 
     serve: CliSubCommand[ServeCommand]
     worker: CliSubCommand[WorkerCommand]

@@ -37,6 +37,7 @@ class Worker:
         decoder: Decoder,
         *,
         prefill_chunk: int,
+        policy: scheduler.Policy = scheduler.Policy(),
         device: str = "cpu",
         heartbeat_ms: int = 1000,
         idle_wait_s: float = 0.5,
@@ -46,14 +47,18 @@ class Worker:
         self.claims = claims
         self.decoder = decoder
         self.prefill_chunk = prefill_chunk
+        self.policy = policy
         self.device = device
         self.heartbeat_ms = heartbeat_ms
         self.idle_wait_s = idle_wait_s
         self.clock = clock
         self.slots = [Slot(i) for i in range(engine.num_slots)]
         self.steps = 0
+        self.give_ways = 0
         self.stopping = False
+        self.current: Slot | None = None  # the read that holds the lines
         self._next_beat = 0
+        self._idle: bool | None = None
 
     # -- the loop -------------------------------------------------------------------------
     def run(self) -> None:
@@ -74,6 +79,7 @@ class Worker:
         for slot in self.slots:
             if slot.request:
                 slot.release(self.steps)
+        self.current = None
         self.claims.leave()
 
     def step(self) -> bool:
@@ -84,45 +90,63 @@ class Worker:
         self.steps += 1
         self._admit(now)
         out = StepOutput()
-        read = scheduler.next_read(self.slots)
+        lines = scheduler.next_read(self.slots, self.current, self.policy)
+        if lines.gave_way:
+            self._give_way(lines.gave_way, lines.read, now)
+        if lines.read is not self.current:
+            self.current = lines.read
+            self._publish(now)  # the read in progress is visible in the worker hash
         decoding = scheduler.decoding(self.slots)  # before the read, so a slot never gets two tokens in one step
-        if read:
-            self._read_chunk(read, out)
+        if lines.read:
+            self._read_chunk(lines.read, out)
         if decoding:
             self._decode(decoding, out)
         running = [s.request.id for s in self.slots if s.request]
         cancelled = self.claims.report(out.tokens, running, self.clock())
-        ended_ids = set()
         for slot, event, status in out.ended:
-            ended_ids.add(slot.request.id)
-            self.claims.finish(slot.request.id, event, status, slot.generated, self.clock())
-            slot.release(self.steps)
+            self._finish(slot, event, status)
         for slot in self.slots:
-            if slot.request and slot.request.id in cancelled and slot.request.id not in ended_ids:
-                self.claims.finish(slot.request.id, None, "cancelled", slot.generated, self.clock())
-                slot.release(self.steps)
-        return bool(read or decoding)
+            if slot.request and slot.request.id in cancelled:
+                self._finish(slot, None, "cancelled")
+        self._note_idle(now)
+        return bool(lines.read or decoding)
 
     # -- the parts --------------------------------------------------------------------------
     def _maintain(self, now: int) -> None:
         back = self.claims.requeue_expired(now)
         if back:
             log.warning("requeued %d requests whose worker stopped renewing: %s", len(back), back)
-        self.claims.heartbeat(self.describe(), now, ttl_s=max(3, 5 * self.heartbeat_ms // 1000))
+        self._publish(now)
+        if self._idle:
+            self.claims.set_idle(True, now)  # still idle: keep the entry fresh
         self._next_beat = now + self.heartbeat_ms
+
+    def _publish(self, now: int) -> None:
+        self.claims.heartbeat(self.describe(), now, ttl_s=max(3, 5 * self.heartbeat_ms // 1000))
+
+    def _note_idle(self, now: int) -> None:
+        idle = self._lines_free() and any(s.is_free for s in self.slots)
+        if idle != self._idle:
+            self._idle = idle
+            self.claims.set_idle(idle, now)
+
+    def _lines_free(self) -> bool:
+        return not any(s.phase is Phase.READING for s in self.slots)
 
     def describe(self) -> dict[str, str | int]:
         """The worker hash an operator reads with HGETALL."""
-        read = scheduler.next_read(self.slots)
+        read = self.current if self.current and self.current.request else None
         busy = sum(not s.is_free for s in self.slots)
         fields: dict[str, str | int] = {
             "device": self.device,
             "slots_total": len(self.slots),
             "slots_busy": busy,
             "steps": self.steps,
-            "reading": read.request.id if read and read.request else "",
+            "give_ways": self.give_ways,
+            "reading": read.request.id if read else "",
+            "parked": ",".join(s.request.id for s in self.slots if s.is_parked),
         }
-        if read and read.request:
+        if read:
             fields.update(
                 reading_priority=read.priority,
                 reading_prompt_tokens=len(read.tokens),
@@ -132,16 +156,40 @@ class Worker:
         return fields
 
     def _admit(self, now: int) -> None:
-        while not self.stopping:
-            slot = scheduler.free_slot(self.slots)
-            if slot is None:
-                return
+        while not self.stopping and any(s.is_free for s in self.slots):
             head = self.claims.head()
             if not head:
                 return
-            claimed = self.claims.claim(head[0], slot.index, now)
+            if not scheduler.admit_here(not self._lines_free(), self._idle_elsewhere(now)):
+                return  # an idle worker takes it: nobody here gives way or waits for the lines
+            first_free = next(s for s in self.slots if s.is_free)
+            claimed = self.claims.claim(head[0], first_free.index, now)
             if claimed:
+                slot = scheduler.free_slot(self.slots, claimed.request.prompt, self.policy)
+                if slot is not first_free:
+                    self.claims.assign(claimed.request.id, slot.index)
                 self._start(slot, claimed)
+
+    def _idle_elsewhere(self, now: int) -> bool:
+        return self.claims.idle_elsewhere(now, within_ms=3 * self.heartbeat_ms)
+
+    def _give_way(self, parked: Slot, to: Slot, now: int) -> None:
+        parked.yields += 1
+        parked.gave_way_to = to.request.id
+        self.give_ways += 1
+        self.claims.note_give_way(parked.request.id, to.request.id, now)
+        log.info("%s (priority %d, %d/%d read) gives way to %s (priority %d, %d tokens)",
+                 parked.request.id, parked.priority, parked.read_pos, len(parked.tokens),
+                 to.request.id, to.priority, len(to.tokens))
+
+    def _finish(self, slot: Slot, event: Event | None, status: str) -> None:
+        self.claims.finish(slot.request.id, event, status, slot.generated, self.clock())
+        cached = None
+        if status == "finished":  # the cache holds exactly what was fed: prompt, then answer
+            cached = (slot.request.prompt + slot.text.ids)[: self.engine.position(slot.index)]
+        if slot is self.current:
+            self.current = None
+        slot.release(self.steps, cached)
 
     def _start(self, slot: Slot, claimed: Claimed) -> None:
         request = claimed.request
@@ -180,6 +228,7 @@ class Worker:
             out.ended.append((slot, Failed(f"engine error: {error}"), "failed"))
             return
         slot.read_pos += len(chunk)
+        slot.gave_way_to = None  # back on the lines: its epoch is over
         if last:
             slot.phase = Phase.DECODING
             self._accept(slot, token, out)

@@ -12,6 +12,7 @@ import redis
 
 from queues.claims import Claims
 from workers.loop import Worker
+from workers.scheduler import Policy
 from workers.settings import WorkerSettings
 
 log = logging.getLogger("strata.worker")
@@ -44,7 +45,9 @@ def run_worker(settings: WorkerSettings) -> None:
     worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}-{settings.device}"
     claims = Claims(connect(settings.redis_url), name, worker_id,
                     lease_ms=settings.lease_ms, retention_s=settings.retention_s)
-    worker = Worker(engine, claims, engine.tokenizer, prefill_chunk=settings.prefill_chunk,
+    policy = Policy(prefill_preempt=settings.prefill_preempt, yields_max=settings.yields_max,
+                    batch_groups=settings.batch_groups, slot_low_first=settings.slot_low_first)
+    worker = Worker(engine, claims, engine.tokenizer, prefill_chunk=settings.prefill_chunk, policy=policy,
                     device=settings.device, heartbeat_ms=int(settings.heartbeat_s * 1000),
                     idle_wait_s=settings.idle_wait_s)
 

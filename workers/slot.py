@@ -26,8 +26,10 @@ class Slot:
     generated: int = 0  # tokens produced, including any from an earlier attempt
     last_token: int = -1
     text: TextStream | None = None
-    yields: int = 0
+    yields: int = 0  # times this read gave way
+    gave_way_to: str | None = None  # the read it let go first (its epoch)
     last_used: int = 0  # step when it was last freed: least-recently-used order
+    cached: list[int] = field(default_factory=list)  # what a free slot's KV cache still holds
 
     @property
     def is_free(self) -> bool:
@@ -41,7 +43,13 @@ class Slot:
     def to_read(self) -> int:
         return len(self.tokens) - self.read_pos
 
-    def release(self, step: int) -> None:
+    @property
+    def is_parked(self) -> bool:
+        """A read stopped at a chunk boundary, its KV cache kept in the slot."""
+        return self.phase is Phase.READING and self.read_pos > 0 and self.gave_way_to is not None
+
+    def release(self, step: int, cached: list[int] | None = None) -> None:
+        self.cached = cached or []
         self.phase = Phase.FREE
         self.request = None
         self.tokens = []
@@ -50,4 +58,5 @@ class Slot:
         self.last_token = -1
         self.text = None
         self.yields = 0
+        self.gave_way_to = None
         self.last_used = step
