@@ -10,6 +10,7 @@ from queues.claims import Claims
 from queues.intake import Intake
 from queues.records import QueuedRequest
 from workers.loop import Worker
+from workers.scheduler import Policy
 
 MODEL = "fake"
 
@@ -39,10 +40,25 @@ def submit(redis_url: str) -> Submit:
     return Submit(redis_url)
 
 
-def make_worker(redis_client, *, slots: int = 2, chunk: int = 8, worker_id: str = "w1", **engine_kw) -> Worker:
+def make_worker(redis_client, *, slots: int = 2, chunk: int = 8, worker_id: str = "w1", policy: Policy = Policy(),
+                **engine_kw) -> Worker:
     engine = FakeEngine(num_slots=slots, **engine_kw)
     claims = Claims(redis_client, MODEL, worker_id, lease_ms=1000)
-    return Worker(engine, claims, engine.tokenizer, prefill_chunk=chunk, clock=engine.clock)
+    worker = Worker(engine, claims, engine.tokenizer, prefill_chunk=chunk, policy=policy, clock=engine.clock)
+    spy_on_reads(worker)
+    return worker
+
+
+def spy_on_reads(worker: Worker) -> None:
+    """worker.read_log: (request id, tokens) of every prompt chunk, in the order read."""
+    worker.read_log = []
+    read = worker.engine.read
+
+    def logged(slot: int, tokens, sample: bool):
+        worker.read_log.append((worker.slots[slot].request.id, len(tokens)))
+        return read(slot, tokens, sample)
+
+    worker.engine.read = logged
 
 
 def run_until_idle(worker: Worker, max_steps: int = 10_000) -> None:
