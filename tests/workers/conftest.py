@@ -21,12 +21,13 @@ class Submit:
     def __init__(self, redis_url: str) -> None:
         self.redis_url = redis_url
 
-    def __call__(self, rid: str, priority: int = 0, prompt_len: int = 4, max_tokens: int = 3, **kw) -> None:
+    def __call__(self, rid: str, priority: int = 0, prompt_len: int = 4, max_tokens: int = 3,
+                 prompt: list[int] | None = None, **kw) -> None:
         async def go() -> None:
             client = aioredis.Redis.from_url(self.redis_url)
             try:
                 await Intake(client, MODEL).enqueue(
-                    QueuedRequest(id=rid, priority=priority, prompt=list(range(1, prompt_len + 1)),
+                    QueuedRequest(id=rid, priority=priority, prompt=prompt or list(range(1, prompt_len + 1)),
                                   max_tokens=max_tokens, **kw)
                 )
             finally:
