@@ -1,0 +1,154 @@
+"""The acceptance scenarios of DESIGN.md on the real engine, each run twice: with priority and
+without (every request at 0). Times come from the request hashes the worker writes.
+
+    .venv/bin/python -m bench.priority_scenarios [--dtype bfloat16] [--scale 1.0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+import redis.asyncio as aioredis
+from rich.console import Console
+from rich.table import Table
+
+from engine import load_engine
+from engine.files import resolve_model_path, served_model_name
+from queues.claims import Claims
+from queues.intake import Intake
+from queues.keys import Keys
+from queues.records import QueuedRequest
+from queues.server import EmbeddedRedis
+from workers.loop import Worker
+from workers.scheduler import Policy
+
+
+@dataclass
+class Run:
+    url: str
+    model: str
+    engine: object
+    chunk: int
+    policy: Policy = Policy()
+
+    def __enter__(self) -> "Run":
+        self.client = redis.Redis.from_url(self.url, decode_responses=True)
+        self.client.flushdb()
+        self.worker = Worker(self.engine, Claims(self.client, self.model, "bench"), self.engine.tokenizer,
+                             prefill_chunk=self.chunk, policy=self.policy, idle_wait_s=0.01)
+        self.thread = threading.Thread(target=self.worker.run, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.worker.stopping = True
+        self.thread.join(30)
+        self.client.close()
+
+    def submit(self, rid: str, priority: int, prompt: list[int], max_tokens: int) -> float:
+        async def go() -> None:
+            client = aioredis.Redis.from_url(self.url)
+            await Intake(client, self.model).enqueue(QueuedRequest(
+                id=rid, priority=priority, prompt=prompt, max_tokens=max_tokens, ignore_eos=True, temperature=0))
+            await client.aclose()
+
+        asyncio.run(go())
+        return time.time() * 1000
+
+    def record(self, rid: str) -> dict[str, str]:
+        return self.client.hgetall(Keys(self.model).req(rid))
+
+    def wait(self, rids: list[str], timeout_s: float = 600) -> None:
+        deadline = time.monotonic() + timeout_s
+        while any(self.record(r).get("status") != "finished" for r in rids):
+            if time.monotonic() > deadline:
+                raise TimeoutError(rids)
+            time.sleep(0.05)
+
+
+def alert_during_battery(run: Run, tokens: list[int], with_priority: bool, scale: float) -> dict[str, float]:
+    slots = run.engine.num_slots
+    answer = int(160 * scale)
+    battery = [f"battery-{i}" for i in range(3 * slots)]  # slots decoding + twice as many waiting
+    low = -5 if with_priority else 0
+    for rid in battery:
+        run.submit(rid, low, tokens[:40], answer)
+    while sum(run.record(r).get("status") == "running" for r in battery) < slots:
+        time.sleep(0.01)
+    time.sleep(1.0)  # everyone is decoding
+    sent = run.submit("alert", 10 if with_priority else 0, tokens[:30], 8)
+    run.wait(["alert"] + battery)
+    alert = run.record("alert")
+    freed = min(int(run.record(r)["finished_ms"]) for r in battery if int(run.record(r)["finished_ms"]) >= sent)
+    read_s = (int(alert["first_token_ms"]) - int(alert["claimed_ms"])) / 1000
+    return {"ttft_s": (int(alert["first_token_ms"]) - sent) / 1000,
+            "ideal_s": (freed - sent) / 1000 + read_s,
+            "ahead": sum(int(run.record(r)["claim_seq"]) < int(alert["claim_seq"]) for r in battery) - slots}
+
+
+def long_read_gives_way(run: Run, tokens: list[int], with_priority: bool, scale: float) -> dict[str, float]:
+    length = int(1500 * scale)
+    first, second = tokens[:length], tokens[1:length + 1]
+    sent_first = run.submit("first", 0, first, 4)
+    while not run.record("first").get("claimed_ms"):
+        time.sleep(0.005)
+    time.sleep(0.3)
+    sent = run.submit("second", 9 if with_priority else 0, second, 4)
+    run.wait(["first", "second"])
+    a, b = run.record("first"), run.record("second")
+    own_read_s = (int(b["first_token_ms"]) - int(b["claimed_ms"])) / 1000
+    return {"ttft_s": (int(b["first_token_ms"]) - sent) / 1000,
+            "first_ttft_s": (int(a["first_token_ms"]) - sent_first) / 1000,
+            "yields": int(a.get("yields", 0)),
+            # ideal: at most one chunk of the first read, then its own read
+            "ideal_s": own_read_s * (1 + run.chunk / length)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dtype", default=None)
+    parser.add_argument("--scale", type=float, default=1.0, help="answer and prompt lengths")
+    parser.add_argument("--parallel", type=int, default=4)
+    parser.add_argument("--chunk", type=int, default=256)
+    args = parser.parse_args()
+    path = resolve_model_path(None)
+    model = served_model_name(path)
+    engine = load_engine(path, num_slots=args.parallel, ctx=2048, dtype=args.dtype)
+    text = Path(__file__).read_text() * 4
+    tokens = engine.tokenizer.encode(text)
+    server = EmbeddedRedis(Path(tempfile.mkdtemp()), appendonly=False).start()
+    console = Console(width=150)
+    try:
+        table = Table(title=f"Strata priority scenarios: SmolLM2, {engine.dtype}, {args.parallel} slots, chunk {args.chunk}")
+        for col in ("scenario", "pass", "with priority", "without", "ideal (with)", "notes"):
+            table.add_column(col)
+        for p in (1, 2):
+            res = {}
+            for wp in (True, False):
+                with Run(server.url, model, engine, args.chunk) as run:
+                    res[wp] = alert_during_battery(run, tokens, wp, args.scale)
+            table.add_row("alert during a battery: alert's TTFT", str(p), f"{res[True]['ttft_s']:.2f} s",
+                          f"{res[False]['ttft_s']:.2f} s", f"{res[True]['ideal_s']:.2f} s",
+                          f"battery requests served before it: {res[True]['ahead']} vs {res[False]['ahead']}")
+            res = {}
+            for wp in (True, False):
+                with Run(server.url, model, engine, args.chunk) as run:
+                    res[wp] = long_read_gives_way(run, tokens, wp, args.scale)
+            table.add_row("long read gives way: second's TTFT", str(p), f"{res[True]['ttft_s']:.2f} s",
+                          f"{res[False]['ttft_s']:.2f} s", f"{res[True]['ideal_s']:.2f} s",
+                          f"parked read's TTFT {res[True]['first_ttft_s']:.2f} s vs {res[False]['first_ttft_s']:.2f} s; "
+                          f"yields {res[True]['yields']}")
+        console.print(table)
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
