@@ -3,12 +3,11 @@ each step's tokens, notice cancels, renew leases, finish, and give back expired 
 
 from __future__ import annotations
 
-
 from dataclasses import dataclass
 
 import redis
 
-from queues import scripts
+from queues import metrics, scripts
 from queues.keys import Keys, models_key
 from queues.records import text, Done, Event, Failed, QueuedRequest, Token, event_fields, parse_event
 
@@ -79,9 +78,11 @@ class Claims:
     def note_give_way(self, parked_id: str, to_id: str, now_ms: int) -> None:
         """A read gave way at a chunk boundary: counted on its hash for operators."""
         key = self.keys.req(parked_id)
+        priority = text(self.client.hget(key, "priority") or "0")
         pipe = self.client.pipeline(transaction=False)
         pipe.hincrby(key, "yields", 1)
         pipe.hset(key, mapping={"parked_ms": now_ms, "gave_way_to": to_id})
+        pipe.hincrby(self.keys.metrics, f"give_ways:{priority}", 1)  # see queues/metrics.py
         pipe.execute()
 
     def set_idle(self, idle: bool, now_ms: int) -> None:
@@ -125,14 +126,18 @@ class Claims:
 
     def finish(self, request_id: str, event: Event | None, status: str, completion_tokens: int, now_ms: int) -> bool:
         """End a request: `event` is its last stream entry (None for a cancel). False when this
-        worker no longer owns it (its lease ran out and it was requeued)."""
+        worker no longer owns it (its lease ran out and it was requeued). Counted in the model's
+        metrics hash in the same script (queues/metrics.py)."""
         k = self.keys
         reason = event.finish_reason if isinstance(event, Done) else (event.code if isinstance(event, Failed) else "cancelled")
-        args: list = [request_id, self.worker_id, status, now_ms, self.retention_s, completion_tokens, reason]
+        args: list = [request_id, self.worker_id, status, now_ms, self.retention_s, completion_tokens, reason,
+                      metrics.bounds_arg()]
         if event is not None:
             for field, value in event_fields(event).items():
                 args += [field, value]
-        done = self._scripts["finish"](keys=[k.running, k.req(request_id), k.out(request_id)], args=args)
+        done = self._scripts["finish"](
+            keys=[k.running, k.req(request_id), k.out(request_id), k.metrics], args=args
+        )
         return bool(done)
 
     def requeue_expired(self, now_ms: int) -> list[str]:

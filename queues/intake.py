@@ -36,15 +36,17 @@ class Intake:
         self.clock = clock
         self._scripts = scripts.register(client)
 
-    async def enqueue(self, request: QueuedRequest) -> int:
-        """Add a request; returns how many wait ahead of it. Raises QueueRefused."""
+    async def enqueue(self, request: QueuedRequest, fields: dict[str, str] | None = None) -> int:
+        """Add a request; returns how many wait ahead of it. Raises QueueRefused. `fields` are
+        written on the request hash too (e.g. `key_name`: who asked, for operators)."""
         k = self.keys
+        extra = [item for pair in (fields or {}).items() for item in pair]
         try:
             _member, ahead = await self._scripts["enqueue"](
                 keys=[k.seq, k.waiting, k.req(request.id), k.wake],
                 args=[
                     request.id, request.priority, _ids_json(request.prompt), len(request.prompt),
-                    request.params_json(), self.clock(), self.max_waiting, self.hard_limit,
+                    request.params_json(), self.clock(), self.max_waiting, self.hard_limit, *extra,
                 ],
             )
         except redis.exceptions.ResponseError as error:

@@ -58,6 +58,12 @@ class Keys:
         goes to one of them rather than making a read elsewhere give way."""
         return f"{self.base}:idle"
 
+    @property
+    def metrics(self) -> str:
+        """Hash of counters and histogram buckets by priority, written when a request ends or a
+        read gives way (queues/metrics.py names its fields); /metrics reads it."""
+        return f"{self.base}:metrics"
+
     def req(self, request_id: str) -> str:
         return f"{self.base}:req:{request_id}"
 
@@ -70,3 +76,54 @@ class Keys:
     def cancel(self, worker_id: str) -> str:
         """Set of request ids a worker must drop at its next step."""
         return f"{self.base}:cancel:{worker_id}"
+
+
+# ---- batches and files (OpenAI Batch API) --------------------------------------------------
+# Batch-level keys are not per model: a batch's own keys share the hash tag `{<batch id>}` so
+# its Lua scripts touch one Cluster slot. Each line's request lives under its model's keys,
+# exactly as an interactive one (see Keys.req / Keys.out).
+
+
+def batch_key(batch_id: str, prefix: str = PREFIX) -> str:
+    """Hash: the batch object (status, endpoint, file ids, counts, timestamps, priority, model)."""
+    return f"{prefix}:batch:{{{batch_id}}}"
+
+
+def batch_lines_key(batch_id: str, prefix: str = PREFIX) -> str:
+    """Hash: line number -> the line prepared at creation (custom_id + request, or its error)."""
+    return f"{prefix}:batch:{{{batch_id}}}:lines"
+
+
+def batch_results_key(batch_id: str, prefix: str = PREFIX) -> str:
+    """Hash: line number -> its output/error file line (JSON). Written once per line (HSETNX)."""
+    return f"{prefix}:batch:{{{batch_id}}}:results"
+
+
+def batch_lease_key(batch_id: str, prefix: str = PREFIX) -> str:
+    """String with a TTL: the token of the RQ job running the batch now. Absent: nobody runs it."""
+    return f"{prefix}:batch:{{{batch_id}}}:lease"
+
+
+def batches_key(prefix: str = PREFIX) -> str:
+    """Sorted set: batch id -> created_at (s). GET /v1/batches lists it newest first."""
+    return f"{prefix}:batches"
+
+
+def batches_active_key(prefix: str = PREFIX) -> str:
+    """Set of batch ids not yet in a final status: what `strata batch-worker` watches."""
+    return f"{prefix}:batches:active"
+
+
+def file_key(file_id: str, prefix: str = PREFIX) -> str:
+    """Hash: a file's metadata (bytes, created_at, filename, purpose)."""
+    return f"{prefix}:file:{{{file_id}}}"
+
+
+def file_content_key(file_id: str, prefix: str = PREFIX) -> str:
+    """String: a file's bytes."""
+    return f"{prefix}:file:{{{file_id}}}:content"
+
+
+def files_key(prefix: str = PREFIX) -> str:
+    """Sorted set: file id -> created_at (s)."""
+    return f"{prefix}:files"

@@ -3,6 +3,7 @@ KEYS[1] seq counter      KEYS[2] waiting zset   KEYS[3] request hash   KEYS[4] w
 ARGV[1] id   ARGV[2] priority   ARGV[3] prompt (JSON ids)   ARGV[4] prompt length
 ARGV[5] params (JSON)   ARGV[6] now (ms)   ARGV[7] max waiting ahead (0 = unbounded)
 ARGV[8] hard limit on the whole queue (0 = unbounded)
+ARGV[9..] optional extra fields of the request hash as field, value pairs (e.g. key_name)
 Returns {member, number waiting ahead of it}.
 Errors: QUEUE_FULL (shed: as many requests of this priority or higher already wait, or the
 queue is at its hard limit), DUPLICATE (the id exists).
@@ -24,6 +25,9 @@ redis.call('HSET', KEYS[3],
   'id', ARGV[1], 'priority', ARGV[2], 'status', 'waiting', 'member', member,
   'prompt_tokens', ARGV[4], 'prompt', ARGV[3], 'params', ARGV[5],
   'enqueued_ms', ARGV[6], 'attempts', 0)
+if #ARGV >= 10 then
+  redis.call('HSET', KEYS[3], unpack(ARGV, 9))
+end
 redis.call('ZADD', KEYS[2], -priority, member)
 redis.call('LPUSH', KEYS[4], member)
 redis.call('LTRIM', KEYS[4], 0, 63)

@@ -1,0 +1,195 @@
+"""The Redis side of /metrics: what workers accumulate, and what a scrape reads.
+
+Counters and histograms live in one hash per model, `strata:{m}:metrics`, written atomically
+by finish.lua (one request ends: counted once, even if its lease ran out meanwhile) and by
+`Claims.note_give_way`. Its fields, by the request's exact priority p (already clamped by the
+API, so bounded by the clamp range; the API folds them into bounded labels):
+
+    requests:<p>:<status>          requests that ended on a worker (finished|failed|cancelled)
+    prompt_tokens:<p>              prompt tokens of finished requests (tokens in)
+    completion_tokens:<p>          completion tokens of finished requests (tokens out)
+    give_ways:<p>                  times a read of priority p gave way at a chunk boundary
+    <hist>:<p>:le=<ms>             finished requests whose <hist> fell in this bucket (not cumulative)
+    <hist>:<p>:sum                 the sum of the observations, in ms
+
+with <hist> one of queue_ms (claimed − enqueued), first_token_ms (first token − enqueued) and
+latency_ms (finished − enqueued). Gauges are not stored: a scrape reads them live from the keys
+the queue already keeps (waiting, running, worker hashes)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+
+from queues.keys import Keys, models_key
+from queues.records import text
+
+# Histogram upper bounds (ms) shared by the three histograms: 10 ms … 10 min.
+BUCKETS_MS: tuple[int, ...] = (
+    10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000, 60_000, 120_000, 300_000, 600_000,
+)
+HISTOGRAMS = ("queue_ms", "first_token_ms", "latency_ms")
+INF = "+Inf"
+
+
+def bounds_arg() -> str:
+    """finish.lua's ARGV[8]."""
+    return ",".join(map(str, BUCKETS_MS))
+
+
+@dataclass
+class Histogram:
+    """One histogram at one priority: bucket counts (not cumulative) by upper bound in ms
+    (math.inf for +Inf), and the sum in ms."""
+
+    buckets: dict[float, int] = field(default_factory=dict)
+    sum_ms: int = 0
+
+    @property
+    def count(self) -> int:
+        return sum(self.buckets.values())
+
+
+@dataclass
+class Recorded:
+    """The metrics hash of one model, parsed. Keys are exact priorities."""
+
+    requests: dict[tuple[int, str], int] = field(default_factory=dict)  # (priority, status)
+    prompt_tokens: dict[int, int] = field(default_factory=dict)
+    completion_tokens: dict[int, int] = field(default_factory=dict)
+    give_ways: dict[int, int] = field(default_factory=dict)
+    histograms: dict[str, dict[int, Histogram]] = field(default_factory=lambda: {h: {} for h in HISTOGRAMS})
+
+
+def parse(fields: dict[str, str]) -> Recorded:
+    recorded = Recorded()
+    simple = {"prompt_tokens": recorded.prompt_tokens, "completion_tokens": recorded.completion_tokens,
+              "give_ways": recorded.give_ways}
+    for name, value in fields.items():
+        parts = name.split(":")
+        try:
+            priority, count = int(parts[1]), int(value)
+        except (IndexError, ValueError):
+            continue  # not ours: ignore rather than fail a scrape
+        if parts[0] == "requests" and len(parts) == 3:
+            recorded.requests[(priority, parts[2])] = count
+        elif parts[0] in simple and len(parts) == 2:
+            simple[parts[0]][priority] = count
+        elif parts[0] in recorded.histograms and len(parts) == 3:
+            hist = recorded.histograms[parts[0]].setdefault(priority, Histogram())
+            if parts[2] == "sum":
+                hist.sum_ms = count
+            elif parts[2].startswith("le="):
+                bound = parts[2][3:]
+                hist.buckets[math.inf if bound == INF else float(bound)] = count
+    return recorded
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    id: str
+    slots_total: int
+    slots_busy: int
+    reading: bool
+    parked: int
+    give_ways: int
+    steps: int
+    heartbeat_ms: int
+
+
+@dataclass
+class ModelView:
+    """Everything a scrape says about one model."""
+
+    model: str
+    waiting: list[int]  # one count per asked priority range, in the order asked
+    running: list[int]  # priorities of the claimed requests
+    workers: list[WorkerView]
+    last_heartbeat_ms: int | None  # newest worker heartbeat ever (strata:models), None: never
+    recorded: Recorded
+
+
+async def known_models(client: aioredis.Redis) -> list[str]:
+    """Every model a worker ever served on this Redis."""
+    return [text(m) for m in await client.zrange(models_key(), 0, -1)]
+
+
+async def view(
+    client: aioredis.Redis,
+    model: str,
+    ranges: list[tuple[float, float]],
+    now_ms: int,
+    live_within_ms: int,
+) -> ModelView:
+    """Read one model's state. `ranges` are inclusive priority intervals (±math.inf allowed);
+    workers are those with a heartbeat in the last `live_within_ms` whose hash still exists."""
+    k = Keys(model)
+    pipe = client.pipeline(transaction=False)
+    for lo, hi in ranges:  # score = -priority
+        pipe.zcount(k.waiting, _score(-hi), _score(-lo))
+    pipe.zrange(k.running, 0, -1)
+    pipe.zrangebyscore(k.workers, now_ms - live_within_ms, "+inf")
+    pipe.zscore(models_key(), model)
+    pipe.hgetall(k.metrics)
+    *waiting, running_ids, worker_ids, last_beat, metrics = await pipe.execute()
+
+    pipe = client.pipeline(transaction=False)
+    for rid in running_ids:
+        pipe.hget(k.req(text(rid)), "priority")
+    for wid in worker_ids:
+        pipe.hgetall(k.worker(text(wid)))
+    replies = await pipe.execute()
+    running = [int(p) for p in replies[: len(running_ids)] if p is not None]
+    workers = [
+        _worker(text(wid), {text(a): text(b) for a, b in h.items()})
+        for wid, h in zip(worker_ids, replies[len(running_ids):])
+        if h
+    ]
+    return ModelView(
+        model=model,
+        waiting=[int(n) for n in waiting],
+        running=running,
+        workers=workers,
+        last_heartbeat_ms=None if last_beat is None else int(last_beat),
+        recorded=parse({text(a): text(b) for a, b in metrics.items()}),
+    )
+
+
+async def queue_health(client: aioredis.Redis, model: str) -> tuple[int, int | None]:
+    """(requests waiting, newest worker heartbeat in ms or None) for /health: one round trip."""
+    pipe = client.pipeline(transaction=False)
+    pipe.zcard(Keys(model).waiting)
+    pipe.zscore(models_key(), model)
+    waiting, beat = await pipe.execute()
+    return int(waiting), None if beat is None else int(beat)
+
+
+async def live_workers(client: aioredis.Redis, model: str, now_ms: int, within_ms: int) -> int:
+    """Workers of `model` with a heartbeat in the last `within_ms` (a worker that stopped
+    cleanly has left the set already)."""
+    return int(await client.zcount(Keys(model).workers, now_ms - within_ms, "+inf"))
+
+
+def _score(value: float) -> str | float:
+    return "-inf" if value == -math.inf else "+inf" if value == math.inf else value
+
+
+def _worker(wid: str, h: dict[str, str]) -> WorkerView:
+    def num(name: str) -> int:
+        try:
+            return int(h.get(name) or 0)
+        except ValueError:
+            return 0
+
+    return WorkerView(
+        id=wid,
+        slots_total=num("slots_total"),
+        slots_busy=num("slots_busy"),
+        reading=bool(h.get("reading")),
+        parked=len([p for p in h.get("parked", "").split(",") if p]),
+        give_ways=num("give_ways"),
+        steps=num("steps"),
+        heartbeat_ms=num("heartbeat_ms"),
+    )
