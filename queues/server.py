@@ -44,7 +44,19 @@ class EmbeddedRedis:
 
     def start(self, timeout_s: float = 15.0) -> "EmbeddedRedis":
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.port = self.port or free_port()
+        chosen = self.port
+        for _attempt in range(5):
+            self.port = chosen or free_port()
+            if self._launch(timeout_s):
+                (self.data_dir / ADDRESS_FILE).write_text(self.url)
+                return self
+            if chosen:
+                break
+        raise RuntimeError(f"Redis did not start; see {self.data_dir / 'redis.log'}")
+
+    def _launch(self, timeout_s: float) -> bool:
+        """True once our own process answers on the port. A free port can be taken by someone
+        else between the probe and the bind; then the answer comes from their server, not ours."""
         args = [
             server_binary(),
             "--bind", "127.0.0.1",
@@ -55,20 +67,22 @@ class EmbeddedRedis:
             "--save", "",
             "--protected-mode", "yes",
         ]
-        log = open(self.data_dir / "redis.log", "ab")
-        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        with open(self.data_dir / "redis.log", "ab") as log:
+            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         client = redis.Redis.from_url(self.url)
         deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.exceptions.ConnectionError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"Redis did not start; see {self.data_dir / 'redis.log'}") from None
+        try:
+            while time.monotonic() < deadline and self.process.poll() is None:
+                try:
+                    if int(client.info("server")["process_id"]) == self.process.pid:
+                        return True
+                except redis.exceptions.ConnectionError:
+                    pass
                 time.sleep(0.05)
-        (self.data_dir / ADDRESS_FILE).write_text(self.url)
-        return self
+        finally:
+            client.close()
+        self.stop()
+        return False
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:

@@ -50,12 +50,33 @@ class ApiCommand(ApiSettings):
         run(self)
 
 
+class QueuesCommand(BaseSettings):
+    """Show what waits, in service order, and what each worker is doing."""
+
+    model_config = SettingsConfigDict(env_prefix="STRATA_", extra="ignore")
+
+    redis_url: str | None = Field(
+        None, validation_alias=AliasChoices("redis_url", "STRATA_REDIS_URL", "REDIS_URL"),
+        description="default: the embedded Redis of a running `strata serve` (see --data-dir)",
+    )
+    data_dir: Path = Field(Path("data"), description="where a running `strata serve` recorded its Redis")
+    watch: bool = Field(False, description="refresh until Ctrl-C")
+    interval_s: float = Field(1.0, gt=0, description="refresh period with --watch")
+    limit: int = Field(50, ge=1, description="waiting requests shown per model")
+
+    def cli_cmd(self) -> None:
+        from strata.queues_view import show
+
+        show(self.redis_url, self.data_dir, watch=self.watch, interval_s=self.interval_s, limit=self.limit)
+
+
 class Strata(BaseSettings):
     model_config = SettingsConfigDict(cli_prog_name="strata", cli_kebab_case=True, cli_implicit_flags=True)
 
     serve: CliSubCommand[ServeCommand]
     worker: CliSubCommand[WorkerCommand]
     api: CliSubCommand[ApiCommand]
+    queues: CliSubCommand[QueuesCommand]
 
     def cli_cmd(self) -> None:
         CliApp.run_subcommand(self)

