@@ -16,7 +16,8 @@ from redis.backoff import ExponentialBackoff
 
 from api.deps import Services, TokenizerLike
 from api.errors import BodyLimit, CatchAll, install_error_handlers
-from api.routes import chat, completions, health, models
+from api.batch_deps import BatchServices
+from api.routes import batches, chat, completions, files, health, models
 from api.settings import ApiSettings
 from queues.intake import Intake
 
@@ -44,19 +45,23 @@ def create_app(
             retention_s=settings.retention_s,
         )
         log.info("serving %s; queue at %s", name, settings.redis_url)
+        batch_services = BatchServices.connect(settings.redis_url)
         try:
             # Starlette hands this dict to every request as request.state: the one place the
             # built objects live (see api.deps).
-            yield {"services": Services(settings, client, intake, tok, name, int(time.time()))}
+            yield {"services": Services(settings, client, intake, tok, name, int(time.time())),
+                   "batch_services": batch_services}
         finally:
+            batch_services.redis.close()
             if redis_client is None:
                 await client.aclose()
 
     app = FastAPI(title="Strata", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
     app.add_middleware(CatchAll)  # added first: the inner of the two
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    for module in (chat, completions, models, health):
+    upload_bytes = settings.batch_max_file_bytes + 1024 * 1024  # the file and its multipart framing
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, larger={"/v1/files": upload_bytes})
+    for module in (chat, completions, models, health, files, batches):
         app.include_router(module.router)
     return app
 

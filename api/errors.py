@@ -69,17 +69,21 @@ async def _on_api_error(_request: Request, exc: ApiError) -> JSONResponse:
     return exc.response()
 
 
-async def _on_validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
-    errors = exc.errors()
+def validation_error(errors: list) -> ApiError:
+    """The 400 a body failing pydantic validation gets (also used for each line of a batch)."""
     first = errors[0] if errors else {"msg": "invalid request", "loc": ()}
     if first.get("type") == "json_invalid":
         return ApiError(400, f"request body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}",
-                        code="invalid_json").response()
+                        code="invalid_json")
     param = _param(tuple(first.get("loc", ())))
     message = first["msg"] if param is None else f"{param}: {first['msg']}"
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more)"
-    return ApiError(400, message, param=param, code="invalid_value").response()
+    return ApiError(400, message, param=param, code="invalid_value")
+
+
+async def _on_validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    return validation_error(list(exc.errors())).response()
 
 
 async def _on_http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -141,16 +145,18 @@ class BodyLimit:
     reads it. A declared Content-Length is checked at once; a chunked body is read here (it is
     small by definition) and handed on whole."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, larger: dict[str, int] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.larger = larger or {}  # path -> its own limit (file uploads)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        max_bytes = self.larger.get(scope.get("path", ""), self.max_bytes)
         length = _content_length(scope)
-        if length is not None and length > self.max_bytes:
-            return await self._refuse(scope, receive, send)
+        if length is not None and length > max_bytes:
+            return await self._refuse(scope, receive, send, max_bytes)
         if length is not None:
             return await self.app(scope, receive, send)
         chunks: list[bytes] = []
@@ -161,8 +167,8 @@ class BodyLimit:
                 return  # the client left before sending its body
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
-            if size > self.max_bytes:
-                return await self._refuse(scope, receive, send)
+            if size > max_bytes:
+                return await self._refuse(scope, receive, send, max_bytes)
             if not message.get("more_body", False):
                 break
         replayed = False
@@ -176,8 +182,8 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        error = ApiError(413, f"request body is larger than {self.max_bytes} bytes", code="request_too_large")
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, max_bytes: int) -> None:
+        error = ApiError(413, f"request body is larger than {max_bytes} bytes", code="request_too_large")
         await error.response()(scope, receive, send)
 
 

@@ -45,3 +45,10 @@ class ApiSettings(BaseSettings):
     redis_connect_s: float = Field(
         30.0, ge=0, description="How long startup keeps retrying to reach Redis."
     )
+    batch_priority: int = Field(
+        -10, description="Priority of a batch's lines when POST /v1/batches gives none (low: interactive goes first)."
+    )
+    batch_max_file_bytes: int = Field(
+        64 * 1024 * 1024, ge=1, description="Largest file POST /v1/files accepts (413 above); files live in Redis."
+    )
+    batch_max_lines: int = Field(50_000, ge=1, description="Most requests in one batch input file (400 above).")

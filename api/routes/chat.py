@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from api import generation
-from api.deps import ServicesDep
+from api.deps import ServicesDep, TokenizerLike
 from api.errors import ApiError
 from api.generation import Answer, Job
 from api.schemas import (
@@ -42,15 +42,20 @@ class ChatShape:
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(body: ChatCompletionRequest, request: Request, services: ServicesDep) -> Response:
     generation.check_body(body, services)
+    prompt = await anyio.to_thread.run_sync(chat_prompt, body, services.tokenizer)
+    queued = generation.build_request(
+        generation.new_request_id("chatcmpl"), body, prompt, services.settings, param="messages"
+    )
+    return await generation.answer(request, services, queued, ChatShape(), body)
+
+
+def chat_prompt(body: ChatCompletionRequest, tokenizer: TokenizerLike) -> list[int]:
+    """The prompt's token ids (blocking: call it in a thread). Also used for batch lines."""
     # "developer" is OpenAI's newer name for "system"; chat templates know the old one.
     messages = [
         {"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages
     ]
     try:
-        prompt = await anyio.to_thread.run_sync(services.tokenizer.encode_chat, messages)
+        return tokenizer.encode_chat(messages)
     except ValueError as error:  # no chat template, or the template refused the messages
         raise ApiError(400, str(error), param="messages", code="invalid_value") from None
-    queued = generation.build_request(
-        generation.new_request_id("chatcmpl"), body, prompt, services.settings, param="messages"
-    )
-    return await generation.answer(request, services, queued, ChatShape(), body)

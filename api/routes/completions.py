@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from api import generation
-from api.deps import ServicesDep
+from api.deps import ServicesDep, TokenizerLike
 from api.errors import ApiError
 from api.generation import Answer, Job
 from api.schemas import CompletionRequest, TextChoice, TextCompletion, Usage
@@ -36,12 +36,17 @@ class CompletionShape:
 @router.post("/v1/completions", response_model=None)
 async def completions(body: CompletionRequest, request: Request, services: ServicesDep) -> Response:
     generation.check_body(body, services)
-    text = body.prompt_text()
-    if text is None:
-        raise ApiError(400, "prompt must be a string or a list holding exactly one string.",
-                       param="prompt", code="unsupported_value")
-    prompt = await anyio.to_thread.run_sync(services.tokenizer.encode, text)
+    prompt = await anyio.to_thread.run_sync(completion_prompt, body, services.tokenizer)
     queued = generation.build_request(
         generation.new_request_id("cmpl"), body, prompt, services.settings, param="prompt"
     )
     return await generation.answer(request, services, queued, CompletionShape(), body)
+
+
+def completion_prompt(body: CompletionRequest, tokenizer: TokenizerLike) -> list[int]:
+    """The prompt's token ids (blocking: call it in a thread). Also used for batch lines."""
+    text = body.prompt_text()
+    if text is None:
+        raise ApiError(400, "prompt must be a string or a list holding exactly one string.",
+                       param="prompt", code="unsupported_value")
+    return tokenizer.encode(text)

@@ -1,0 +1,104 @@
+"""/v1/batches: create a batch from an uploaded file, read it, list them, cancel one.
+
+Creating checks the whole file at once (a 400 when it is not valid, see api.batch_lines) and
+prepares every line with the endpoint's own rules; the RQ job (workers/batch.py) then feeds the
+lines into the model's queue at the batch's priority."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import anyio
+from fastapi import APIRouter
+
+from api import batch_lines
+from api.batch_deps import BatchServicesDep
+from api.batch_schemas import ENDPOINTS, Batch, BatchCreate, BatchList
+from api.deps import ServicesDep
+from api.errors import ApiError
+from api.priority import parse_priority
+from queues.batches import BatchNotFound, submit_job
+
+router = APIRouter(tags=["batches"])
+
+COMPLETION_WINDOWS = {"24h": 24 * 3600}
+
+
+def not_found(batch_id: str) -> ApiError:
+    return ApiError(404, f"No such Batch object: {batch_id}", code="not_found", param="id")
+
+
+@router.post("/v1/batches")
+async def create_batch(body: BatchCreate, services: ServicesDep, batch: BatchServicesDep) -> Batch:
+    settings = services.settings
+    if body.endpoint not in ENDPOINTS:
+        raise ApiError(400, f"endpoint must be one of {list(ENDPOINTS)}.", code="invalid_value", param="endpoint")
+    if body.completion_window not in COMPLETION_WINDOWS:
+        raise ApiError(400, f"completion_window must be one of {list(COMPLETION_WINDOWS)}.",
+                       code="invalid_value", param="completion_window")
+    stored = await anyio.to_thread.run_sync(batch.files.get, body.input_file_id)
+    if stored is None:
+        raise ApiError(404, f"No such File object: {body.input_file_id}", code="not_found", param="input_file_id")
+    if stored.purpose != "batch":
+        raise ApiError(400, "The input file's purpose must be 'batch'.", code="invalid_value", param="input_file_id")
+    content = await anyio.to_thread.run_sync(batch.files.content, body.input_file_id) or b""
+    raw = body.priority if body.priority is not None else settings.batch_priority
+    priority = parse_priority(raw, settings.priority_min, settings.priority_max)
+    batch_id = f"batch_{uuid.uuid4().hex}"
+
+    def prepare() -> list[str]:
+        lines = batch_lines.parse_file(content, body.endpoint, settings.batch_max_lines)
+        return batch_lines.prepare(lines, body.endpoint, services, batch_id)
+
+    prepared = await anyio.to_thread.run_sync(prepare)
+    now = int(time.time())
+    record: dict[str, str | int] = {
+        "id": batch_id, "endpoint": body.endpoint, "input_file_id": body.input_file_id,
+        "completion_window": body.completion_window, "status": "validating", "created_at": now,
+        "expires_at": now + COMPLETION_WINDOWS[body.completion_window], "total": len(prepared),
+        "completed": 0, "failed": 0, "priority": priority, "model": services.model_name,
+        "metadata": json.dumps(body.metadata) if body.metadata else "",
+    }
+
+    def store() -> dict[str, str] | None:
+        batch.batches.create(record, prepared)
+        batch.batches.update(batch_id, {"rq_job_id": submit_job(batch.redis, batch_id)})
+        return batch.batches.get(batch_id)
+
+    return Batch.from_record(await anyio.to_thread.run_sync(store))
+
+
+@router.get("/v1/batches")
+async def list_batches(batch: BatchServicesDep, limit: int = 20, after: str | None = None) -> BatchList:
+    found, more = await anyio.to_thread.run_sync(lambda: batch.batches.list(max(1, min(limit, 100)), after))
+    data = [Batch.from_record(b) for b in found]
+    return BatchList(data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None,
+                     has_more=more)
+
+
+@router.get("/v1/batches/{batch_id}")
+async def get_batch(batch_id: str, batch: BatchServicesDep) -> Batch:
+    found = await anyio.to_thread.run_sync(batch.batches.get, batch_id)
+    if found is None:
+        raise not_found(batch_id)
+    return Batch.from_record(found)
+
+
+@router.post("/v1/batches/{batch_id}/cancel")
+async def cancel_batch(batch_id: str, batch: BatchServicesDep) -> Batch:
+    """A validating or running batch becomes `cancelling`: its job stops feeding lines, cancels
+    those in flight and ends in `cancelled`. Cancelling one already cancelling/cancelled is a
+    no-op; a batch that ended otherwise answers 400."""
+
+    def cancel() -> dict[str, str]:
+        status = batch.batches.advance(batch_id, ("validating", "in_progress"), "cancelling", "cancelling_at")
+        if status in ("completed", "failed", "expired", "finalizing"):
+            raise ApiError(400, f"Cannot cancel a batch with status {status!r}.", code="invalid_state", param="id")
+        return batch.batches.get(batch_id) or {}
+
+    try:
+        return Batch.from_record(await anyio.to_thread.run_sync(cancel))
+    except BatchNotFound:
+        raise not_found(batch_id) from None

@@ -1,0 +1,250 @@
+"""Batches (OpenAI Batch API) in Redis: the batch object and its state changes, the lines
+prepared at creation, each line's result (recorded once), the lease of the RQ job running it,
+and the job's side of the model queue (enqueue with the same Lua script as the API, read the
+output streams, cancel).
+
+A batch's status (OpenAI's words):
+validating -> in_progress -> finalizing -> completed
+validating | in_progress -> cancelling -> cancelled;   in_progress -> expired (24 h window)."""
+
+from __future__ import annotations
+
+import enum
+import json
+import time
+from typing import Callable
+
+import redis
+import redis.exceptions
+
+from queues import scripts
+from queues.intake import _ids_json
+from queues.keys import (
+    Keys, batch_key, batch_lease_key, batch_lines_key, batch_results_key, batches_active_key, batches_key,
+)
+from queues.records import Event, QueuedRequest, parse_event, text
+
+RQ_QUEUE = "strata-batches"  # the RQ queue `strata batch-worker` listens on
+JOB_FUNCTION = "workers.batch.run_batch"
+FINAL = frozenset({"completed", "failed", "expired", "cancelled"})
+ACTIVE = frozenset({"validating", "in_progress", "finalizing", "cancelling"})
+SCRIPT_NAMES = ("batch_result", "batch_lease", "batch_advance")
+
+
+class BatchStatus(str, enum.Enum):
+    VALIDATING = "validating"
+    FAILED = "failed"
+    IN_PROGRESS = "in_progress"
+    FINALIZING = "finalizing"
+    COMPLETED = "completed"
+    EXPIRED = "expired"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+
+
+class BatchNotFound(Exception):
+    pass
+
+
+def request_id(batch_id: str, line: int) -> str:
+    """Deterministic: a restarted job finds the line's request again (enqueue says DUPLICATE)."""
+    return f"{batch_id}-{line}"
+
+
+class BatchStore:
+    """The batch object and its lines. `client` is a sync Redis client (any decode_responses)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._scripts = {name: client.register_script(scripts.source(name)) for name in SCRIPT_NAMES}
+
+    # -- the batch object ---------------------------------------------------------------------
+    def create(self, batch: dict[str, str | int], lines: list[str]) -> None:
+        """Store a new batch with its prepared lines (line number = index, from 0)."""
+        batch_id = str(batch["id"])
+        pipe = self.client.pipeline(transaction=False)
+        key = batch_lines_key(batch_id)
+        for start in range(0, len(lines), 1000):
+            pipe.hset(key, mapping={str(n): lines[n] for n in range(start, min(start + 1000, len(lines)))})
+        pipe.hset(batch_key(batch_id), mapping=batch)
+        pipe.zadd(batches_key(), {batch_id: int(batch["created_at"])})
+        pipe.sadd(batches_active_key(), batch_id)
+        pipe.execute()
+
+    def get(self, batch_id: str) -> dict[str, str] | None:
+        raw = self.client.hgetall(batch_key(batch_id))
+        return {text(k): text(v) for k, v in raw.items()} or None
+
+    def update(self, batch_id: str, fields: dict[str, str | int]) -> None:
+        self.client.hset(batch_key(batch_id), mapping=fields)
+
+    def status(self, batch_id: str) -> str | None:
+        value = self.client.hget(batch_key(batch_id), "status")
+        return None if value is None else text(value)
+
+    def advance(self, batch_id: str, from_statuses: tuple[str, ...], to: str, stamp: str = "",
+                now_s: int | None = None) -> str:
+        """Move to `to` when the batch is in one of `from_statuses`; returns the status after."""
+        now_s = int(time.time()) if now_s is None else now_s
+        try:
+            status = self._scripts["batch_advance"](
+                keys=[batch_key(batch_id), batches_active_key()],
+                args=[batch_id, " ".join(from_statuses), to, stamp, now_s, int(to in FINAL)],
+            )
+        except redis.exceptions.ResponseError as error:
+            if str(error).startswith("NOT_FOUND"):
+                raise BatchNotFound(batch_id) from None
+            raise
+        return text(status)
+
+    def list(self, limit: int = 20, after: str | None = None) -> tuple[list[dict[str, str]], bool]:
+        """Newest first, starting after the batch id `after`; and whether more remain."""
+        start = 0
+        if after:
+            rank = self.client.zrevrank(batches_key(), after)
+            start = 0 if rank is None else rank + 1
+        ids = [text(i) for i in self.client.zrevrange(batches_key(), start, start + limit)]
+        found = [b for b in (self.get(i) for i in ids[:limit]) if b]
+        return found, len(ids) > limit
+
+    def active(self) -> list[str]:
+        return sorted(text(i) for i in self.client.smembers(batches_active_key()))
+
+    # -- lines and results ---------------------------------------------------------------------
+    def lines(self, batch_id: str, numbers: list[int]) -> list[str]:
+        if not numbers:
+            return []
+        return [text(v) for v in self.client.hmget(batch_lines_key(batch_id), [str(n) for n in numbers])]
+
+    def recorded(self, batch_id: str) -> set[int]:
+        """Line numbers that already have a result."""
+        return {int(text(n)) for n in self.client.hkeys(batch_results_key(batch_id))}
+
+    def record(self, batch_id: str, line: int, result: dict, count: str) -> bool:
+        """A line's result, once: False when it already had one. `count`: 'completed', 'failed' or ''."""
+        done = self._scripts["batch_result"](
+            keys=[batch_results_key(batch_id), batch_key(batch_id)],
+            args=[line, json.dumps(result, separators=(",", ":")), count],
+        )
+        return bool(done)
+
+    def results(self, batch_id: str) -> list[tuple[int, str]]:
+        """Every recorded result, in line order."""
+        raw = self.client.hgetall(batch_results_key(batch_id))
+        return sorted((int(text(n)), text(v)) for n, v in raw.items())
+
+    # -- the lease of the job running it -------------------------------------------------------
+    def take_lease(self, batch_id: str, token: str, lease_ms: int) -> bool:
+        """Take or renew; False when another job holds it."""
+        return bool(self._scripts["batch_lease"](keys=[batch_lease_key(batch_id)], args=[token, lease_ms]))
+
+    def release_lease(self, batch_id: str, token: str) -> None:
+        self._scripts["batch_lease"](keys=[batch_lease_key(batch_id)], args=[token, 0])
+
+    def is_leased(self, batch_id: str) -> bool:
+        return bool(self.client.exists(batch_lease_key(batch_id)))
+
+
+class LineQueue:
+    """The batch job's side of one model's queue (sync): enqueue with the API's own Lua script,
+    read the output streams of the lines in flight, cancel them."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        model: str,
+        *,
+        max_waiting: int = 0,
+        hard_limit: int = 0,
+        retention_s: int = 3600,
+        clock: Callable[[], int] = lambda: int(time.time() * 1000),
+    ) -> None:
+        self.client = client
+        self.keys = Keys(model)
+        self.max_waiting = max_waiting
+        self.hard_limit = hard_limit
+        self.retention_s = retention_s
+        self.clock = clock
+        self._scripts = scripts.register(client)
+
+    def enqueue(self, request: QueuedRequest) -> bool:
+        """True when enqueued now, False when it already was (a restarted job re-attaches).
+        Raises QueueRefused(QUEUE_FULL) when shed: the caller retries later."""
+        k = self.keys
+        try:
+            self._scripts["enqueue"](
+                keys=[k.seq, k.waiting, k.req(request.id), k.wake],
+                args=[
+                    request.id, request.priority, _ids_json(request.prompt), len(request.prompt),
+                    request.params_json(), self.clock(), self.max_waiting, self.hard_limit,
+                ],
+            )
+        except redis.exceptions.ResponseError as error:
+            refused = scripts.refused(error)
+            if refused is None:
+                raise
+            if refused.code is scripts.QueueError.DUPLICATE:
+                return False
+            raise refused from None
+        return True
+
+    def read(self, after: dict[str, str], block_ms: int) -> dict[str, list[tuple[str, Event]]]:
+        """Events of several requests (request id -> entry id read so far), in one XREAD: all
+        their streams share the model's hash tag."""
+        if not after:
+            return {}
+        streams = {self.keys.out(rid): entry for rid, entry in after.items()}
+        by_key = {self.keys.out(rid): rid for rid in after}
+        reply = self.client.xread(streams, block=block_ms, count=256)
+        found: dict[str, list[tuple[str, Event]]] = {}
+        for stream, entries in reply or []:
+            rid = by_key[text(stream)]
+            found[rid] = [
+                (text(entry_id), parse_event({text(a): text(b) for a, b in fields.items()}))
+                for entry_id, fields in entries
+            ]
+        return found
+
+    def statuses(self, request_ids: list[str]) -> dict[str, str | None]:
+        """Each request's status (None: its record is gone)."""
+        pipe = self.client.pipeline(transaction=False)
+        for rid in request_ids:
+            pipe.hget(self.keys.req(rid), "status")
+        return {rid: None if s is None else text(s) for rid, s in zip(request_ids, pipe.execute())}
+
+    def cancel(self, request_id: str) -> str:
+        k = self.keys
+        status = self._scripts["cancel"](
+            keys=[k.waiting, k.req(request_id), k.out(request_id)],
+            args=[self.clock(), self.retention_s],
+        )
+        return text(status)
+
+
+# ---- the RQ job of a batch ---------------------------------------------------------------------
+
+
+def submit_job(client: redis.Redis, batch_id: str, timeout_s: int = 26 * 3600) -> str:
+    """Enqueue the RQ job that runs a batch; returns its RQ job id. `client` must not decode
+    responses (RQ stores pickles)."""
+    from rq import Queue
+
+    job = Queue(RQ_QUEUE, connection=client).enqueue_call(
+        JOB_FUNCTION, args=(batch_id,), timeout=timeout_s, result_ttl=24 * 3600, failure_ttl=7 * 24 * 3600,
+        description=f"batch {batch_id}",
+    )
+    return job.id
+
+
+def job_waiting(client: redis.Redis, job_id: str | None) -> bool:
+    """The RQ job is queued (or scheduled/deferred) and has not started yet."""
+    if not job_id:
+        return False
+    from rq.exceptions import NoSuchJobError
+    from rq.job import Job, JobStatus
+
+    try:
+        status = Job.fetch(job_id, connection=client).get_status()
+    except NoSuchJobError:
+        return False
+    return status in (JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED)
