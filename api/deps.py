@@ -9,6 +9,8 @@ from typing import Annotated, Protocol
 import redis.asyncio as aioredis
 from fastapi import Depends, Request
 
+from api.errors import ApiError
+from api.keys import ApiKey, KeyRing, bearer_token
 from api.settings import ApiSettings
 from queues.intake import Intake
 
@@ -29,6 +31,8 @@ class Services:
     tokenizer: TokenizerLike
     model_name: str
     started_s: int
+    keys: KeyRing | None = None  # None: no keys file, the server is open
+    started_ms: int = 0  # on the intake's clock: /health's reference before any worker beat
 
 
 def get_services(request: Request) -> Services:
@@ -48,7 +52,24 @@ def get_redis(services: Annotated[Services, Depends(get_services)]) -> aioredis.
     return services.redis
 
 
+def get_api_key(request: Request, services: Annotated[Services, Depends(get_services)]) -> ApiKey | None:
+    """The caller's key (`Authorization: Bearer <key>`); None when the server has no keys file.
+    With keys, a missing or unknown key is refused (401 invalid_api_key)."""
+    if services.keys is None:
+        return None
+    token = bearer_token(request.headers.get("authorization"))
+    key = services.keys.find(token) if token else None
+    if key is None:
+        raise ApiError(
+            401,
+            "Missing API key: send 'Authorization: Bearer <key>'." if token is None else "Incorrect API key provided.",
+            code="invalid_api_key", type="invalid_request_error", headers={"WWW-Authenticate": "Bearer"},
+        )
+    return key
+
+
 ServicesDep = Annotated[Services, Depends(get_services)]
 SettingsDep = Annotated[ApiSettings, Depends(get_settings)]
 IntakeDep = Annotated[Intake, Depends(get_intake)]
 RedisDep = Annotated[aioredis.Redis, Depends(get_redis)]
+KeyDep = Annotated[ApiKey | None, Depends(get_api_key)]

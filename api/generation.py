@@ -23,7 +23,8 @@ from pydantic import BaseModel
 
 from api.deps import Services
 from api.errors import ApiError
-from api.priority import parse_priority
+from api.keys import ApiKey
+from api.priority import Resolved, resolve_priority
 from api.schemas import ErrorBody, GenerationBody, Usage
 from api.settings import ApiSettings
 from queues.intake import Intake
@@ -67,13 +68,17 @@ def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def check_body(body: GenerationBody, services: Services) -> None:
-    """The checks that come before tokenizing: the model asked for, and n."""
+def check_body(body: GenerationBody, services: Services, key: ApiKey | None = None) -> None:
+    """The checks that come before tokenizing: the model asked for (and whether the caller's key
+    may use it), and n."""
     if body.model and body.model != services.model_name:
         raise ApiError(
             404, f"The model '{body.model}' does not exist; this server serves '{services.model_name}'.",
             code="model_not_found", param="model",
         )
+    if key is not None and not key.allows(services.model_name):
+        raise ApiError(404, f"The model '{services.model_name}' does not exist or this key may not use it.",
+                       code="model_not_found", param="model")
     if body.n != 1:
         raise ApiError(400, "Only n=1 is supported.", code="unsupported_value", param="n")
 
@@ -93,13 +98,19 @@ def plan_max_tokens(prompt_len: int, requested: int | None, settings: ApiSetting
     return min(wanted, room)
 
 
+def priority_of(body: GenerationBody, settings: ApiSettings, key: ApiKey | None = None) -> Resolved:
+    """Rule 1, with the caller's key's default and maximum (api/priority.py)."""
+    return resolve_priority(body.priority, settings.priority_min, settings.priority_max, key)
+
+
 def build_request(
-    request_id: str, body: GenerationBody, prompt: list[int], settings: ApiSettings, param: str
+    request_id: str, body: GenerationBody, prompt: list[int], settings: ApiSettings, param: str,
+    key: ApiKey | None = None,
 ) -> QueuedRequest:
     max_tokens = plan_max_tokens(len(prompt), body.requested_max_tokens(), settings, param)
     return QueuedRequest(
         id=request_id,
-        priority=parse_priority(body.priority, settings.priority_min, settings.priority_max),
+        priority=priority_of(body, settings, key).value,
         prompt=prompt,
         max_tokens=max_tokens,
         temperature=body.temperature,
@@ -113,13 +124,17 @@ def build_request(
 
 
 async def answer(
-    request: Request, services: Services, queued: QueuedRequest, shape: Shape, body: GenerationBody
+    request: Request, services: Services, queued: QueuedRequest, shape: Shape, body: GenerationBody,
+    key: ApiKey | None = None,
 ) -> Response:
     """Enqueue, then answer whole or stream: the one path both endpoints take."""
     settings = services.settings
-    await enqueue(services.intake, queued, settings)
+    await enqueue(services.intake, queued, settings, key)
     job = Job(queued.id, int(time.time()), services.model_name, queued.priority, body.include_usage)
     headers = {"x-request-id": queued.id, "x-strata-priority": str(queued.priority)}
+    priority = priority_of(body, settings, key)
+    if priority.lowered:  # the key's maximum lowered it: say so (asked->used)
+        headers["x-strata-priority-lowered"] = f"{priority.asked}->{priority.value}"
     if body.stream:
         events = stream_events(request, services.intake, job, shape, settings.read_block_ms)
         # Start the generator now: from here on, however the response ends, its guard cancels.
@@ -129,9 +144,10 @@ async def answer(
     return JSONResponse(shape.whole(job, result).model_dump(mode="json"), headers=headers)
 
 
-async def enqueue(intake: Intake, queued: QueuedRequest, settings: ApiSettings) -> int:
+async def enqueue(intake: Intake, queued: QueuedRequest, settings: ApiSettings, key: ApiKey | None = None) -> int:
+    """Only the key's name goes to Redis (request hash field key_name), never the key."""
     try:
-        return await intake.enqueue(queued)
+        return await intake.enqueue(queued, {"key_name": key.name} if key is not None else None)
     except QueueRefused as refused:
         if refused.code is QueueError.QUEUE_FULL:
             raise ApiError(

@@ -1,4 +1,13 @@
-"""GET /health: 200 while Redis answers, 503 otherwise (for load balancers and compose)."""
+"""GET /health: 200 {"status": "ok"} when the model is being served, else 503 with a reason:
+
+- Redis does not answer (within PING_TIMEOUT_S);
+- requests are waiting and no worker of the model has made progress for `health_stall_s`.
+
+A worker's progress is its heartbeat: the worker writes it from inside its loop (never from a
+separate thread) at least every `heartbeat_s` while the loop turns, so a worker that died, was
+stopped, or hangs inside an engine call stops it. The model's last progress is its newest
+heartbeat (the `strata:models` score, kept after a worker leaves), or this process's start
+when no worker ever beat. With nothing waiting, no worker is needed: healthy."""
 
 from __future__ import annotations
 
@@ -8,7 +17,8 @@ import redis.exceptions
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from api.deps import RedisDep
+from api.deps import ServicesDep
+from queues.metrics import queue_health
 
 router = APIRouter(tags=["health"])
 
@@ -16,9 +26,20 @@ PING_TIMEOUT_S = 2.0
 
 
 @router.get("/health")
-async def health(client: RedisDep) -> JSONResponse:
+async def health(services: ServicesDep) -> JSONResponse:
     try:
-        await asyncio.wait_for(client.ping(), PING_TIMEOUT_S)
+        waiting, beat_ms = await asyncio.wait_for(queue_health(services.redis, services.model_name), PING_TIMEOUT_S)
     except (redis.exceptions.RedisError, OSError, TimeoutError) as error:
-        return JSONResponse({"status": "unavailable", "reason": f"redis: {error}"}, status_code=503)
+        return unavailable(f"redis: {error or type(error).__name__}")
+    now = services.intake.clock()
+    since_ms = now - max(beat_ms or 0, services.started_ms)
+    if waiting and since_ms > services.settings.health_stall_s * 1000:
+        return unavailable(
+            f"stalled: {waiting} requests waiting and no worker of {services.model_name} "
+            f"has made progress for {since_ms / 1000:.1f} s (health_stall_s={services.settings.health_stall_s:g})"
+        )
     return JSONResponse({"status": "ok"})
+
+
+def unavailable(reason: str) -> JSONResponse:
+    return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503)
