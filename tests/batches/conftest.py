@@ -1,0 +1,194 @@
+"""A real stack for batches: the API (uvicorn, in-process thread, a one-token-per-character
+tokenizer), a fake-engine worker (workers.loop.Worker over FakeEngine, in a thread, wall clock,
+a real pause per decode step so lines queue up), and `strata batch-worker` (a real RQ worker)
+as a subprocess of its own session (so SIGKILL takes its work horse too)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+
+import httpx
+import pytest
+import redis
+import uvicorn
+
+from api.app import create_app
+from api.settings import ApiSettings
+from engine.fake import FakeEngine
+from queues.claims import Claims
+from queues.keys import Keys
+from queues.server import free_port
+from workers.loop import Worker, wall_ms
+
+MODEL = "tiny"
+FINAL = ("completed", "failed", "expired", "cancelled")
+
+
+class FakeTokenizer:
+    """One token per character."""
+
+    eos_token_ids = frozenset({0})
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) % 997 + 1 for c in text]
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        return self.encode("".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>")
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(map(chr, ids))
+
+
+@dataclass
+class SlowEngine(FakeEngine):
+    """The fake engine, taking real time per decode step (so a batch is still running when an
+    interactive request arrives)."""
+
+    step_s: float = 0.0
+
+    def decode(self, slots, tokens):  # noqa: ANN001
+        time.sleep(self.step_s)
+        return super().decode(slots, tokens)
+
+
+@contextmanager
+def serve_api(settings: ApiSettings) -> Iterator[str]:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(settings, tokenizer=FakeTokenizer()), host="127.0.0.1",
+                                           port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@contextmanager
+def fake_worker(redis_url: str, slots: int, step_s: float) -> Iterator[Worker]:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    engine = SlowEngine(num_slots=slots, step_s=step_s)
+    worker = Worker(engine, Claims(client, MODEL, "w1", lease_ms=10_000), engine.tokenizer, prefill_chunk=64,
+                    clock=wall_ms, idle_wait_s=0.05)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stopping = True
+        thread.join(10)
+        client.close()
+
+
+class BatchWorkerProcess:
+    """`strata batch-worker` in its own session: kill() is a machine dying (worker and horse)."""
+
+    def __init__(self, redis_url: str, **settings: object) -> None:
+        env = {**os.environ, "STRATA_REDIS_URL": redis_url, "STRATA_BATCH_SWEEP_S": "0.3",
+               "STRATA_BATCH_LEASE_MS": "1500", "STRATA_BATCH_READ_BLOCK_MS": "50"}
+        env.update({f"STRATA_{k.upper()}": str(v) for k, v in settings.items()})
+        env.pop("REDIS_URL", None)
+        self.process = subprocess.Popen([sys.executable, "-m", "strata", "batch-worker"], env=env,
+                                        start_new_session=True, stdout=subprocess.DEVNULL)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@dataclass
+class Stack:
+    base_url: str
+    redis_url: str
+    redis: redis.Redis
+    http: httpx.Client
+    keys: Keys = Keys(MODEL)
+
+    def upload(self, lines: list[dict] | bytes, name: str = "in.jsonl") -> httpx.Response:
+        content = lines if isinstance(lines, bytes) else "".join(json.dumps(x) + "\n" for x in lines).encode()
+        return self.http.post("/v1/files", files={"file": (name, content)}, data={"purpose": "batch"})
+
+    def create(self, file_id: str, endpoint: str = "/v1/chat/completions", **extra: object) -> httpx.Response:
+        return self.http.post("/v1/batches", json={"input_file_id": file_id, "endpoint": endpoint,
+                                                   "completion_window": "24h", **extra})
+
+    def submit(self, lines: list[dict], **extra: object) -> dict:
+        uploaded = self.upload(lines)
+        assert uploaded.status_code == 200, uploaded.text
+        created = self.create(uploaded.json()["id"], **extra)
+        assert created.status_code == 200, created.text
+        return created.json()
+
+    def batch(self, batch_id: str) -> dict:
+        return self.http.get(f"/v1/batches/{batch_id}").json()
+
+    def wait(self, batch_id: str, until: Callable[[dict], bool], timeout_s: float = 60) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while not until(batch := self.batch(batch_id)):
+            assert time.monotonic() < deadline, f"timed out; batch is {batch}"
+            time.sleep(0.05)
+        return batch
+
+    def wait_final(self, batch_id: str, timeout_s: float = 60) -> dict:
+        return self.wait(batch_id, lambda b: b["status"] in FINAL, timeout_s)
+
+    def content(self, file_id: str) -> list[dict]:
+        response = self.http.get(f"/v1/files/{file_id}/content")
+        assert response.status_code == 200, response.text
+        return [json.loads(line) for line in response.text.splitlines()]
+
+    def record(self, request_id: str) -> dict[str, str]:
+        return self.redis.hgetall(self.keys.req(request_id))
+
+
+def chat_lines(count: int, max_tokens: int = 4, prefix: str = "q") -> list[dict]:
+    return [{"custom_id": f"{prefix}{i}", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"model": MODEL, "messages": [{"role": "user", "content": f"question {i}"}],
+                      "max_tokens": max_tokens, "ignore_eos": True}}
+            for i in range(count)]
+
+
+@pytest.fixture
+def start_stack(redis_url: str) -> Iterator[Callable[..., Stack]]:
+    """start_stack(slots=, step_s=, batch_worker=True, api=dict(...), **batch worker settings)."""
+    with ExitStack() as stack:
+
+        def start(*, slots: int = 2, step_s: float = 0.0, worker: bool = True, batch_worker: bool = True,
+                  api: dict | None = None, **batch_settings: object) -> Stack:
+            fields = dict(redis_url=redis_url, served_model_name=MODEL, ctx=512, default_max_tokens=8)
+            fields.update(api or {})
+            base_url = stack.enter_context(serve_api(ApiSettings(**fields)))
+            client = redis.Redis.from_url(redis_url, decode_responses=True)
+            stack.callback(client.close)
+            http = stack.enter_context(httpx.Client(base_url=base_url, timeout=30))
+            if worker:
+                stack.enter_context(fake_worker(redis_url, slots, step_s))
+            if batch_worker:
+                process = BatchWorkerProcess(redis_url, **batch_settings)
+                stack.callback(process.stop)
+            return Stack(base_url, redis_url, client, http)
+
+        yield start
