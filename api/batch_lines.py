@@ -78,7 +78,7 @@ def prepare(lines: list[dict], endpoint: str, services: Services, batch_id: str)
     prepared = []
     for number, line in enumerate(lines):
         try:
-            body = schema.model_validate(line["body"])
+            body = schema.model_validate(line["body"], from_attributes=True)  # FastAPI's wording
             generation.check_body(body, services)
             if isinstance(body, ChatCompletionRequest):
                 prompt, param = chat_prompt(body, services.tokenizer), "messages"
