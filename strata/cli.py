@@ -10,6 +10,7 @@ from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, CliApp, CliSubCommand, SettingsConfigDict
 
 from api.settings import ApiSettings
+from strata.batch import BatchCommand, BatchWorkerCommand
 from workers.settings import WorkerSettings
 
 
@@ -76,6 +77,8 @@ class Strata(BaseSettings):
     serve: CliSubCommand[ServeCommand]
     worker: CliSubCommand[WorkerCommand]
     api: CliSubCommand[ApiCommand]
+    batch_worker: CliSubCommand[BatchWorkerCommand]
+    batch: CliSubCommand[BatchCommand]
     queues: CliSubCommand[QueuesCommand]
 
     def cli_cmd(self) -> None:

@@ -61,6 +61,7 @@ def serve(settings) -> int:  # noqa: ANN001 - a ServeCommand
     children = [
         Child("worker", [python, "-m", "strata", "worker"]),
         Child("api", [python, "-m", "strata", "api"]),
+        Child("batch-worker", [python, "-m", "strata", "batch-worker"]),  # runs batches (RQ)
     ]
     try:
         for child in children:
