@@ -11,6 +11,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from engine.devices import parse_devices
 from queues.server import EmbeddedRedis
 
 log = logging.getLogger("strata.serve")
@@ -20,11 +21,12 @@ log = logging.getLogger("strata.serve")
 class Child:
     name: str
     argv: list[str]
+    env: dict[str, str]
     process: subprocess.Popen | None = None
     restarts: int = 0
 
-    def start(self, env: dict[str, str]) -> None:
-        self.process = subprocess.Popen(self.argv, env=env)
+    def start(self) -> None:
+        self.process = subprocess.Popen(self.argv, env=self.env)
 
     def exited(self) -> int | None:
         return None if self.process is None else self.process.poll()
@@ -59,13 +61,14 @@ def serve(settings) -> int:  # noqa: ANN001 - a ServeCommand
     env = child_env(settings, url)
     python = sys.executable
     children = [
-        Child("worker", [python, "-m", "strata", "worker"]),
-        Child("api", [python, "-m", "strata", "api"]),
-        Child("batch-worker", [python, "-m", "strata", "batch-worker"]),  # runs batches (RQ)
+        Child(f"worker {device}", [python, "-m", "strata", "worker"], {**env, "STRATA_DEVICE": device})
+        for device in parse_devices(settings.devices)
     ]
+    children.append(Child("api", [python, "-m", "strata", "api"], env))
+    children.append(Child("batch-worker", [python, "-m", "strata", "batch-worker"], env))  # runs batches (RQ)
     try:
         for child in children:
-            child.start(env)
+            child.start()
         log.info("serving on http://%s:%d (Redis %s); Ctrl-C stops", settings.host, settings.port, url)
         while not stopping:
             time.sleep(0.2)
@@ -75,7 +78,7 @@ def serve(settings) -> int:  # noqa: ANN001 - a ServeCommand
                     log.warning("%s exited with %s; restarting in %.1fs", child.name, code, settings.restart_delay_s)
                     time.sleep(settings.restart_delay_s)
                     child.restarts += 1
-                    child.start(env)
+                    child.start()
     finally:
         for child in children:
             if child.process and child.process.poll() is None:
