@@ -3,17 +3,31 @@ equal to what the request hashes say, gauges read live; and the priority label r
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import pytest
+import redis.asyncio as aioredis
 
 from api.metrics import PriorityLabels
+from queues.intake import Intake
 from queues.keys import Keys
 from tests.operate.conftest import MODEL, enqueue, make_worker, metric_samples
 from tests.workers.conftest import run_until_idle
 
 K = Keys(MODEL)
 LABELS = PriorityLabels([-10, 0, 5, 10])
+
+
+def cancel(redis_url: str, rid: str) -> str:
+    async def go() -> str:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            return await Intake(client, MODEL).cancel(rid)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(go())
 
 
 def value(samples, name, **labels) -> float:
@@ -99,3 +113,16 @@ def test_a_request_ended_twice_is_counted_once(redis_client, redis_url, clock):
     assert not worker.claims.finish("x", None, "cancelled", 0, clock())
     fields = redis_client.hgetall(K.metrics)
     assert fields["requests:2:finished"] == "1" and "requests:2:cancelled" not in fields
+
+
+def test_a_running_request_cancelled_by_its_client_counts_as_cancelled(start_api, redis_url, redis_client, clock):
+    http = start_api(clock=clock)
+    enqueue(redis_url, clock, "gone", priority=5, max_tokens=100)
+    worker = make_worker(redis_client, slots=1, clock=clock)
+    worker.step()
+    assert cancel(redis_url, "gone") == "running"  # the client left: the API's own cancel
+    run_until_idle(worker)
+    samples = metric_samples(http)
+    assert value(samples, "strata_requests_ended_total", priority="5", status="cancelled") == 1
+    assert value(samples, "strata_requests_ended_total", priority="5", status="finished") == 0
+    assert value(samples, "strata_request_latency_seconds_count", priority="5") == 0
