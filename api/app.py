@@ -4,22 +4,23 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import anyio
 import redis.asyncio as aioredis
 import redis.exceptions
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
-from api.deps import Services, TokenizerLike
+from api.deps import Services, TokenizerLike, get_api_key
 from api.errors import BodyLimit, CatchAll, install_error_handlers
 from api.batch_deps import BatchServices
-from api.routes import batches, chat, completions, files, health, models
+from api.routes import batches, chat, completions, files, health, metrics, models
+from api.keys import load_keys
 from api.settings import ApiSettings
-from queues.intake import Intake
+from queues.intake import Intake, now_ms
 
 log = logging.getLogger("strata.api")
 
@@ -29,9 +30,13 @@ def create_app(
     *,
     tokenizer: TokenizerLike | None = None,
     redis_client: aioredis.Redis | None = None,
+    clock: Callable[[], int] | None = None,
 ) -> FastAPI:
     """The API. `tokenizer` and `redis_client` are built from `settings` at startup when not
-    given (tests pass a small fake tokenizer; Redis is always a real server)."""
+    given (tests pass a small fake tokenizer; Redis is always a real server). `clock` (ms) is
+    the queue's time, wall time unless a test passes the fake engine's virtual clock. The keys
+    file is read here, so a broken one stops startup with its error."""
+    keys = load_keys(settings.keys_file) if settings.keys_file else None
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[dict]:
@@ -43,13 +48,15 @@ def create_app(
             max_waiting=settings.max_waiting,
             hard_limit=settings.queue_hard_limit,
             retention_s=settings.retention_s,
+            clock=clock or now_ms,
         )
         log.info("serving %s; queue at %s", name, settings.redis_url)
         batch_services = BatchServices.connect(settings.redis_url)
         try:
             # Starlette hands this dict to every request as request.state: the one place the
             # built objects live (see api.deps).
-            yield {"services": Services(settings, client, intake, tok, name, int(time.time())),
+            yield {"services": Services(settings, client, intake, tok, name, int(time.time()),
+                                    keys=keys, started_ms=intake.clock()),
                    "batch_services": batch_services}
         finally:
             batch_services.redis.close()
@@ -61,7 +68,9 @@ def create_app(
     app.add_middleware(CatchAll)  # added first: the inner of the two
     upload_bytes = settings.batch_max_file_bytes + 1024 * 1024  # the file and its multipart framing
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, larger={"/v1/files": upload_bytes})
-    for module in (chat, completions, models, health, files, batches):
+    for module in (chat, completions, models, files, batches):  # 401 without a valid key when keys are configured
+        app.include_router(module.router, dependencies=[Depends(get_api_key)])
+    for module in (health, metrics):  # open: load balancers and Prometheus
         app.include_router(module.router)
     return app
 

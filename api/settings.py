@@ -45,6 +45,23 @@ class ApiSettings(BaseSettings):
     redis_connect_s: float = Field(
         30.0, ge=0, description="How long startup keeps retrying to reach Redis."
     )
+    keys_file: str | None = Field(
+        None,
+        description="API keys (YAML or .toml): name, key or key_sha256, default/max priority, models. "
+        "Unset: the server is open.",
+    )
+    metrics_priorities: list[int] = Field(
+        [-10, 0, 5, 10],
+        description="Priorities /metrics labels exactly; others fall in the ranges between them "
+        "('1..4'), below ('<-10') or above ('>10').",
+    )
+    health_stall_s: float = Field(
+        60.0, gt=0,
+        description="/health fails when requests wait and no worker of the model has made progress this long.",
+    )
+    worker_live_s: float = Field(
+        10.0, gt=0, description="A worker with a heartbeat this recent is live: its model is listed in /v1/models."
+    )
     batch_priority: int = Field(
         -10, description="Priority of a batch's lines when POST /v1/batches gives none (low: interactive goes first)."
     )

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from api import generation
-from api.deps import ServicesDep, TokenizerLike
+from api.deps import KeyDep, ServicesDep, TokenizerLike
 from api.errors import ApiError
 from api.generation import Answer, Job
 from api.schemas import (
@@ -40,13 +40,13 @@ class ChatShape:
 
 
 @router.post("/v1/chat/completions", response_model=None)
-async def chat_completions(body: ChatCompletionRequest, request: Request, services: ServicesDep) -> Response:
-    generation.check_body(body, services)
+async def chat_completions(body: ChatCompletionRequest, request: Request, services: ServicesDep, key: KeyDep) -> Response:
+    generation.check_body(body, services, key)
     prompt = await anyio.to_thread.run_sync(chat_prompt, body, services.tokenizer)
     queued = generation.build_request(
-        generation.new_request_id("chatcmpl"), body, prompt, services.settings, param="messages"
+        generation.new_request_id("chatcmpl"), body, prompt, services.settings, param="messages", key=key
     )
-    return await generation.answer(request, services, queued, ChatShape(), body)
+    return await generation.answer(request, services, queued, ChatShape(), body, key)
 
 
 def chat_prompt(body: ChatCompletionRequest, tokenizer: TokenizerLike) -> list[int]:

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from api import generation
-from api.deps import ServicesDep, TokenizerLike
+from api.deps import KeyDep, ServicesDep, TokenizerLike
 from api.errors import ApiError
 from api.generation import Answer, Job
 from api.schemas import CompletionRequest, TextChoice, TextCompletion, Usage
@@ -34,13 +34,13 @@ class CompletionShape:
 
 
 @router.post("/v1/completions", response_model=None)
-async def completions(body: CompletionRequest, request: Request, services: ServicesDep) -> Response:
-    generation.check_body(body, services)
+async def completions(body: CompletionRequest, request: Request, services: ServicesDep, key: KeyDep) -> Response:
+    generation.check_body(body, services, key)
     prompt = await anyio.to_thread.run_sync(completion_prompt, body, services.tokenizer)
     queued = generation.build_request(
-        generation.new_request_id("cmpl"), body, prompt, services.settings, param="prompt"
+        generation.new_request_id("cmpl"), body, prompt, services.settings, param="prompt", key=key
     )
-    return await generation.answer(request, services, queued, CompletionShape(), body)
+    return await generation.answer(request, services, queued, CompletionShape(), body, key)
 
 
 def completion_prompt(body: CompletionRequest, tokenizer: TokenizerLike) -> list[int]:
