@@ -18,7 +18,6 @@ import redis
 import redis.exceptions
 
 from queues import scripts
-from queues.intake import _ids_json
 from queues.keys import (
     Keys, batch_key, batch_lease_key, batch_lines_key, batch_results_key, batches_active_key, batches_key,
 )
@@ -167,18 +166,12 @@ class LineQueue:
         self.clock = clock
         self._scripts = scripts.register(client)
 
-    def enqueue(self, request: QueuedRequest) -> bool:
+    def enqueue(self, request: QueuedRequest, fields: dict[str, str] | None = None) -> bool:
         """True when enqueued now, False when it already was (a restarted job re-attaches).
         Raises QueueRefused(QUEUE_FULL) when shed: the caller retries later."""
-        k = self.keys
+        call = scripts.enqueue_call(self.keys, request, self.clock(), self.max_waiting, self.hard_limit, fields)
         try:
-            self._scripts["enqueue"](
-                keys=[k.seq, k.waiting, k.req(request.id), k.wake],
-                args=[
-                    request.id, request.priority, _ids_json(request.prompt), len(request.prompt),
-                    request.params_json(), self.clock(), self.max_waiting, self.hard_limit,
-                ],
-            )
+            self._scripts["enqueue"](**call)
         except redis.exceptions.ResponseError as error:
             refused = scripts.refused(error)
             if refused is None:

@@ -39,16 +39,9 @@ class Intake:
     async def enqueue(self, request: QueuedRequest, fields: dict[str, str] | None = None) -> int:
         """Add a request; returns how many wait ahead of it. Raises QueueRefused. `fields` are
         written on the request hash too (e.g. `key_name`: who asked, for operators)."""
-        k = self.keys
-        extra = [item for pair in (fields or {}).items() for item in pair]
+        call = scripts.enqueue_call(self.keys, request, self.clock(), self.max_waiting, self.hard_limit, fields)
         try:
-            _member, ahead = await self._scripts["enqueue"](
-                keys=[k.seq, k.waiting, k.req(request.id), k.wake],
-                args=[
-                    request.id, request.priority, _ids_json(request.prompt), len(request.prompt),
-                    request.params_json(), self.clock(), self.max_waiting, self.hard_limit, *extra,
-                ],
-            )
+            _member, ahead = await self._scripts["enqueue"](**call)
         except redis.exceptions.ResponseError as error:
             refused = scripts.refused(error)
             if refused:
@@ -86,7 +79,3 @@ async def live_models(client: aioredis.Redis, within_ms: int, now: int | None = 
     now = now_ms() if now is None else now
     names = await client.zrangebyscore(models_key(), now - within_ms, "+inf")
     return [text(n) for n in names]
-
-
-def _ids_json(ids: list[int]) -> str:
-    return "[" + ",".join(map(str, ids)) + "]"

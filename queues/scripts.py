@@ -37,3 +37,15 @@ def refused(error: redis.exceptions.ResponseError) -> QueueRefused | None:
         if text.startswith(code.value):
             return QueueRefused(code)
     return None
+
+
+def enqueue_call(keys, request, now_ms: int, max_waiting: int, hard_limit: int,  # noqa: ANN001
+                 fields: dict[str, str] | None = None) -> dict[str, list]:
+    """keys= and args= of enqueue.lua for one request (the API's and the batch job's enqueue)."""
+    extra = [item for pair in (fields or {}).items() for item in pair]
+    prompt = "[" + ",".join(map(str, request.prompt)) + "]"
+    return {
+        "keys": [keys.seq, keys.waiting, keys.req(request.id), keys.wake],
+        "args": [request.id, request.priority, prompt, len(request.prompt), request.params_json(),
+                 now_ms, max_waiting, hard_limit, *extra],
+    }

@@ -102,6 +102,7 @@ class BatchRun:
     def _run(self, batch: dict[str, str]) -> str:
         s = self.settings
         self.endpoint, self.model = batch["endpoint"], batch["model"]
+        self.fields = {"key_name": batch["key_name"]} if batch.get("key_name") else None  # who asked, for operators
         priority, expires_at = int(batch["priority"]), int(batch["expires_at"])
         queue = LineQueue(self.client, self.model, max_waiting=s.max_waiting, hard_limit=s.queue_hard_limit,
                           retention_s=s.retention_s)
@@ -148,7 +149,7 @@ class BatchRun:
                 continue
             rid = request_id(self.batch_id, number)
             try:
-                queue.enqueue(QueuedRequest(id=rid, priority=priority, **line["request"]))
+                queue.enqueue(QueuedRequest(id=rid, priority=priority, **line["request"]), self.fields)
             except QueueRefused:
                 return  # shed (the queue is full at this priority): the line waits for a later turn
             todo.popleft()

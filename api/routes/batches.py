@@ -16,9 +16,9 @@ from fastapi import APIRouter
 from api import batch_lines
 from api.batch_deps import BatchServicesDep
 from api.batch_schemas import ENDPOINTS, Batch, BatchCreate, BatchList
-from api.deps import ServicesDep
+from api.deps import KeyDep, ServicesDep
 from api.errors import ApiError
-from api.priority import parse_priority
+from api.priority import resolve_priority
 from queues.batches import BatchNotFound, submit_job
 
 router = APIRouter(tags=["batches"])
@@ -31,8 +31,11 @@ def not_found(batch_id: str) -> ApiError:
 
 
 @router.post("/v1/batches")
-async def create_batch(body: BatchCreate, services: ServicesDep, batch: BatchServicesDep) -> Batch:
+async def create_batch(body: BatchCreate, services: ServicesDep, batch: BatchServicesDep, key: KeyDep) -> Batch:
     settings = services.settings
+    if key is not None and not key.allows(services.model_name):
+        raise ApiError(404, f"The model '{services.model_name}' does not exist or this key may not use it.",
+                       code="model_not_found", param="model")
     if body.endpoint not in ENDPOINTS:
         raise ApiError(400, f"endpoint must be one of {list(ENDPOINTS)}.", code="invalid_value", param="endpoint")
     if body.completion_window not in COMPLETION_WINDOWS:
@@ -45,7 +48,8 @@ async def create_batch(body: BatchCreate, services: ServicesDep, batch: BatchSer
         raise ApiError(400, "The input file's purpose must be 'batch'.", code="invalid_value", param="input_file_id")
     content = await anyio.to_thread.run_sync(batch.files.content, body.input_file_id) or b""
     raw = body.priority if body.priority is not None else settings.batch_priority
-    priority = parse_priority(raw, settings.priority_min, settings.priority_max)
+    # rule 1 with the caller's key: its maximum caps every line of the batch
+    priority = resolve_priority(raw, settings.priority_min, settings.priority_max, key).value
     batch_id = f"batch_{uuid.uuid4().hex}"
 
     def prepare() -> list[str]:
@@ -60,6 +64,7 @@ async def create_batch(body: BatchCreate, services: ServicesDep, batch: BatchSer
         "expires_at": now + COMPLETION_WINDOWS[body.completion_window], "total": len(prepared),
         "completed": 0, "failed": 0, "priority": priority, "model": services.model_name,
         "metadata": json.dumps(body.metadata) if body.metadata else "",
+        "key_name": key.name if key is not None else "",
     }
 
     def store() -> dict[str, str] | None:
