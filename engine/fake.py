@@ -59,8 +59,10 @@ class FakeEngine:
     def eos_token_ids(self) -> frozenset[int]:
         return frozenset({self.eos_token_id})
 
-    def begin(self, slot: int, params: SamplingParams) -> None:
-        self._cache[slot] = []
+    def begin(self, slot: int, params: SamplingParams, keep: int = 0) -> None:
+        if keep > len(self._cache[slot]):
+            raise ValueError("cannot keep more than the slot holds")
+        del self._cache[slot][keep:]
         self._params[slot] = params
         self._sampled[slot] = 0
 

@@ -21,8 +21,9 @@ class Engine(Protocol):
     ctx: int  # tokens of KV cache per slot
     eos_token_ids: frozenset[int]
 
-    def begin(self, slot: int, params: SamplingParams) -> None:
-        """Empty the slot's cache (position 0) and reset its sampler (seeded if params.seed)."""
+    def begin(self, slot: int, params: SamplingParams, keep: int = 0) -> None:
+        """Start a request in the slot: keep the first `keep` cached tokens (a prefix it shares
+        with what the slot held before; 0 empties it) and reset the sampler (seeded if params.seed)."""
 
     def read(self, slot: int, tokens: Sequence[int], sample: bool) -> int | None:
         """Append one chunk of prompt tokens to the slot's cache at its current position.

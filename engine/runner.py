@@ -36,9 +36,9 @@ class TorchEngine:
     def config(self) -> ModelConfig:
         return self.model.cfg
 
-    def begin(self, slot: int, params: SamplingParams) -> None:
+    def begin(self, slot: int, params: SamplingParams, keep: int = 0) -> None:
         self._check_slot(slot)
-        self._positions[slot] = 0
+        self.truncate(slot, keep)
         self._samplers[slot] = SlotSampler.start(params)
 
     def read(self, slot: int, tokens: Sequence[int], sample: bool) -> int | None:

@@ -198,7 +198,7 @@ class Worker:
         slot.request = request
         slot.seq = claimed.claim_seq
         slot.tokens = list(request.prompt) + done_ids
-        slot.read_pos = 0
+        slot.read_pos = scheduler.shared_prefix(slot.cached, slot.tokens)  # already in the slot's cache
         slot.generated = len(done_ids)
         slot.text = TextStream(self.decoder, request.stop, done_ids, resumed.text if resumed else "")
         slot.phase = Phase.READING
@@ -211,9 +211,10 @@ class Worker:
                 seed=request.seed,
                 min_tokens=max(0, request.min_tokens - len(done_ids)),
             ),
+            keep=slot.read_pos,
         )
-        log.info("slot %d <- %s (priority %d, %d tokens%s)", slot.index, request.id, request.priority,
-                 len(slot.tokens), f", resumed after {len(done_ids)}" if done_ids else "")
+        log.info("slot %d <- %s (priority %d, %d tokens, %d cached%s)", slot.index, request.id, request.priority,
+                 len(slot.tokens), slot.read_pos, f", resumed after {len(done_ids)}" if done_ids else "")
 
     def _read_chunk(self, slot: Slot, out: StepOutput) -> None:
         if len(slot.tokens) >= self.engine.ctx:

@@ -133,3 +133,18 @@ def test_the_worker_hash_shows_slots_and_the_current_read(redis_client, submit):
     assert (h["slots_total"], h["slots_busy"], h["reading"]) == ("2", "1", "long")
     assert (h["reading_priority"], h["reading_prompt_tokens"], h["reading_progress"]) == ("3", "40", "8")
     assert redis_client.ttl(K.worker("w1")) > 0
+
+
+def test_a_conversation_continues_in_the_slot_that_holds_its_prefix(redis_client, submit):
+    submit("turn1", prompt_len=10, max_tokens=3)
+    worker = make_worker(redis_client, slots=2, chunk=64)
+    run_until_idle(worker)
+    answer = [int(e["ids"]) for e in stream(redis_client, "turn1") if e["type"] == "token"]
+    turn2 = list(range(1, 11)) + answer + [50, 51]
+    submit("turn2", prompt=turn2, max_tokens=4)
+    run_until_idle(worker)
+    assert redis_client.hget(K.req("turn2"), "slot") == redis_client.hget(K.req("turn1"), "slot")
+    assert worker.read_log[-1] == ("turn2", 3)  # only what the cache did not hold: 12 of 15 were there
+    submit("fresh", prompt=turn2, max_tokens=4)
+    run_until_idle(make_worker(redis_client, slots=2, chunk=64, worker_id="w2"))
+    assert stream(redis_client, "fresh") == stream(redis_client, "turn2")  # same answer as read from scratch
