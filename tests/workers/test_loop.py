@@ -5,6 +5,7 @@ from __future__ import annotations
 from engine.fake import FakeEngine
 from queues.claims import Claims
 from queues.keys import Keys
+from tests.conftest import distinct_prompt
 from tests.workers.conftest import MODEL, make_worker, run_until_idle
 from workers.loop import Worker
 
@@ -43,21 +44,23 @@ def test_with_one_slot_busy_the_slot_goes_by_priority_then_arrival(redis_client,
 
 
 def test_batch_and_solo_give_the_same_tokens(redis_client, submit):
-    submit("solo", prompt_len=10, max_tokens=6)
+    prompt = distinct_prompt("shared", 10)
+    submit("solo", prompt=prompt, max_tokens=6)
     run_until_idle(make_worker(redis_client, slots=4))
     solo = stream(redis_client, "solo")
     for rid in ("x", "same", "y"):
-        submit(rid, prompt_len=10 if rid == "same" else 7, max_tokens=6)
+        submit(rid, prompt=prompt if rid == "same" else None, prompt_len=7, max_tokens=6)
     run_until_idle(make_worker(redis_client, slots=4, worker_id="w2"))
     assert stream(redis_client, "same") == solo
 
 
 def test_stop_string_ends_the_answer_and_is_not_sent(redis_client, submit):
-    submit("free", prompt_len=3, max_tokens=6)
+    prompt = distinct_prompt("shared", 3)
+    submit("free", prompt=prompt, max_tokens=6)
     run_until_idle(make_worker(redis_client))
     full = "".join(e.get("text", "") for e in stream(redis_client, "free"))
     third = full.split(" ")[3]  # " t.. t.. t.." -> the third token's text
-    submit("stopped", prompt_len=3, max_tokens=6, stop=[" " + third])
+    submit("stopped", prompt=prompt, max_tokens=6, stop=[" " + third])
     run_until_idle(make_worker(redis_client, worker_id="w2"))
     events = stream(redis_client, "stopped")
     text = "".join(e.get("text", "") for e in events)
@@ -89,11 +92,12 @@ def test_a_cancelled_request_frees_its_slot_within_one_step(redis_client, submit
 
 
 def test_a_dead_workers_request_resumes_after_the_tokens_it_streamed(redis_client, submit):
-    submit("solo", prompt_len=5, max_tokens=8)
+    prompt = distinct_prompt("shared", 5)
+    submit("solo", prompt=prompt, max_tokens=8)
     run_until_idle(make_worker(redis_client, worker_id="ref"))
     reference = [e for e in stream(redis_client, "solo") if e["type"] == "token"]
 
-    submit("a", prompt_len=5, max_tokens=8)
+    submit("a", prompt=prompt, max_tokens=8)
     dying = make_worker(redis_client, slots=1, worker_id="dying")
     for _ in range(4):
         dying.step()  # 4 tokens streamed (the read samples the first), then the process "dies"
@@ -140,7 +144,7 @@ def test_a_conversation_continues_in_the_slot_that_holds_its_prefix(redis_client
     worker = make_worker(redis_client, slots=2, chunk=64)
     run_until_idle(worker)
     answer = [int(e["ids"]) for e in stream(redis_client, "turn1") if e["type"] == "token"]
-    turn2 = list(range(1, 11)) + answer + [50, 51]
+    turn2 = distinct_prompt("turn1", 10) + answer + [50, 51]
     submit("turn2", prompt=turn2, max_tokens=4)
     run_until_idle(worker)
     assert redis_client.hget(K.req("turn2"), "slot") == redis_client.hget(K.req("turn1"), "slot")
