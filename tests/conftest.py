@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import redis
@@ -12,7 +14,7 @@ import redis.asyncio as aioredis
 
 from queues.intake import Intake
 from queues.records import QueuedRequest
-from queues.server import EmbeddedRedis
+from queues.server import EmbeddedRedis, free_port
 
 MODEL = "fake"  # the model name the fake-engine tests queue under
 
@@ -92,3 +94,27 @@ def distinct_prompt(rid: str, length: int) -> list[int]:
     unless a test means it to be."""
     start = 1 + (zlib.crc32(rid.encode()) % 100_000) * 10_000
     return list(range(start, start + length))
+
+
+@contextmanager
+def serve_app(app) -> Iterator[str]:  # noqa: ANN001 - a FastAPI app
+    """A real uvicorn server for `app` on a free loopback port, in a thread; yields its base URL."""
+    import threading
+    import time
+
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)

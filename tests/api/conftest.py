@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -11,13 +10,12 @@ from contextlib import ExitStack, contextmanager
 import httpx
 import pytest
 import redis
-import uvicorn
 
 from api.app import create_app
 from api.settings import ApiSettings
 from queues.keys import Keys
 from queues.records import Event, event_fields
-from queues.server import free_port
+from tests.conftest import serve_app
 
 MODEL = "tiny"
 
@@ -40,21 +38,8 @@ class FakeTokenizer:
 
 @contextmanager
 def serve(settings: ApiSettings, tokenizer=None) -> Iterator[str]:
-    port = free_port()
-    app = create_app(settings, tokenizer=tokenizer)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with serve_app(create_app(settings, tokenizer=tokenizer)) as base_url:
+        yield base_url
 
 
 @pytest.fixture

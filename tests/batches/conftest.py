@@ -19,14 +19,13 @@ from dataclasses import dataclass
 import httpx
 import pytest
 import redis
-import uvicorn
 
 from api.app import create_app
 from api.settings import ApiSettings
 from engine.fake import FakeEngine
 from queues.claims import Claims
 from queues.keys import Keys
-from queues.server import free_port
+from tests.conftest import serve_app
 from workers.loop import Worker, wall_ms
 
 MODEL = "tiny"
@@ -62,20 +61,8 @@ class SlowEngine(FakeEngine):
 
 @contextmanager
 def serve_api(settings: ApiSettings) -> Iterator[str]:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, tokenizer=FakeTokenizer()), host="127.0.0.1",
-                                           port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with serve_app(create_app(settings, tokenizer=FakeTokenizer())) as base_url:
+        yield base_url
 
 
 @contextmanager

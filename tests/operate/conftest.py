@@ -4,23 +4,20 @@ one virtual clock: queue times, heartbeats and stalls are exact and nothing slee
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 
 import httpx
 import pytest
 import redis.asyncio as aioredis
-import uvicorn
 
 from api.app import create_app
 from api.settings import ApiSettings
 from engine.fake import VirtualClock
 from queues.intake import Intake
 from queues.records import QueuedRequest
-from queues.server import free_port
 from tests.api.conftest import FakeTokenizer
+from tests.conftest import serve_app
 from tests.workers.conftest import MODEL, make_worker  # noqa: F401 - make_worker re-exported
 
 __all__ = ["MODEL", "make_worker", "enqueue", "metric_samples"]
@@ -28,21 +25,8 @@ __all__ = ["MODEL", "make_worker", "enqueue", "metric_samples"]
 
 @contextmanager
 def serve(settings: ApiSettings, clock: Callable[[], int] | None) -> Iterator[str]:
-    port = free_port()
-    app = create_app(settings, tokenizer=FakeTokenizer(), clock=clock)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with serve_app(create_app(settings, tokenizer=FakeTokenizer(), clock=clock)) as base_url:
+        yield base_url
 
 
 @pytest.fixture
