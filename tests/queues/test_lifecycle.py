@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 import redis.asyncio as aioredis
 
 from queues.claims import Claims
