@@ -67,6 +67,9 @@ class Block(nn.Module):
         if cfg.qk_norm:
             self.q_norm = nn.Parameter(torch.ones(cfg.head_dim), requires_grad=False)
             self.k_norm = nn.Parameter(torch.ones(cfg.head_dim), requires_grad=False)
+        # Activations entering the linears are in the weights' dtype; the residual stream and the
+        # RMSNorm weights stay float32 (set by Transformer.from_weights).
+        self.act_dtype = torch.float32
         # Filled by Transformer.allocate_cache: [num_slots, n_kv_heads, ctx, head_dim] each.
         self.k_cache: Tensor | None = None
         self.v_cache: Tensor | None = None
@@ -75,7 +78,7 @@ class Block(nn.Module):
         # x: [B, T, dim]; cos, sin: [B, T, head_dim] -> q [B, H, T, hd], k and v [B, KV, T, hd]
         cfg = self.cfg
         bsz, seq, _ = x.shape
-        h = F.rms_norm(x, (cfg.dim,), self.attn_norm, cfg.norm_eps)
+        h = F.rms_norm(x, (cfg.dim,), self.attn_norm, cfg.norm_eps).to(self.act_dtype)  # x: float32
         q, k, v = self.wqkv(h).split((cfg.q_size, cfg.kv_size, cfg.kv_size), dim=-1)
         q = q.view(bsz, seq, cfg.n_heads, cfg.head_dim)
         k = k.view(bsz, seq, cfg.n_kv_heads, cfg.head_dim)
@@ -90,8 +93,8 @@ class Block(nn.Module):
 
     def mlp(self, x: Tensor) -> Tensor:
         # x: [B, T, dim] -> [B, T, dim], residual included
-        h = F.rms_norm(x, (self.cfg.dim,), self.ffn_norm, self.cfg.norm_eps)
-        gate, up = self.w_gate_up(h).chunk(2, dim=-1)
+        h = F.rms_norm(x, (self.cfg.dim,), self.ffn_norm, self.cfg.norm_eps).to(self.act_dtype)
+        gate, up = self.w_gate_up(h).chunk(2, dim=-1)  # x stays float32: x + bf16 promotes
         return x + self.w_down(F.silu(gate) * up)
 
 
@@ -125,6 +128,9 @@ class Transformer(nn.Module):
 
         model.embed.weight.copy_(take("embed"))
         model.norm.copy_(take("norm"))
+        # The residual stream is float32 whatever the weights' dtype (see docs/engine.md,
+        # "bf16 precision"): the final and per-block RMSNorm weights live in float32 with it.
+        model.norm.data = model.norm.data.float()
         if cfg.tie_embeddings or "output" not in weights:
             model.output.weight = model.embed.weight
         else:
@@ -133,6 +139,9 @@ class Transformer(nn.Module):
             p = f"layers.{i}."
             block.attn_norm.copy_(take(p + "attn_norm"))
             block.ffn_norm.copy_(take(p + "ffn_norm"))
+            block.attn_norm.data = block.attn_norm.data.float()
+            block.ffn_norm.data = block.ffn_norm.data.float()
+            block.act_dtype = dtype
             block.wqkv.weight.copy_(torch.cat([take(p + "q"), take(p + "k"), take(p + "v")]))
             if cfg.qkv_bias:
                 block.wqkv.bias.copy_(torch.cat([take(p + "q_bias"), take(p + "k_bias"), take(p + "v_bias")]))
@@ -142,6 +151,7 @@ class Transformer(nn.Module):
             if cfg.qk_norm:
                 block.q_norm.copy_(take(p + "q_norm"))
                 block.k_norm.copy_(take(p + "k_norm"))
+        model.head_weight = model.output.weight  # plain rows for `logits` (kept if prepacked)
         return model.eval()
 
     def prepack_cpu_bf16(self) -> bool:
@@ -183,7 +193,7 @@ class Transformer(nn.Module):
         seq = tokens.shape[0]
         end = start + seq
         dtype = self.embed.weight.dtype
-        x = self.embed(tokens).unsqueeze(0)  # [1, T, dim]
+        x = self.embed(tokens).unsqueeze(0).float()  # [1, T, dim], the residual stream in float32
         cos = self.cos[start:end].to(dtype).unsqueeze(0)  # [1, T, hd]
         sin = self.sin[start:end].to(dtype).unsqueeze(0)
         # Causal inside the chunk, everything before it visible: key j is seen by row i iff j <= start+i.
@@ -200,8 +210,7 @@ class Transformer(nn.Module):
             x = block.mlp(x)
         if not need_logits:
             return None
-        last = F.rms_norm(x[:, -1], (self.cfg.dim,), self.norm, self.cfg.norm_eps)  # [1, dim]
-        return self.output(last)[0].float()
+        return self.logits(x[:, -1])[0]
 
     def decode(self, slots: Tensor, tokens: Tensor, positions: Tensor, span: int, slot_range: tuple[int, int] | None) -> Tensor:
         """One step for B slots.
@@ -210,7 +219,7 @@ class Transformer(nn.Module):
         slot_range: (lo, hi) when slots == lo..hi-1 in order, so the cache is sliced, not gathered."""
         bsz = tokens.shape[0]
         dtype = self.embed.weight.dtype
-        x = self.embed(tokens).unsqueeze(1)  # [B, 1, dim]
+        x = self.embed(tokens).unsqueeze(1).float()  # [B, 1, dim], the residual stream in float32
         cos = self.cos[positions].to(dtype).unsqueeze(1)  # [B, 1, hd]
         sin = self.sin[positions].to(dtype).unsqueeze(1)
         cols = torch.arange(span, device=tokens.device)
@@ -227,8 +236,27 @@ class Transformer(nn.Module):
                 values = block.v_cache[slots, :, :span]
             x = x + block.wo(attend(q, keys, values, mask))
             x = block.mlp(x)
-        h = F.rms_norm(x[:, 0], (self.cfg.dim,), self.norm, self.cfg.norm_eps)  # [B, dim]
-        return self.output(h).float()
+        return self.logits(x[:, 0])
+
+    def logits(self, x: Tensor) -> Tensor:
+        """x: [B, dim] float32 residual -> logits [B, V] float32.
+
+        In bf16 the head's output is rounded to bf16: 1/8 apart at logits of 16-32, so near-ties
+        at the top collapse into exact ties that argmax breaks by token id (SmolLM2's "What is the
+        capital of France?": f32 'The' 25.33 vs 'L' 25.24 -> both 25.125 -> 'L'). The true
+        float32-accumulated value is within half a bf16 step of the rounded one, so every token
+        within one step of the maximum is recomputed exactly: greedy picks as a float32-output
+        head would, at the cost of a few dot products."""
+        dtype = self.head_weight.dtype
+        h = F.rms_norm(x, (self.cfg.dim,), self.norm, self.cfg.norm_eps).to(dtype)  # [B, dim]
+        logits = self.output(h).float()
+        if dtype == torch.float32:
+            return logits
+        top = logits.max(dim=-1, keepdim=True).values
+        step = torch.exp2(torch.floor(torch.log2(top.abs().clamp_min(1e-30))) - 7)  # bf16 ulp at top
+        rows, cols = (logits >= top - 2 * step).nonzero(as_tuple=True)
+        logits[rows, cols] = (h[rows].float() * self.head_weight[cols].float()).sum(-1)
+        return logits
 
 
 class PackedLinear(nn.Module):
@@ -259,8 +287,10 @@ def attend(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
     group = n_heads // n_kv
     # Query head h reads kv head h // group, so grouping heads under their kv head needs no copy.
     qg = q.reshape(bsz, n_kv, group * seq, head_dim)
-    scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * (head_dim**-0.5)  # [B, KV, G*T, L]
+    # Scores, softmax and the weighted sum in float32 (bf16 scores are 1/8-1/4 apart at 16-64).
+    qg = qg.float()
+    scores = torch.matmul(qg, keys.float().transpose(-1, -2)) * (head_dim**-0.5)  # [B, KV, G*T, L]
     scores = scores.view(bsz, n_kv, group, seq, -1).masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(values.dtype).view(bsz, n_kv, group * seq, -1)
-    out = torch.matmul(probs, values)  # [B, KV, G*T, hd]
+    probs = torch.softmax(scores, dim=-1).view(bsz, n_kv, group * seq, -1)
+    out = torch.matmul(probs, values.float()).to(q.dtype)  # [B, KV, G*T, hd]
     return out.view(bsz, n_heads, seq, head_dim).transpose(1, 2).reshape(bsz, seq, n_heads * head_dim)
