@@ -17,7 +17,7 @@ class WorkerSettings(BaseSettings):
     model: str | None = Field(None, description="GGUF file or Hugging Face folder; default SmolLM2-135M-Instruct")
     served_model_name: str | None = Field(None, description="name clients use; default derived from the file")
     device: str = Field("cpu", description="cpu or cuda:N")
-    dtype: str | None = Field(None, description="float32 or bfloat16; default the faster one for the device")
+    dtype: str | None = Field(None, description="float32 or bfloat16; default bfloat16 on CUDA, float32 on CPU (see docs/engine.md)")
     parallel: int = Field(4, ge=1, description="slots: requests decoded together")
     ctx: int = Field(2048, ge=16, description="tokens per slot (prompt + answer)")
     prefill_chunk: int = Field(256, ge=1, description="tokens read per chunk; a chunk boundary is where a read can stop")
