@@ -9,7 +9,10 @@ import redis
 
 from queues import metrics, scripts
 from queues.keys import Keys, models_key
-from queues.records import text, Done, Event, Failed, QueuedRequest, Token, event_fields, parse_event
+from queues.records import Done, Event, Failed, QueuedRequest, Token, event_fields, parse_event, text
+
+# Redis is gone for now (restarting, network): the caller waits and tries again.
+UNAVAILABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from engine.protocol import Engine, SamplingParams
-from queues.claims import Claimed, Claims
+from queues.claims import UNAVAILABLE, Claimed, Claims
 from queues.records import Done, Event, Failed, Token
 from workers import scheduler
 from workers.slot import Phase, Slot
@@ -59,28 +59,70 @@ class Worker:
         self.current: Slot | None = None  # the read that holds the lines
         self._next_beat = 0
         self._idle: bool | None = None
+        self.redis_up = True
 
     # -- the loop -------------------------------------------------------------------------
     def run(self) -> None:
         log.info("worker %s serving %d slots", self.claims.worker_id, len(self.slots))
         try:
             while not self.stopping:
-                if not self.step():
-                    self.claims.wait_for_work(self.idle_wait_s)
+                if not self.turn():
+                    self._wait()
         finally:
             self.stop()
 
-    def stop(self) -> None:
-        """Hand back whatever is still running; the next worker resumes it."""
-        active = [s.request.id for s in self.slots if s.request]
-        back = self.claims.give_back(active, self.clock())
-        if back:
-            log.info("gave back %d requests", len(back))
+    def turn(self) -> bool:
+        """A step that survives Redis going away; False when there was nothing to do."""
+        try:
+            busy = self.step()
+            self.redis_up = True
+            return busy
+        except UNAVAILABLE as error:
+            self.forget(error)
+            return False
+
+    def _wait(self) -> None:
+        """Nothing to do: block until an enqueue wakes us (or Redis is back)."""
+        if self.redis_up:
+            try:
+                self.claims.wait_for_work(self.idle_wait_s)
+                return
+            except UNAVAILABLE as error:
+                self.forget(error)
+        time.sleep(self.idle_wait_s)
+
+    def forget(self, error: Exception) -> None:
+        """Redis went away mid-step: what this step produced may not have reached the clients, so
+        the worker drops every request rather than guess. Redis is the truth: when it is back, the
+        leases run out, the requests go back to the queue in their places, and whoever claims them
+        resumes after the tokens the stream really holds."""
+        if not self.redis_up:
+            return
+        self.redis_up = False
+        dropped = [s.request.id for s in self.slots if s.request]
+        log.warning("Redis unavailable (%s); dropping %d requests until it is back", error, len(dropped))
         for slot in self.slots:
             if slot.request:
                 slot.release(self.steps)
         self.current = None
-        self.claims.leave()
+        self._idle = None  # say again, once Redis is back
+        self._next_beat = 0
+
+    def stop(self) -> None:
+        """Hand back whatever is still running; the next worker resumes it. With Redis gone the
+        leases run out instead, to the same effect."""
+        active = [s.request.id for s in self.slots if s.request]
+        try:
+            back = self.claims.give_back(active, self.clock())
+            self.claims.leave()
+            if back:
+                log.info("gave back %d requests", len(back))
+        except UNAVAILABLE as error:
+            log.warning("could not hand back %d requests (%s); their leases will run out", len(active), error)
+        for slot in self.slots:
+            if slot.request:
+                slot.release(self.steps)
+        self.current = None
 
     def step(self) -> bool:
         """One turn of the loop; False when there was nothing to do."""
