@@ -76,11 +76,16 @@ def check_body(body: GenerationBody, services: Services, key: ApiKey | None = No
             404, f"The model '{body.model}' does not exist; this server serves '{services.model_name}'.",
             code="model_not_found", param="model",
         )
+    check_key_may_use(services, key)
+    if body.n != 1:
+        raise ApiError(400, "Only n=1 is supported.", code="unsupported_value", param="n")
+
+
+def check_key_may_use(services: Services, key: ApiKey | None) -> None:
+    """A key restricted to other models sees this one as not existing (404, as OpenAI does)."""
     if key is not None and not key.allows(services.model_name):
         raise ApiError(404, f"The model '{services.model_name}' does not exist or this key may not use it.",
                        code="model_not_found", param="model")
-    if body.n != 1:
-        raise ApiError(400, "Only n=1 is supported.", code="unsupported_value", param="n")
 
 
 def plan_max_tokens(prompt_len: int, requested: int | None, settings: ApiSettings, param: str) -> int:

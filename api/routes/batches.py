@@ -18,6 +18,7 @@ from api.batch_deps import BatchServicesDep
 from api.batch_schemas import ENDPOINTS, Batch, BatchCreate, BatchList
 from api.deps import KeyDep, ServicesDep
 from api.errors import ApiError
+from api.generation import check_key_may_use
 from api.priority import resolve_priority
 from queues.batches import BatchNotFound, submit_job
 
@@ -33,9 +34,7 @@ def not_found(batch_id: str) -> ApiError:
 @router.post("/v1/batches")
 async def create_batch(body: BatchCreate, services: ServicesDep, batch: BatchServicesDep, key: KeyDep) -> Batch:
     settings = services.settings
-    if key is not None and not key.allows(services.model_name):
-        raise ApiError(404, f"The model '{services.model_name}' does not exist or this key may not use it.",
-                       code="model_not_found", param="model")
+    check_key_may_use(services, key)
     if body.endpoint not in ENDPOINTS:
         raise ApiError(400, f"endpoint must be one of {list(ENDPOINTS)}.", code="invalid_value", param="endpoint")
     if body.completion_window not in COMPLETION_WINDOWS:
