@@ -37,6 +37,18 @@ def enqueue(redis_url: str, *requests, **intake_kw) -> list:
     return asyncio.run(go())
 
 
+def cancel(redis_url: str, rid: str) -> str:
+    """The API's cancel (client gone), from a synchronous test."""
+
+    async def go() -> str:
+        client = aioredis.Redis.from_url(redis_url)
+        status = await Intake(client, MODEL).cancel(rid)
+        await client.aclose()
+        return status
+
+    return asyncio.run(go())
+
+
 def test_waiting_order_is_priority_then_arrival(redis_url, redis_client):
     enqueue(redis_url, *(request(f"r{i}", p) for i, p in enumerate([0, 5, 0, 9, 5])))
     members = redis_client.zrange(Keys(MODEL).waiting, 0, -1, withscores=True)
@@ -73,13 +85,7 @@ def test_report_streams_tokens_renews_and_sees_cancels(redis_url, redis_client):
     assert redis_client.zscore(k.running, "a") == 1100
     assert [f for _, f in redis_client.xrange(k.out("a"))] == [{"type": "token", "text": "Hi", "ids": "7"}]
 
-    async def cancel():
-        client = aioredis.Redis.from_url(redis_url)
-        status = await Intake(client, MODEL).cancel("b")
-        await client.aclose()
-        return status
-
-    assert asyncio.run(cancel()) == "running"
+    assert cancel(redis_url, "b") == "running"
     assert w.report([], ["a", "b"], now_ms=200) == {"b"}
 
 
@@ -128,13 +134,7 @@ def test_give_back_on_a_clean_stop(redis_url, redis_client):
 def test_cancel_while_waiting_leaves_the_queue(redis_url, redis_client):
     enqueue(redis_url, request("a"))
 
-    async def cancel():
-        client = aioredis.Redis.from_url(redis_url)
-        status = await Intake(client, MODEL).cancel("a")
-        await client.aclose()
-        return status
-
-    assert asyncio.run(cancel()) == "waiting"
+    assert cancel(redis_url, "a") == "waiting"
     k = Keys(MODEL)
     assert redis_client.zcard(k.waiting) == 0
     assert redis_client.hget(k.req("a"), "status") == "cancelled"
