@@ -1,8 +1,9 @@
 """SmolLM2 engine speed: decode tok/s at 1 and 4 slots, prompt tok/s, time to first token, RSS.
 
-    .venv/bin/python -m bench.engine_speed [--dtypes float32 bfloat16] [--steps 64]
+    .venv/bin/python -m bench.engine_speed [--dtypes float32 bfloat16 float32+int4 bfloat16+int4] [--steps 64]
 
-Each dtype runs in its own process so its resident memory is its own."""
+Each variant runs in its own process so its resident memory is its own. "+int4" loads with
+int4_decode=True: decode steps of <= 8 rows use int4 weights from the file's Q4_1 blocks."""
 
 from __future__ import annotations
 
@@ -26,11 +27,12 @@ def _rss_mib() -> float:
     return float("nan")
 
 
-def measure(dtype: str, steps: int, threads: int | None) -> dict[str, float]:
+def measure(variant: str, steps: int, threads: int | None) -> dict[str, float]:
     from engine.protocol import SamplingParams
     from engine.runner import load_engine
 
-    engine = load_engine(None, num_slots=4, ctx=2048 + 64, dtype=dtype, threads=threads)
+    dtype, _, extra = variant.partition("+")
+    engine = load_engine(None, num_slots=4, ctx=2048 + 64, dtype=dtype, threads=threads, int4_decode=extra == "int4")
     filler = engine.tokenizer.encode("The history of the lighthouse keepers of the northern coast. " * 400)
     greedy = SamplingParams(temperature=0.0)
 
@@ -78,7 +80,7 @@ def measure(dtype: str, steps: int, threads: int | None) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16", "float32+int4", "bfloat16+int4"])
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -91,8 +93,9 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"SmolLM2-135M Q4_1 (dequantized), decode at ~{DECODE_CONTEXT} tokens of context")
-    for column in ("dtype", "decode B=1 tok/s", "decode B=4 tok/s (total)", f"prompt tok/s ({PREFILL_TOKENS}, chunks of {PREFILL_CHUNK})", f"TTFT {TTFT_TOKENS} tok (ms)", "RSS (MiB)"):
+    table = Table(title=f"SmolLM2-135M Q4_1 (dequantized; +int4: int4 decode weights), decode at ~{DECODE_CONTEXT} tokens of context")
+    table.add_column("dtype", no_wrap=True)
+    for column in ("decode B=1 tok/s", "decode B=4 tok/s (total)", f"prompt tok/s ({PREFILL_TOKENS}, chunks of {PREFILL_CHUNK})", f"TTFT {TTFT_TOKENS} tok (ms)", "RSS (MiB)"):
         table.add_column(column, justify="right")
     for dtype in args.dtypes:
         cmd = [sys.executable, "-m", "bench.engine_speed", "--child", "--dtypes", dtype, "--steps", str(args.steps)]

@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGUFReader, GGMLQuantizationType
+from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
-from engine.model import ModelConfig
+from engine.model import Int4Blocks, ModelConfig
 
 # Architectures whose Q/K rows llama.cpp's converter permuted (HF -> interleaved RoPE pairs).
 _PERMUTED_QK = {"llama", "mistral"}
@@ -90,6 +90,50 @@ class GGUFModel:
                 array = unpermute_rope_rows(array, cfg.n_kv_heads)
             out[name] = torch.from_numpy(np.array(array, dtype=np.float32, copy=True))  # memmap views are read-only
         return out
+
+
+    def int4_blocks(self) -> dict[str, Int4Blocks] | None:
+        """The attention/MLP matrices as the file's own 4-bit blocks (for `Transformer.attach_int4`),
+        under the same names and in the same HF row order as `weights()`; None unless every one of
+        them is Q4_0 or Q4_1. The embedding and the output head are not included."""
+        cfg = self.config
+        out: dict[str, Int4Blocks] = {}
+        for tensor in self.reader.tensors:
+            name = _map_name(tensor.name)
+            if name is None or name.rsplit(".", 1)[-1] not in _INT4_NAMES:
+                continue
+            if GGMLQuantizationType(tensor.tensor_type) not in _INT4_TYPES:
+                return None
+            q, scale, offset = unpack_q4(tensor)
+            heads = cfg.n_heads if name.endswith(".q") else cfg.n_kv_heads if name.endswith(".k") else 0
+            if self.arch in _PERMUTED_QK and heads:  # the same row un-permutation as weights()
+                q, scale, offset = (unpermute_rope_rows(a, heads) for a in (q, scale, offset))
+            out[name] = Int4Blocks(*(torch.from_numpy(np.ascontiguousarray(a)) for a in (q, scale, offset)))
+        return out
+
+
+_INT4_NAMES = {"q", "k", "v", "o", "gate", "up", "down"}
+_INT4_TYPES = {GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1}
+Q4_GROUP = 32  # weights per block in Q4_0 / Q4_1
+
+
+def unpack_q4(tensor: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A Q4_0/Q4_1 matrix -> (q uint8 [out, in] in 0..15, scale, offset float32 [out, in/32]) with
+    weight[r, c] = q[r, c] * scale[r, c//32] + offset[r, c//32], bit for bit what gguf's dequantize
+    computes. Q4_1 block: f16 d, f16 m, 16 bytes (element j in the low nibble of byte j, element
+    j+16 in its high nibble); w = q*d + m. Q4_0 block: f16 d, 16 bytes; w = (q-8)*d = q*d + (-8d)."""
+    qtype = GGMLQuantizationType(tensor.tensor_type)
+    rows, cols = (int(d) for d in reversed(tensor.shape))
+    header = 4 if qtype == GGMLQuantizationType.Q4_1 else 2
+    blocks = np.asarray(tensor.data, dtype=np.uint8).reshape(rows, cols // Q4_GROUP, header + 16)
+    scale = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    if qtype == GGMLQuantizationType.Q4_1:
+        offset = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    else:
+        offset = scale * np.float32(-8)
+    qs = blocks[..., header:]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, cols)
+    return q, scale, offset
 
 
 def dequantize_tensor(tensor: Any) -> np.ndarray:

@@ -7,11 +7,14 @@ Two entry points, both under the caller's `torch.inference_mode()`:
 Weights come in already in this model's layout (the loaders undo file-format quirks) under the
 names listed in `WEIGHT_NAMES`; `Transformer.from_weights` fuses q/k/v and gate/up into single
 matrices, since at batch 1 every extra op is Python overhead that dominates the step.
+`Transformer.attach_int4` (opt-in, CPU) adds int4 copies of those linears, built from a GGUF's
+Q4_0/Q4_1 blocks, for decode steps of at most INT4_MAX_ROWS rows.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +30,10 @@ WEIGHT_NAMES = (
 # Decode attends over the cache sliced to the longest active row, rounded up to this, so the
 # shapes (and any future compiled graph) change only every BUCKET tokens.
 KV_BUCKET = 256
+
+# Decode steps of at most this many rows use the int4 copies of the linears when attached
+# (Transformer.attach_int4); larger steps and prefill use the dense weights.
+INT4_MAX_ROWS = 8
 
 
 @dataclass(frozen=True)
@@ -73,13 +80,20 @@ class Block(nn.Module):
         # Filled by Transformer.allocate_cache: [num_slots, n_kv_heads, ctx, head_dim] each.
         self.k_cache: Tensor | None = None
         self.v_cache: Tensor | None = None
+        # Int4 copies of wqkv, wo, w_gate_up, w_down (Transformer.attach_int4), or None.
+        self.int4: dict[str, Int4Linear] | None = None
 
-    def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def linear(self, name: str, x: Tensor, int4: bool) -> Tensor:
+        if int4 and self.int4 is not None:
+            return self.int4[name](x)
+        return getattr(self, name)(x)
+
+    def qkv(self, x: Tensor, cos: Tensor, sin: Tensor, int4: bool = False) -> tuple[Tensor, Tensor, Tensor]:
         # x: [B, T, dim]; cos, sin: [B, T, head_dim] -> q [B, H, T, hd], k and v [B, KV, T, hd]
         cfg = self.cfg
         bsz, seq, _ = x.shape
         h = F.rms_norm(x, (cfg.dim,), self.attn_norm, cfg.norm_eps).to(self.act_dtype)  # x: float32
-        q, k, v = self.wqkv(h).split((cfg.q_size, cfg.kv_size, cfg.kv_size), dim=-1)
+        q, k, v = self.linear("wqkv", h, int4).split((cfg.q_size, cfg.kv_size, cfg.kv_size), dim=-1)
         q = q.view(bsz, seq, cfg.n_heads, cfg.head_dim)
         k = k.view(bsz, seq, cfg.n_kv_heads, cfg.head_dim)
         v = v.view(bsz, seq, cfg.n_kv_heads, cfg.head_dim)
@@ -91,11 +105,11 @@ class Block(nn.Module):
         k = k * cos + rotate_half(k) * sin
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
-    def mlp(self, x: Tensor) -> Tensor:
+    def mlp(self, x: Tensor, int4: bool = False) -> Tensor:
         # x: [B, T, dim] -> [B, T, dim], residual included
         h = F.rms_norm(x, (self.cfg.dim,), self.ffn_norm, self.cfg.norm_eps).to(self.act_dtype)
-        gate, up = self.w_gate_up(h).chunk(2, dim=-1)  # x stays float32: x + bf16 promotes
-        return x + self.w_down(F.silu(gate) * up)
+        gate, up = self.linear("w_gate_up", h, int4).chunk(2, dim=-1)  # x stays float32: x + bf16 promotes
+        return x + self.linear("w_down", F.silu(gate) * up, int4)
 
 
 class Transformer(nn.Module):
@@ -168,6 +182,27 @@ class Transformer(nn.Module):
         self.output = PackedLinear(self.output)  # a packed copy; the embedding keeps the plain one
         return True
 
+    def attach_int4(self, blocks: dict[str, Int4Blocks]) -> bool:
+        """Add int4 copies of every attention/MLP linear, built from a file's 4-bit blocks (see
+        `Int4Blocks`; loader names, HF row order), for decode steps of <= INT4_MAX_ROWS rows. The
+        dense weights stay for prefill and larger steps; embedding and output head stay dense.
+        CPU only (torch.ops.aten._weight_int4pack_mm_for_cpu); returns False where unavailable."""
+        if self.embed.weight.device.type != "cpu" or not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
+            return False
+
+        def fused(*names: str) -> Int4Blocks:
+            return Int4Blocks(*(torch.cat(parts) for parts in zip(*(blocks[n] for n in names))))
+
+        for i, block in enumerate(self.layers):
+            p = f"layers.{i}."
+            block.int4 = {
+                "wqkv": Int4Linear(fused(p + "q", p + "k", p + "v"), block.wqkv.bias),
+                "wo": Int4Linear(blocks[p + "o"]),
+                "w_gate_up": Int4Linear(fused(p + "gate", p + "up")),
+                "w_down": Int4Linear(blocks[p + "down"]),
+            }
+        return True
+
     def allocate_cache(self, num_slots: int, ctx: int) -> None:
         """One K and one V buffer per layer (a single shared buffer made writes copy it whole)."""
         cfg = self.cfg
@@ -224,8 +259,9 @@ class Transformer(nn.Module):
         sin = self.sin[positions].to(dtype).unsqueeze(1)
         cols = torch.arange(span, device=tokens.device)
         mask = (cols.unsqueeze(0) <= positions.unsqueeze(1)).view(bsz, 1, 1, 1, span)  # [B, 1, 1, 1, L]
+        int4 = bsz <= INT4_MAX_ROWS  # used only by blocks with int4 copies attached
         for block in self.layers:
-            q, k, v = block.qkv(x, cos, sin)  # q [B, H, 1, hd]; k, v [B, KV, 1, hd]
+            q, k, v = block.qkv(x, cos, sin, int4)  # q [B, H, 1, hd]; k, v [B, KV, 1, hd]
             block.k_cache[slots, :, positions] = k[:, :, 0]  # one index-put per buffer
             block.v_cache[slots, :, positions] = v[:, :, 0]
             if slot_range is not None:
@@ -234,8 +270,8 @@ class Transformer(nn.Module):
             else:
                 keys = block.k_cache[slots, :, :span]  # scattered slots: a gather (copy)
                 values = block.v_cache[slots, :, :span]
-            x = x + block.wo(attend(q, keys, values, mask))
-            x = block.mlp(x)
+            x = x + block.linear("wo", attend(q, keys, values, mask), int4)
+            x = block.mlp(x, int4)
         return self.logits(x[:, 0])
 
     def logits(self, x: Tensor) -> Tensor:
@@ -271,6 +307,44 @@ class PackedLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         # x: [..., in] -> [..., out]
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+class Int4Blocks(NamedTuple):
+    """A matrix as 4-bit groups of 32 along its input dim: w[r, c] = q[r, c] * scale[r, c // 32]
+    + offset[r, c // 32]. q: uint8 [out, in] in 0..15; scale, offset: float32 [out, in // 32]."""
+
+    q: Tensor
+    scale: Tensor
+    offset: Tensor
+
+
+class Int4Linear(nn.Module):
+    """F.linear with int4 weights via torch.ops.aten._weight_int4pack_mm_for_cpu (CPU).
+
+    That op computes w = (q - 8) * s + z per group, so s = scale, z = offset + 8 * scale. It takes
+    float32 activations too, but there it was ~50x slower than in bf16 (no vectorized kernel), so
+    activations are cast to bf16 in and the bf16 output back to the input's dtype; the op wants s
+    and z in the activations' dtype, so they are rounded to bf16 (relative error <= 2^-9, like a
+    bf16 copy of the dequantized weight). Bias, if any, is added in the input's dtype."""
+
+    def __init__(self, blocks: Int4Blocks, bias: Tensor | None = None) -> None:
+        super().__init__()
+        q, scale, offset = blocks
+        self.out_features, in_features = q.shape
+        self.group = in_features // scale.shape[1]
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
+        zero = offset.float() + 8 * scale.float()
+        self.scale_zeros = torch.stack([scale.float(), zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
+        self.bias = None if bias is None else bias.detach()
+
+    def forward(self, x: Tensor) -> Tensor:
+        # x: [..., in] -> [..., out]
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x.reshape(-1, x.shape[-1]).to(torch.bfloat16), self.packed, self.group, self.scale_zeros
+        ).to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
 
 
 def rotate_half(x: Tensor) -> Tensor:

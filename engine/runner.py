@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
 from engine.files import is_gguf, resolve_model_path, served_model_name
-from engine.model import KV_BUCKET, ModelConfig, Transformer
+from engine.model import KV_BUCKET, Int4Blocks, ModelConfig, Transformer
 from engine.protocol import SamplingParams
 from engine.sampling import SlotSampler, sample_tokens
 from engine.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -118,8 +121,13 @@ def load_engine(
     device: str = "cpu",
     dtype: str | None = None,
     threads: int | None = None,
+    int4_decode: bool = False,
 ) -> TorchEngine:
-    """Open a GGUF file or HF folder (None: the default SmolLM2) and allocate its slots."""
+    """Open a GGUF file or HF folder (None: the default SmolLM2) and allocate its slots.
+
+    int4_decode: on the CPU, with a GGUF whose attention/MLP matrices are all Q4_0/Q4_1, decode
+    steps of <= 8 rows use int4 copies built from the file's blocks (see docs/engine.md); ignored
+    with a warning elsewhere (CUDA, HF folders, other quant types)."""
     if num_slots < 1 or ctx < 1:
         raise ValueError("num_slots and ctx must be positive")
     if threads is not None:
@@ -135,19 +143,28 @@ def load_engine(
         raise ValueError(f"unsupported dtype {dtype!r} (use one of {sorted(_DTYPES)})")
 
     path = resolve_model_path(model_path)
+    int4_blocks = None
     if is_gguf(path):
         from engine.gguf_loader import GGUFModel
 
         gguf = GGUFModel(path)
         config, weights, file_eos = gguf.config, gguf.weights(), gguf.eos_token_ids()
+        if int4_decode and dev.type == "cpu":
+            int4_blocks = gguf.int4_blocks()
+            if int4_blocks is None:
+                log.warning("int4_decode: %s has linears that are not Q4_0/Q4_1; decoding dense", path.name)
     else:
         from engine import hf_loader
 
         config, weights, file_eos = hf_loader.read_config(path), hf_loader.load_weights(path), []
+    if int4_decode and dev.type != "cpu":
+        log.warning("int4_decode is CPU-only; ignored on %s", dev)
+    elif int4_decode and not is_gguf(path):
+        log.warning("int4_decode needs a Q4_0/Q4_1 GGUF file; %s is not one, decoding dense", path.name)
     tokenizer = Tokenizer.from_model_path(path, extra_eos_ids=file_eos)
     return build_engine(
         config, weights, tokenizer, model_name=served_model_name(path),
-        num_slots=num_slots, ctx=ctx, device=dev, dtype=torch_dtype,
+        num_slots=num_slots, ctx=ctx, device=dev, dtype=torch_dtype, int4_blocks=int4_blocks,
     )
 
 
@@ -163,11 +180,15 @@ def build_engine(
     dtype: torch.dtype,
     eos_token_ids: frozenset[int] | None = None,
     prepack: bool = True,
+    int4_blocks: dict[str, Int4Blocks] | None = None,
 ) -> TorchEngine:
-    """An engine from loaded parts (tests reuse one loaded file for several dtypes/slot counts)."""
+    """An engine from loaded parts (tests reuse one loaded file for several dtypes/slot counts).
+    int4_blocks (GGUFModel.int4_blocks()): attach int4 copies for small decode steps (CPU only)."""
     model = Transformer.from_weights(config, weights, dtype=dtype, device=device)
     if prepack:
         model.prepack_cpu_bf16()  # a no-op unless CPU + bf16
+    if int4_blocks is not None and not model.attach_int4(int4_blocks):
+        log.warning("int4_decode: no CPU int4 kernel here; decoding dense")
     model.allocate_cache(num_slots, ctx)
     if eos_token_ids is None:
         eos_token_ids = tokenizer.eos_token_ids if tokenizer is not None else frozenset()

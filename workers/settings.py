@@ -26,6 +26,7 @@ class WorkerSettings(BaseSettings):
     batch_groups: int = Field(1, ge=1, description="slot groups; a newcomer goes to the least busy group")
     slot_low_first: bool = Field(True, description="within a group, the lowest free slot first; off: least recently used")
     threads: int | None = Field(None, description="torch CPU threads; default all cores")
+    int4_decode: bool = Field(False, description="CPU + Q4_0/Q4_1 GGUF: decode steps of <= 8 rows use int4 weights from the file's blocks (see docs/engine.md)")
     lease_ms: int = Field(15_000, ge=100, description="a claim not renewed for this long goes back to the queue")
     heartbeat_s: float = Field(1.0, gt=0, description="how often the worker hash is refreshed")
     idle_wait_s: float = Field(0.5, gt=0, description="longest block on an empty queue")
