@@ -4,6 +4,7 @@ each step's tokens, notice cancels, renew leases, finish, and give back expired 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import redis
 
@@ -110,15 +111,17 @@ class Claims:
         return Resumed(ids, "".join(pieces))
 
     def report(
-        self, tokens: list[tuple[str, Token]], running: list[str], now_ms: int
+        self, tokens: list[tuple[str, Token]], running: list[str], now_ms: int, started: Sequence[str] = ()
     ) -> set[str]:
-        """One round trip per step: stream the step's tokens, renew every lease, and return the
-        running requests whose client asked to cancel."""
+        """One round trip per step: stream the step's tokens, note the first token of the requests
+        whose read ended (`started`), renew every lease, and return the running requests whose
+        client asked to cancel."""
         k = self.keys
         pipe = self.client.pipeline(transaction=False)
         for request_id, token in tokens:
             pipe.xadd(k.out(request_id), event_fields(token))
-            pipe.hsetnx(k.req(request_id), "first_token_ms", now_ms)
+        for request_id in started:
+            pipe.hsetnx(k.req(request_id), "first_token_ms", now_ms)  # an earlier attempt's stays
         if running:
             pipe.zadd(k.running, {rid: now_ms + self.lease_ms for rid in running}, xx=True)
             for request_id in running:

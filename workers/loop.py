@@ -27,6 +27,7 @@ def wall_ms() -> int:
 class StepOutput:
     tokens: list[tuple[str, Token]] = field(default_factory=list)
     ended: list[tuple[Slot, Event, str]] = field(default_factory=list)  # slot, last event, status
+    started: list[str] = field(default_factory=list)  # requests whose first token came this step
 
 
 class Worker:
@@ -144,7 +145,7 @@ class Worker:
         if decoding:
             self._decode(decoding, out)
         running = [s.request.id for s in self.slots if s.request]
-        cancelled = self.claims.report(out.tokens, running, self.clock())
+        cancelled = self.claims.report(out.tokens, running, self.clock(), out.started)
         for slot, event, status in out.ended:
             self._finish(slot, event, status)
         for slot in self.slots:
@@ -274,6 +275,7 @@ class Worker:
         slot.gave_way_to = None  # back on the lines: its epoch is over
         if last:
             slot.phase = Phase.DECODING
+            out.started.append(slot.request.id)
             self._accept(slot, token, out)
 
     def _decode(self, slots: list[Slot], out: StepOutput) -> None:

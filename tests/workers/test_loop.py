@@ -27,6 +27,7 @@ def test_a_request_runs_to_max_tokens_and_frees_its_slot(redis_client, submit):
     assert reads == [8, 8, 4]  # the prompt read in chunks
     h = redis_client.hgetall(K.req("a"))
     assert h["status"] == "finished" and int(h["first_token_ms"]) <= int(h["finished_ms"])
+    assert h["first_token_ms"] == "20"  # virtual ms: 20 prompt tokens at 1 ms, the first token at the read's end
     assert all(s.is_free for s in worker.slots)
     assert redis_client.zcard(K.running) == 0
 
