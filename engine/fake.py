@@ -53,7 +53,6 @@ class FakeEngine:
     def __post_init__(self) -> None:
         self._cache: list[list[int]] = [[] for _ in range(self.num_slots)]
         self._params = [SamplingParams() for _ in range(self.num_slots)]
-        self._sampled = [0] * self.num_slots
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -64,7 +63,6 @@ class FakeEngine:
             raise ValueError("cannot keep more than the slot holds")
         del self._cache[slot][keep:]
         self._params[slot] = params
-        self._sampled[slot] = 0
 
     def read(self, slot: int, tokens: Sequence[int], sample: bool) -> int | None:
         if len(self._cache[slot]) + len(tokens) > self.ctx:
@@ -94,6 +92,4 @@ class FakeEngine:
         """Depends only on what the slot holds (and the seed): batch and solo agree."""
         cache = self._cache[slot]
         seed = self._params[slot].seed or 0
-        token = (sum(cache) * 31 + len(cache) + seed) % (self.vocab - 1) + 1  # never EOS by itself
-        self._sampled[slot] += 1
-        return token
+        return (sum(cache) * 31 + len(cache) + seed) % (self.vocab - 1) + 1  # never EOS by itself

@@ -9,7 +9,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from queues import scripts
-from queues.keys import Keys, models_key
+from queues.keys import Keys
 from queues.records import Event, QueuedRequest, parse_event, text
 
 
@@ -72,10 +72,3 @@ class Intake:
     async def record(self, request_id: str) -> dict[str, str]:
         raw = await self.client.hgetall(self.keys.req(request_id))
         return {text(a): text(b) for a, b in raw.items()}
-
-
-async def live_models(client: aioredis.Redis, within_ms: int, now: int | None = None) -> list[str]:
-    """Models with a worker heartbeat in the last `within_ms`."""
-    now = now_ms() if now is None else now
-    names = await client.zrangebyscore(models_key(), now - within_ms, "+inf")
-    return [text(n) for n in names]

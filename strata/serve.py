@@ -23,7 +23,6 @@ class Child:
     argv: list[str]
     env: dict[str, str]
     process: subprocess.Popen | None = None
-    restarts: int = 0
 
     def start(self) -> None:
         self.process = subprocess.Popen(self.argv, env=self.env)
@@ -77,7 +76,6 @@ def serve(settings) -> int:  # noqa: ANN001 - a ServeCommand
                 if code is not None and not stopping:
                     log.warning("%s exited with %s; restarting in %.1fs", child.name, code, settings.restart_delay_s)
                     time.sleep(settings.restart_delay_s)
-                    child.restarts += 1
                     child.start()
     finally:
         for child in children:

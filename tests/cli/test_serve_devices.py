@@ -14,7 +14,7 @@ import redis
 
 from queues.keys import Keys
 from queues.server import free_port
-from tests.e2e.conftest import _healthy, wait_until
+from tests.e2e.conftest import healthy, wait_until
 
 
 def live_workers(client: redis.Redis, model: str) -> list[str]:
@@ -31,7 +31,7 @@ def test_two_cpu_workers_share_the_queue_and_a_killed_one_restarts(tiny_model, r
     model = tiny_model.name
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: _healthy(base) and len(live_workers(redis_client, model)) == 2, "two workers", 120)
+        wait_until(lambda: healthy(base) and len(live_workers(redis_client, model)) == 2, "two workers", 120)
         first, second = sorted(live_workers(redis_client, model))
         with ThreadPoolExecutor(4) as pool:
             answers = list(pool.map(lambda i: httpx.post(f"{base}/v1/completions", timeout=60, json={

@@ -68,7 +68,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     stack = Stack(f"http://127.0.0.1:{port}", server.url, client, worker, api)
     try:
         wait_until(lambda: client.zscore(models_key(), MODEL) is not None, "the worker's heartbeat")
-        wait_until(lambda: _healthy(stack.base_url), "the API")
+        wait_until(lambda: healthy(stack.base_url), "the API")
         yield stack
     finally:
         stop(api)
@@ -77,7 +77,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         server.stop()
 
 
-def _healthy(base_url: str) -> bool:
+def healthy(base_url: str) -> bool:
     try:
         return httpx.get(f"{base_url}/health", timeout=1).status_code == 200
     except httpx.HTTPError:

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from queues.server import free_port
-from tests.e2e.conftest import MODEL, _healthy, wait_until
+from tests.e2e.conftest import MODEL, healthy, wait_until
 
 pytestmark = pytest.mark.smollm2
 
@@ -28,7 +28,7 @@ def test_serve_starts_everything_answers_and_stops_cleanly(tmp_path):
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: _healthy(base), "the API", 180)
+        wait_until(lambda: healthy(base), "the API", 180)
         wait_until(lambda: MODEL in [m["id"] for m in httpx.get(f"{base}/v1/models").json()["data"]], "the model", 180)
         r = httpx.post(f"{base}/v1/chat/completions", timeout=120, json={
             "model": MODEL, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8})
