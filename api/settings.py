@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import AliasChoices, Field
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from queues.server import REDIS_URL_ALIASES
 
 
 class ApiSettings(BaseSettings):
@@ -11,7 +13,7 @@ class ApiSettings(BaseSettings):
 
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0",
-        validation_alias=AliasChoices("redis_url", "STRATA_REDIS_URL", "REDIS_URL"),
+        validation_alias=REDIS_URL_ALIASES,
         description="Redis (or Valkey) holding the queues; also read from plain REDIS_URL.",
     )
     model: str | None = Field(

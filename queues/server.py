@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
+from pydantic import AliasChoices
 
 ADDRESS_FILE = "redis.url"  # where `strata queues` and friends find a running serve's Redis
 
@@ -99,3 +100,7 @@ def recorded_url(data_dir: Path) -> str | None:
     """The address of the embedded Redis of a running `strata serve` using this data folder."""
     path = data_dir / ADDRESS_FILE
     return path.read_text().strip() if path.exists() else None
+
+
+# Every process reads its Redis from --redis-url, STRATA_REDIS_URL or the plain REDIS_URL.
+REDIS_URL_ALIASES = AliasChoices("redis_url", "STRATA_REDIS_URL", "REDIS_URL")

@@ -6,10 +6,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pydantic import AliasChoices, Field
+from pydantic import Field
 from pydantic_settings import BaseSettings, CliApp, CliSubCommand, SettingsConfigDict
 
 from api.settings import ApiSettings
+from queues.server import REDIS_URL_ALIASES
 from strata.batch import BatchCommand, BatchWorkerCommand
 from workers.settings import WorkerSettings
 
@@ -21,7 +22,7 @@ class ServeCommand(WorkerSettings, ApiSettings):
 
     redis_url: str | None = Field(
         None,
-        validation_alias=AliasChoices("redis_url", "STRATA_REDIS_URL", "REDIS_URL"),
+        validation_alias=REDIS_URL_ALIASES,
         description="use this Redis; unset: start an embedded one with its data in --data-dir",
     )
     data_dir: Path = Field(Path("data"), description="embedded Redis's append-only files and address")
@@ -59,7 +60,7 @@ class QueuesCommand(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="STRATA_", extra="ignore")
 
     redis_url: str | None = Field(
-        None, validation_alias=AliasChoices("redis_url", "STRATA_REDIS_URL", "REDIS_URL"),
+        None, validation_alias=REDIS_URL_ALIASES,
         description="default: the embedded Redis of a running `strata serve` (see --data-dir)",
     )
     data_dir: Path = Field(Path("data"), description="where a running `strata serve` recorded its Redis")

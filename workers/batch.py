@@ -22,14 +22,23 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import redis
-from pydantic import AliasChoices, Field
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from api import batch_lines
-from queues.batches import FINAL, BatchStore, LineQueue, RQ_QUEUE, job_waiting, request_id, submit_job
+from queues.batches import (
+    FINAL,
+    RQ_QUEUE,
+    BatchStore,
+    LineQueue,
+    job_waiting,
+    request_id,
+    submit_job,
+)
 from queues.files import FileStore
 from queues.records import Done, Failed, QueuedRequest, Token
 from queues.scripts import QueueRefused
+from queues.server import REDIS_URL_ALIASES
 
 log = logging.getLogger("strata.batch")
 
@@ -39,7 +48,7 @@ class BatchWorkerSettings(BaseSettings):
 
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0",
-        validation_alias=AliasChoices("redis_url", "STRATA_REDIS_URL", "REDIS_URL"),
+        validation_alias=REDIS_URL_ALIASES,
         description="Redis holding the queues, the batches and the RQ queue",
     )
     batch_inflight: int = Field(16, ge=1, description="most lines of one batch queued or running at once")

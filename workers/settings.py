@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import AliasChoices, Field
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from queues.server import REDIS_URL_ALIASES
 
 
 class WorkerSettings(BaseSettings):
@@ -11,7 +13,7 @@ class WorkerSettings(BaseSettings):
 
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0",
-        validation_alias=AliasChoices("redis_url", "STRATA_REDIS_URL", "REDIS_URL"),
+        validation_alias=REDIS_URL_ALIASES,
         description="Redis the worker pulls requests from",
     )
     model: str | None = Field(None, description="GGUF file or Hugging Face folder; default SmolLM2-135M-Instruct")
