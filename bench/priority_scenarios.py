@@ -78,19 +78,20 @@ def alert_during_battery(run: Run, tokens: list[int], with_priority: bool, scale
     answer = int(160 * scale)
     battery = [f"battery-{i}" for i in range(3 * slots)]  # slots decoding + twice as many waiting
     low = -5 if with_priority else 0
-    for rid in battery:
-        run.submit(rid, low, tokens[:40], answer)
+    for i, rid in enumerate(battery):  # prompts that share no prefix: no slot's cache helps anyone
+        run.submit(rid, low, tokens[100 + 50 * i:140 + 50 * i], answer)
     while sum(run.record(r).get("status") == "running" for r in battery) < slots:
         time.sleep(0.01)
     time.sleep(1.0)  # everyone is decoding
-    sent = run.submit("alert", 10 if with_priority else 0, tokens[:30], 8)
+    sent = run.submit("alert", 10 if with_priority else 0, tokens[:30], 8)  # its own words too
     run.wait(["alert"] + battery)
     alert = run.record("alert")
-    freed = min(int(run.record(r)["finished_ms"]) for r in battery if int(run.record(r)["finished_ms"]) >= sent)
+    records = [run.record(r) for r in battery]
+    freed = min(int(r["finished_ms"]) for r in records if int(r["finished_ms"]) >= sent)
     read_s = (int(alert["first_token_ms"]) - int(alert["claimed_ms"])) / 1000
     return {"ttft_s": (int(alert["first_token_ms"]) - sent) / 1000,
             "ideal_s": (freed - sent) / 1000 + read_s,
-            "ahead": sum(int(run.record(r)["claim_seq"]) < int(alert["claim_seq"]) for r in battery) - slots}
+            "ahead": sum(int(r["claim_seq"]) < int(alert["claim_seq"]) for r in records) - slots}
 
 
 def long_read_gives_way(run: Run, tokens: list[int], with_priority: bool, scale: float) -> dict[str, float]:
