@@ -9,10 +9,7 @@ from contextlib import asynccontextmanager
 
 import anyio
 import redis.asyncio as aioredis
-import redis.exceptions
 from fastapi import Depends, FastAPI
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
 
 from api.deps import Services, TokenizerLike, get_api_key
 from api.errors import BodyLimit, CatchAll, install_error_handlers
@@ -20,6 +17,7 @@ from api.batch_deps import BatchServices
 from api.routes import batches, chat, completions, files, health, metrics, models
 from api.keys import load_keys
 from api.settings import ApiSettings
+from queues.connect import connect_async, wait_until_up
 from queues.intake import Intake, now_ms
 
 log = logging.getLogger("strata.api")
@@ -40,8 +38,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[dict]:
-        client = redis_client or connect_redis(settings.redis_url)
-        await wait_for_redis(client, settings.redis_connect_s)
+        client = redis_client or connect_async(settings.redis_url)
+        await wait_until_up(client, settings.redis_connect_s)
         tok, name = await anyio.to_thread.run_sync(load_model_facts, settings, tokenizer)
         intake = Intake(
             client, name,
@@ -73,32 +71,6 @@ def create_app(
     for module in (health, metrics):  # open: load balancers and Prometheus
         app.include_router(module.router)
     return app
-
-
-def connect_redis(url: str) -> aioredis.Redis:
-    """A client that retries a command on a dropped connection (Redis restarting)."""
-    return aioredis.Redis.from_url(
-        url,
-        socket_connect_timeout=5,
-        health_check_interval=30,
-        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
-        retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
-    )
-
-
-async def wait_for_redis(client: aioredis.Redis, within_s: float) -> None:
-    deadline = time.monotonic() + within_s
-    delay = 0.1
-    while True:
-        try:
-            await client.ping()
-            return
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
-            if time.monotonic() >= deadline:
-                raise
-            log.warning("waiting for Redis (%s)", client)
-            await anyio.sleep(delay)
-            delay = min(delay * 2, 2.0)
 
 
 def load_model_facts(settings: ApiSettings, tokenizer: TokenizerLike | None) -> tuple[TokenizerLike, str]:

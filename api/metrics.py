@@ -104,12 +104,12 @@ class Snapshot:
             live.add_metric([m], len(view.workers))
             if view.last_heartbeat_ms is not None:
                 progress.add_metric([m], max(0, self.now_ms - view.last_heartbeat_ms) / 1000)
-            for w in view.workers:
-                per_worker["slots_total"].add_metric([m, w.id], w.slots_total)
-                per_worker["slots_busy"].add_metric([m, w.id], w.slots_busy)
-                per_worker["reads_in_progress"].add_metric([m, w.id], int(w.reading))
-                per_worker["reads_parked"].add_metric([m, w.id], w.parked)
-                per_worker["heartbeat_age_seconds"].add_metric([m, w.id], max(0, self.now_ms - w.heartbeat_ms) / 1000)
+            for wid, w in view.workers:
+                per_worker["slots_total"].add_metric([m, wid], w.slots_total)
+                per_worker["slots_busy"].add_metric([m, wid], w.slots_busy)
+                per_worker["reads_in_progress"].add_metric([m, wid], int(bool(w.reading)))
+                per_worker["reads_parked"].add_metric([m, wid], len(w.parked))
+                per_worker["heartbeat_age_seconds"].add_metric([m, wid], max(0, self.now_ms - w.heartbeat_ms) / 1000)
         yield from (waiting, running, live, progress, *per_worker.values())
 
     def _counters(self) -> Iterator[Metric]:

@@ -1,19 +1,23 @@
-"""The worker's side of the queue: look at the head, claim into a slot with a lease, report
-each step's tokens, notice cancels, renew leases, finish, and give back expired claims."""
+"""The worker's side of the queue: look at the head, claim with a lease, report each step (its
+tokens, lease renewals, give-ways, cancels) in one fenced round trip, finish, and give back
+claims whose worker stopped renewing them. Every write about a request passes the fence: the
+request hash must still name this worker and this claim (queues/lua/_lib.lua `owns`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
 
 import redis
 
 from queues import metrics, scripts
+from queues.connect import UNAVAILABLE
 from queues.keys import Keys, models_key
+from queues.lifecycle import RequestStatus
 from queues.records import Done, Event, Failed, QueuedRequest, Token, event_fields, parse_event, text
+from queues.worker_state import WorkerState
 
-# Redis is gone for now (restarting, network): the caller waits and tries again.
-UNAVAILABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+__all__ = ["UNAVAILABLE", "Claimed", "Claims", "Held", "Resumed", "Verdict", "Waiting"]
 
 
 @dataclass(frozen=True)
@@ -23,14 +27,14 @@ class Waiting:
     member: str
     id: str
     priority: int
-    seq: int
+    seq: int  # arrival number
 
 
 @dataclass(frozen=True)
 class Claimed:
     request: QueuedRequest
-    attempts: int  # > 1: it ran before on a worker that died
-    claim_seq: int
+    attempts: int  # > 1: it ran before on a worker that died or handed it back
+    claim_seq: int  # the fence: this claim's number, unique per model
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,29 @@ class Resumed:
 
     token_ids: list[int]
     text: str
+
+
+@dataclass
+class Held:
+    """One request this worker holds, as one step reports it."""
+
+    id: str
+    claim_seq: int
+    priority: int
+    generated: int  # tokens produced so far, earlier attempts included
+    tokens: list[Token] = field(default_factory=list)  # this step's events
+    slot: int | None = None  # set on the step it was claimed: where it went
+    first_token: bool = False  # its read ended this step
+    gave_way_to: str | None = None  # its read gave way this step
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """report's answer: claims this worker lost (drop them, write nothing more) and requests whose
+    client asked to cancel."""
+
+    lost: frozenset[str]
+    cancelled: frozenset[str]
 
 
 class Claims:
@@ -50,6 +77,7 @@ class Claims:
         *,
         lease_ms: int = 15_000,
         retention_s: int = 3600,
+        max_attempts: int = 3,
     ) -> None:
         self.client = client
         self.keys = Keys(model)
@@ -57,37 +85,24 @@ class Claims:
         self.worker_id = worker_id
         self.lease_ms = lease_ms
         self.retention_s = retention_s
+        self.max_attempts = max_attempts  # claims a request may lose to dead workers before it fails
         self._scripts = scripts.register(client)
 
     def head(self, count: int = 1) -> list[Waiting]:
         entries = self.client.zrange(self.keys.waiting, 0, count - 1, withscores=True)
         return [_waiting(text(member), score) for member, score in entries]
 
-    def claim(self, waiting: Waiting, slot: int, now_ms: int) -> Claimed | None:
+    def claim(self, waiting: Waiting, now_ms: int) -> Claimed | None:
         """None when another worker took it first."""
         k = self.keys
         flat = self._scripts["claim"](
             keys=[k.waiting, k.running, k.req(waiting.id), k.claims],
-            args=[waiting.member, waiting.id, self.worker_id, slot, now_ms, now_ms + self.lease_ms],
+            args=[waiting.member, waiting.id, self.worker_id, now_ms, now_ms + self.lease_ms],
         )
         if flat is None:
             return None
         fields = {text(flat[i]): text(flat[i + 1]) for i in range(0, len(flat), 2)}
         return Claimed(QueuedRequest.from_hash(fields), int(fields["attempts"]), int(fields["claim_seq"]))
-
-    def assign(self, request_id: str, slot: int) -> None:
-        """The slot chosen once the prompt was known (claim records a provisional one)."""
-        self.client.hset(self.keys.req(request_id), "slot", slot)
-
-    def note_give_way(self, parked_id: str, to_id: str, now_ms: int) -> None:
-        """A read gave way at a chunk boundary: counted on its hash for operators."""
-        key = self.keys.req(parked_id)
-        priority = text(self.client.hget(key, "priority") or "0")
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hincrby(key, "yields", 1)
-        pipe.hset(key, mapping={"parked_ms": now_ms, "gave_way_to": to_id})
-        pipe.hincrby(self.keys.metrics, f"give_ways:{priority}", 1)  # see queues/metrics.py
-        pipe.execute()
 
     def set_idle(self, idle: bool, now_ms: int) -> None:
         if idle:
@@ -110,65 +125,88 @@ class Claims:
                 pieces.append(event.text)
         return Resumed(ids, "".join(pieces))
 
-    def report(
-        self, tokens: list[tuple[str, Token]], running: list[str], now_ms: int, started: Sequence[str] = ()
-    ) -> set[str]:
-        """One round trip per step: stream the step's tokens, note the first token of the requests
-        whose read ended (`started`), renew every lease, and return the running requests whose
-        client asked to cancel."""
+    def report(self, held: Sequence[Held], now_ms: int) -> Verdict:
+        """One round trip per step (report.lua), fenced per request."""
+        if not held:
+            return Verdict(frozenset(), frozenset())
         k = self.keys
-        pipe = self.client.pipeline(transaction=False)
-        for request_id, token in tokens:
-            pipe.xadd(k.out(request_id), event_fields(token))
-        for request_id in started:
-            pipe.hsetnx(k.req(request_id), "first_token_ms", now_ms)  # an earlier attempt's stays
-        if running:
-            pipe.zadd(k.running, {rid: now_ms + self.lease_ms for rid in running}, xx=True)
-            for request_id in running:
-                pipe.hget(k.req(request_id), "cancel_requested_ms")
-        replies = pipe.execute()
-        flags = replies[len(replies) - len(running):] if running else []
-        return {rid for rid, flag in zip(running, flags) if flag}
+        keys = [k.running, k.metrics]
+        args: list = [self.worker_id, now_ms, now_ms + self.lease_ms, len(held)]
+        for h in held:
+            keys += [k.req(h.id), k.out(h.id)]
+            args += [h.id, h.claim_seq, h.generated, "" if h.slot is None else h.slot, int(h.first_token),
+                     h.gave_way_to or "", h.priority, len(h.tokens)]
+            for token in h.tokens:
+                fields = event_fields(token)
+                args += [fields["text"], fields["ids"]]
+        codes = self._scripts["report"](keys=keys, args=args)
+        return Verdict(frozenset(h.id for h, c in zip(held, codes) if int(c) == 0),
+                       frozenset(h.id for h, c in zip(held, codes) if int(c) == 2))
 
-    def finish(self, request_id: str, event: Event | None, status: str, completion_tokens: int, now_ms: int) -> bool:
+    def finish(self, request_id: str, claim_seq: int, event: Event | None, status: RequestStatus,
+               completion_tokens: int, now_ms: int) -> bool:
         """End a request: `event` is its last stream entry (None for a cancel). False when this
-        worker no longer owns it (its lease ran out and it was requeued). Counted in the model's
-        metrics hash in the same script (queues/metrics.py)."""
+        worker no longer holds that claim: nothing was written. Counted in the model's metrics
+        hash in the same script (queues/metrics.py)."""
         k = self.keys
-        reason = event.finish_reason if isinstance(event, Done) else (event.code if isinstance(event, Failed) else "cancelled")
-        args: list = [request_id, self.worker_id, status, now_ms, self.retention_s, completion_tokens, reason,
-                      metrics.bounds_arg()]
+        if isinstance(event, Done):
+            reason = event.finish_reason
+        else:
+            reason = event.code if isinstance(event, Failed) else RequestStatus.CANCELLED.value
+        args: list = [request_id, self.worker_id, claim_seq, status.value, now_ms, self.retention_s,
+                      completion_tokens, reason, metrics.bounds_arg()]
         if event is not None:
-            for field, value in event_fields(event).items():
-                args += [field, value]
+            for name, value in event_fields(event).items():
+                args += [name, value]
         done = self._scripts["finish"](
             keys=[k.running, k.req(request_id), k.out(request_id), k.metrics], args=args
         )
         return bool(done)
 
-    def requeue_expired(self, now_ms: int) -> list[str]:
-        """Give back claims whose lease ran out (their worker died): original place in the queue."""
+    def _requeue(self, request_id: str, now_ms: int, owner: str = "", claim_seq: int | None = None,
+                 lost: bool = True) -> int:
         k = self.keys
-        back = []
-        for rid in self.client.zrangebyscore(k.running, "-inf", now_ms):
-            rid = text(rid)
-            if self._scripts["requeue"](keys=[k.running, k.waiting, k.req(rid)], args=[rid, now_ms]):
-                back.append(rid)
+        return int(self._scripts["requeue"](
+            keys=[k.running, k.waiting, k.req(request_id), k.out(request_id), k.metrics],
+            args=[request_id, now_ms, self.max_attempts, self.retention_s, owner,
+                  "" if claim_seq is None else claim_seq, int(lost)],
+        ))
+
+    def requeue_expired(self, now_ms: int) -> list[str]:
+        """Give back claims whose lease ran out (their worker died or froze): original place in the
+        queue, or failed as worker_lost once a request has lost `max_attempts` claims."""
+        return [text(rid) for rid in self.client.zrangebyscore(self.keys.running, "-inf", now_ms)
+                if self._requeue(text(rid), now_ms)]
+
+    def give_back(self, held: Iterable[tuple[str, int]], now_ms: int, lost: bool = False) -> list[str]:
+        """This worker hands back its claims (request id, claim_seq) at once, in their original
+        places; what they already streamed is kept, and the next worker resumes after it. A clean
+        stop is not counted as lost; a step that broke is (`lost`). A claim it no longer holds is
+        left alone."""
+        return [rid for rid, seq in held if self._requeue(rid, now_ms, self.worker_id, seq, lost) == 1]
+
+    def reclaim_from_dead(self, is_dead: Callable[[str], bool], now_ms: int) -> list[str]:
+        """Claims held by workers known to be dead (same host, no such process) go back now
+        rather than when their leases run out. Counted as lost."""
+        running = [text(r) for r in self.client.zrange(self.keys.running, 0, -1)]
+        if not running:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for rid in running:
+            pipe.hget(self.keys.req(rid), "worker")
+        owners = [text(w) if w else "" for w in pipe.execute()]
+        dead = {w for w in set(owners) if w and w != self.worker_id and is_dead(w)}
+        back = [rid for rid, w in zip(running, owners) if w in dead and self._requeue(rid, now_ms, w)]
+        for worker in dead:
+            self._forget_worker(worker)
         return back
 
-    def give_back(self, request_ids: list[str], now_ms: int) -> list[str]:
-        """A worker stopping cleanly hands its requests back at once, in their original places;
-        what they already streamed is kept, and the next worker resumes after it."""
-        if request_ids:
-            self.client.zadd(self.keys.running, {rid: now_ms - 1 for rid in request_ids}, xx=True)
-        return [rid for rid in self.requeue_expired(now_ms) if rid in request_ids]
-
-    def heartbeat(self, fields: dict[str, str | int], now_ms: int, ttl_s: int) -> None:
+    def heartbeat(self, state: WorkerState, now_ms: int, ttl_s: int) -> None:
         k = self.keys
         key = k.worker(self.worker_id)
         pipe = self.client.pipeline(transaction=False)
         pipe.delete(key)
-        pipe.hset(key, mapping={**fields, "heartbeat_ms": now_ms})
+        pipe.hset(key, mapping={**state.to_hash(), "heartbeat_ms": now_ms})
         pipe.expire(key, ttl_s)
         pipe.zadd(k.workers, {self.worker_id: now_ms})
         pipe.zadd(models_key(), {self.model: now_ms})
@@ -176,9 +214,14 @@ class Claims:
 
     def leave(self) -> None:
         """A clean stop: the worker's hash goes at once rather than when its TTL ends."""
-        self.client.delete(self.keys.worker(self.worker_id))
-        self.client.zrem(self.keys.workers, self.worker_id)
-        self.client.zrem(self.keys.idle, self.worker_id)
+        self._forget_worker(self.worker_id)
+
+    def _forget_worker(self, worker_id: str) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.delete(self.keys.worker(worker_id))
+        pipe.zrem(self.keys.workers, worker_id)
+        pipe.zrem(self.keys.idle, worker_id)
+        pipe.execute()
 
     def wait_for_work(self, timeout_s: float) -> None:
         """Block until an enqueue pushes a wake-up (or the timeout passes)."""

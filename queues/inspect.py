@@ -9,6 +9,7 @@ import redis
 
 from queues.keys import Keys, models_key
 from queues.records import text
+from queues.worker_state import WorkerState
 
 
 @dataclass(frozen=True)
@@ -21,28 +22,14 @@ class WaitingView:
     key_name: str
 
 
-@dataclass(frozen=True)
-class WorkerView:
-    id: str
-    device: str
-    slots_busy: int
-    slots_total: int
-    reading: str
-    reading_priority: int | None
-    reading_progress: int
-    reading_prompt_tokens: int
-    parked: list[str]
-    give_ways: int
-    heartbeat_age_s: float
-
-
 @dataclass
 class ModelView:
     name: str
     waiting_total: int
     running: int
+    now_ms: int  # when it was read: ages are relative to it
     waiting: list[WaitingView] = field(default_factory=list)
-    workers: list[WorkerView] = field(default_factory=list)
+    workers: list[tuple[str, WorkerState]] = field(default_factory=list)  # (worker id, what it published)
 
 
 def snapshot(client: redis.Redis, now_ms: int, limit: int = 50) -> list[ModelView]:
@@ -60,7 +47,7 @@ def model_view(client: redis.Redis, model: str, now_ms: int, limit: int = 50) ->
     pipe.zrange(k.waiting, 0, limit - 1, withscores=True)
     pipe.zrange(k.workers, 0, -1)
     waiting_total, running, head, workers = pipe.execute()
-    view = ModelView(model, waiting_total, running)
+    view = ModelView(model, waiting_total, running, now_ms)
     members = [(text(m), s) for m, s in head]
     pipe = client.pipeline(transaction=False)
     for member, _score in members:
@@ -74,13 +61,6 @@ def model_view(client: redis.Redis, model: str, now_ms: int, limit: int = 50) ->
             rid, int(-score), int(seq), (now_ms - int(enqueued or now_ms)) / 1000,
             int(prompt_tokens or 0), text(key_name) if key_name else ""))
     for worker, h in zip(workers, replies[len(members):]):
-        h = {text(a): text(b) for a, b in h.items()}
-        if not h:
-            continue  # its hash expired: the worker is gone
-        view.workers.append(WorkerView(
-            text(worker), h.get("device", ""), int(h.get("slots_busy", 0)), int(h.get("slots_total", 0)),
-            h.get("reading", ""), int(h["reading_priority"]) if h.get("reading_priority") else None,
-            int(h.get("reading_progress", 0)), int(h.get("reading_prompt_tokens", 0)),
-            [p for p in h.get("parked", "").split(",") if p], int(h.get("give_ways", 0)),
-            (now_ms - int(h.get("heartbeat_ms", now_ms))) / 1000))
+        if h:  # else its hash expired: the worker is gone
+            view.workers.append((text(worker), WorkerState.from_hash({text(a): text(b) for a, b in h.items()})))
     return view

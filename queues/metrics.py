@@ -1,8 +1,8 @@
 """The Redis side of /metrics: what workers accumulate, and what a scrape reads.
 
 Counters and histograms live in one hash per model, `strata:{m}:metrics`, written atomically
-by finish.lua (one request ends: counted once, even if its lease ran out meanwhile) and by
-`Claims.note_give_way`. Its fields, by the request's exact priority p (already clamped by the
+by finish.lua and requeue.lua (one request ends: counted once, even if its lease ran out
+meanwhile) and by report.lua (a read gave way). Its fields, by the request's exact priority p (already clamped by the
 API, so bounded by the clamp range; the API folds them into bounded labels):
 
     requests:<p>:<status>          requests that ended on a worker (finished|failed|cancelled)
@@ -25,6 +25,7 @@ import redis.asyncio as aioredis
 
 from queues.keys import Keys, models_key
 from queues.records import text
+from queues.worker_state import WorkerState
 
 # Histogram upper bounds (ms) shared by the three histograms: 10 ms … 10 min.
 BUCKETS_MS: tuple[int, ...] = (
@@ -87,18 +88,6 @@ def parse(fields: dict[str, str]) -> Recorded:
     return recorded
 
 
-@dataclass(frozen=True)
-class WorkerView:
-    id: str
-    slots_total: int
-    slots_busy: int
-    reading: bool
-    parked: int
-    give_ways: int
-    steps: int
-    heartbeat_ms: int
-
-
 @dataclass
 class ModelView:
     """Everything a scrape says about one model."""
@@ -106,7 +95,7 @@ class ModelView:
     model: str
     waiting: list[int]  # one count per asked priority range, in the order asked
     running: list[int]  # priorities of the claimed requests
-    workers: list[WorkerView]
+    workers: list[tuple[str, WorkerState]]  # (worker id, what it published)
     last_heartbeat_ms: int | None  # newest worker heartbeat ever (strata:models), None: never
     recorded: Recorded
 
@@ -143,7 +132,7 @@ async def view(
     replies = await pipe.execute()
     running = [int(p) for p in replies[: len(running_ids)] if p is not None]
     workers = [
-        _worker(text(wid), {text(a): text(b) for a, b in h.items()})
+        (text(wid), WorkerState.from_hash({text(a): text(b) for a, b in h.items()}))
         for wid, h in zip(worker_ids, replies[len(running_ids):])
         if h
     ]
@@ -174,22 +163,3 @@ async def live_workers(client: aioredis.Redis, model: str, now_ms: int, within_m
 
 def _score(value: float) -> str | float:
     return "-inf" if value == -math.inf else "+inf" if value == math.inf else value
-
-
-def _worker(wid: str, h: dict[str, str]) -> WorkerView:
-    def num(name: str) -> int:
-        try:
-            return int(h.get(name) or 0)
-        except ValueError:
-            return 0
-
-    return WorkerView(
-        id=wid,
-        slots_total=num("slots_total"),
-        slots_busy=num("slots_busy"),
-        reading=bool(h.get("reading")),
-        parked=len([p for p in h.get("parked", "").split(",") if p]),
-        give_ways=num("give_ways"),
-        steps=num("steps"),
-        heartbeat_ms=num("heartbeat_ms"),
-    )

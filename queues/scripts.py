@@ -23,12 +23,18 @@ def source(name: str) -> str:
     return resources.files("queues").joinpath("lua", f"{name}.lua").read_text()
 
 
-SCRIPT_NAMES = ("enqueue", "claim", "finish", "requeue", "cancel")
+SCRIPT_NAMES = ("enqueue", "claim", "report", "finish", "requeue", "cancel")
+# Lua has no import: the scripts that fence or end a request get the shared functions in front.
+WITH_LIB = ("report", "finish", "requeue")
+
+
+def request_script(name: str) -> str:
+    return (source("_lib") + "\n" if name in WITH_LIB else "") + source(name)
 
 
 def register(client) -> dict:  # noqa: ANN001 - sync or asyncio redis client
     """Scripts bound to a client (sync or asyncio); called with keys= and args=."""
-    return {name: client.register_script(source(name)) for name in SCRIPT_NAMES}
+    return {name: client.register_script(request_script(name)) for name in SCRIPT_NAMES}
 
 
 def refused(error: redis.exceptions.ResponseError) -> QueueRefused | None:

@@ -36,11 +36,12 @@ def render(views: list[ModelView]) -> Group:
         workers = Table(title="workers", title_justify="left")
         for column in ("worker", "device", "slots", "reading", "priority", "progress", "parked", "give-ways", "seen"):
             workers.add_column(column)
-        for w in view.workers:
+        for wid, w in view.workers:
             progress = f"{w.reading_progress}/{w.reading_prompt_tokens}" if w.reading else "-"
-            workers.add_row(w.id, w.device, f"{w.slots_busy}/{w.slots_total}", w.reading or "-",
+            seen_s = max(0, view.now_ms - (w.heartbeat_ms or view.now_ms)) / 1000
+            workers.add_row(wid, w.device, f"{w.slots_busy}/{w.slots_total}", w.reading or "-",
                             "-" if w.reading_priority is None else str(w.reading_priority), progress,
-                            ",".join(w.parked) or "-", str(w.give_ways), f"{w.heartbeat_age_s:.1f}s ago")
+                            ",".join(w.parked) or "-", str(w.give_ways), f"{seen_s:.1f}s ago")
         parts += [waiting, workers]
     return Group(*parts)
 

@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from engine.protocol import Engine, SamplingParams
-from queues.claims import UNAVAILABLE, Claimed, Claims
+from queues.claims import UNAVAILABLE, Claimed, Claims, Held
+from queues.lifecycle import RequestStatus
 from queues.records import Done, Event, Failed, Token
+from queues.worker_state import WorkerState
 from workers import scheduler
 from workers.slot import Phase, Slot
 from workers.text import Decoder, TextStream
@@ -25,9 +27,16 @@ def wall_ms() -> int:
 
 @dataclass
 class StepOutput:
-    tokens: list[tuple[str, Token]] = field(default_factory=list)
-    ended: list[tuple[Slot, Event, str]] = field(default_factory=list)  # slot, last event, status
-    started: list[str] = field(default_factory=list)  # requests whose first token came this step
+    """What one step did, for its report: by request id, what the report carries for it."""
+
+    held: dict[str, Held] = field(default_factory=dict)
+    ended: list[tuple[Slot, Event, RequestStatus]] = field(default_factory=list)  # slot, last event, status
+
+    def of(self, slot: Slot) -> Held:
+        request = slot.request
+        if request.id not in self.held:
+            self.held[request.id] = Held(request.id, slot.claim_seq, request.priority, slot.generated)
+        return self.held[request.id]
 
 
 class Worker:
@@ -43,6 +52,7 @@ class Worker:
         heartbeat_ms: int = 1000,
         idle_wait_s: float = 0.5,
         clock: Callable[[], int] = wall_ms,
+        is_dead: Callable[[str], bool] = lambda _worker_id: False,
     ) -> None:
         self.engine = engine
         self.claims = claims
@@ -53,6 +63,7 @@ class Worker:
         self.heartbeat_ms = heartbeat_ms
         self.idle_wait_s = idle_wait_s
         self.clock = clock
+        self.is_dead = is_dead  # another worker's id -> its process is known to be gone
         self.slots = [Slot(i) for i in range(engine.num_slots)]
         self.steps = 0
         self.give_ways = 0
@@ -73,7 +84,8 @@ class Worker:
             self.stop()
 
     def turn(self) -> bool:
-        """A step that survives Redis going away; False when there was nothing to do."""
+        """A step that survives Redis going away, and anything else: no request takes the worker
+        down. False when there was nothing to do."""
         try:
             busy = self.step()
             self.redis_up = True
@@ -81,6 +93,23 @@ class Worker:
         except UNAVAILABLE as error:
             self.forget(error)
             return False
+        except Exception:  # noqa: BLE001 - a bug the targeted handlers did not catch
+            log.exception("step failed; abandoning the requests it held")
+            self._abandon()
+            return False
+
+    def _abandon(self) -> None:
+        """Give back every claim as lost: a request that keeps breaking steps fails after
+        max_attempts (requeue.lua) instead of taking worker after worker down."""
+        held = [(s.request.id, s.claim_seq) for s in self.slots if s.request]
+        try:
+            self.claims.give_back(held, self.clock(), lost=True)
+        except UNAVAILABLE:
+            pass  # their leases run out instead
+        for slot in self.slots:
+            if slot.request:
+                slot.release(self.steps)
+        self.current = None
 
     def _wait(self) -> None:
         """Nothing to do: block until an enqueue wakes us (or Redis is back)."""
@@ -112,7 +141,7 @@ class Worker:
     def stop(self) -> None:
         """Hand back whatever is still running; the next worker resumes it. With Redis gone the
         leases run out instead, to the same effect."""
-        active = [s.request.id for s in self.slots if s.request]
+        active = [(s.request.id, s.claim_seq) for s in self.slots if s.request]
         try:
             back = self.claims.give_back(active, self.clock())
             self.claims.leave()
@@ -131,11 +160,11 @@ class Worker:
         if now >= self._next_beat:
             self._maintain(now)
         self.steps += 1
-        self._admit(now)
         out = StepOutput()
+        self._admit(now, out)
         lines = scheduler.next_read(self.slots, self.current, self.policy)
         if lines.gave_way:
-            self._give_way(lines.gave_way, lines.read, now)
+            self._give_way(lines.gave_way, lines.read, out)
         if lines.read is not self.current:
             self.current = lines.read
             self._publish(now)  # the read in progress is visible in the worker hash
@@ -144,13 +173,19 @@ class Worker:
             self._read_chunk(lines.read, out)
         if decoding:
             self._decode(decoding, out)
-        running = [s.request.id for s in self.slots if s.request]
-        cancelled = self.claims.report(out.tokens, running, self.clock(), out.started)
-        for slot, event, status in out.ended:
-            self._finish(slot, event, status)
         for slot in self.slots:
-            if slot.request and slot.request.id in cancelled:
-                self._finish(slot, None, "cancelled")
+            if slot.request:
+                out.of(slot).generated = slot.generated
+        verdict = self.claims.report(list(out.held.values()), self.clock())
+        for slot in self.slots:
+            if slot.request and slot.request.id in verdict.lost:
+                self._drop(slot)
+        for slot, event, status in out.ended:
+            if slot.request:  # not dropped above
+                self._finish(slot, event, status)
+        for slot in self.slots:
+            if slot.request and slot.request.id in verdict.cancelled:
+                self._finish(slot, None, RequestStatus.CANCELLED)
         self._note_idle(now)
         return bool(lines.read or decoding)
 
@@ -158,7 +193,10 @@ class Worker:
     def _maintain(self, now: int) -> None:
         back = self.claims.requeue_expired(now)
         if back:
-            log.warning("requeued %d requests whose worker stopped renewing: %s", len(back), back)
+            log.warning("took back %d requests whose worker stopped renewing: %s", len(back), back)
+        back = self.claims.reclaim_from_dead(self.is_dead, now)
+        if back:
+            log.warning("took back %d requests of a dead worker on this host: %s", len(back), back)
         self._publish(now)
         if self._idle:
             self.claims.set_idle(True, now)  # still idle: keep the entry fresh
@@ -176,92 +214,108 @@ class Worker:
     def _lines_free(self) -> bool:
         return not any(s.phase is Phase.READING for s in self.slots)
 
-    def describe(self) -> dict[str, str | int]:
+    def describe(self) -> WorkerState:
         """The worker hash an operator reads with HGETALL."""
         read = self.current if self.current and self.current.request else None
-        busy = sum(not s.is_free for s in self.slots)
-        fields: dict[str, str | int] = {
-            "device": self.device,
-            "slots_total": len(self.slots),
-            "slots_busy": busy,
-            "steps": self.steps,
-            "give_ways": self.give_ways,
-            "reading": read.request.id if read else "",
-            "parked": ",".join(s.request.id for s in self.slots if s.is_parked),
-        }
-        if read:
-            fields.update(
-                reading_priority=read.priority,
-                reading_prompt_tokens=len(read.tokens),
-                reading_progress=read.read_pos,
-                reading_yields=read.yields,
-            )
-        return fields
+        return WorkerState(
+            device=self.device,
+            ctx=self.engine.ctx,
+            slots_total=len(self.slots),
+            slots_busy=sum(not s.is_free for s in self.slots),
+            steps=self.steps,
+            give_ways=self.give_ways,
+            reading=read.request.id if read else "",
+            reading_priority=read.priority if read else None,
+            reading_prompt_tokens=len(read.tokens) if read else 0,
+            reading_progress=read.read_pos if read else 0,
+            reading_yields=read.yields if read else 0,
+            parked=[s.request.id for s in self.slots if s.is_parked],
+        )
 
-    def _admit(self, now: int) -> None:
+    def _admit(self, now: int, out: StepOutput) -> None:
         while not self.stopping and any(s.is_free for s in self.slots):
             head = self.claims.head()
             if not head:
                 return
             if not scheduler.admit_here(not self._lines_free(), self._idle_elsewhere(now)):
                 return  # an idle worker takes it: nobody here gives way or waits for the lines
-            first_free = next(s for s in self.slots if s.is_free)
-            claimed = self.claims.claim(head[0], first_free.index, now)
+            claimed = self.claims.claim(head[0], now)
             if claimed:
                 slot = scheduler.free_slot(self.slots, claimed.request.prompt, self.policy)
-                if slot is not first_free:
-                    self.claims.assign(claimed.request.id, slot.index)
-                self._start(slot, claimed)
+                self._start(slot, claimed, out)
 
     def _idle_elsewhere(self, now: int) -> bool:
         return self.claims.idle_elsewhere(now, within_ms=3 * self.heartbeat_ms)
 
-    def _give_way(self, parked: Slot, to: Slot, now: int) -> None:
+    def _give_way(self, parked: Slot, to: Slot, out: StepOutput) -> None:
         parked.yields += 1
         parked.gave_way_to = to.request.id
         self.give_ways += 1
-        self.claims.note_give_way(parked.request.id, to.request.id, now)
+        out.of(parked).gave_way_to = to.request.id
         log.info("%s (priority %d, %d/%d read) gives way to %s (priority %d, %d tokens)",
                  parked.request.id, parked.priority, parked.read_pos, len(parked.tokens),
                  to.request.id, to.priority, len(to.tokens))
 
-    def _finish(self, slot: Slot, event: Event | None, status: str) -> None:
-        self.claims.finish(slot.request.id, event, status, slot.generated, self.clock())
+    def _finish(self, slot: Slot, event: Event | None, status: RequestStatus) -> None:
+        request = slot.request
+        if not self.claims.finish(request.id, slot.claim_seq, event, status, slot.generated, self.clock()):
+            log.warning("%s: claim %d was lost before it ended (lease ran out); nothing written",
+                        request.id, slot.claim_seq)
+            self._drop(slot)
+            return
         cached = None
-        if status == "finished":  # the cache holds exactly what was fed: prompt, then answer
-            cached = (slot.request.prompt + slot.text.ids)[: self.engine.position(slot.index)]
+        if status is RequestStatus.FINISHED:  # the cache holds exactly what was fed: prompt, then answer
+            cached = (request.prompt + slot.text.ids)[: self.engine.position(slot.index)]
+        self._release(slot, cached)
+
+    def _drop(self, slot: Slot) -> None:
+        """This worker lost the claim (it froze past its lease): another worker has the request
+        or will. Free the slot at once and write nothing more about it."""
+        log.warning("%s: lost claim %d (lease ran out); dropping it, writing nothing more",
+                    slot.request.id, slot.claim_seq)
+        self._release(slot)
+
+    def _release(self, slot: Slot, cached: list[int] | None = None) -> None:
         if slot is self.current:
             self.current = None
         slot.release(self.steps, cached)
 
-    def _start(self, slot: Slot, claimed: Claimed) -> None:
+    def _start(self, slot: Slot, claimed: Claimed, out: StepOutput) -> None:
         request = claimed.request
         resumed = self.claims.resumed(request.id) if claimed.attempts > 1 else None
         done_ids = resumed.token_ids if resumed else []
         slot.request = request
-        slot.seq = claimed.claim_seq
+        slot.claim_seq = claimed.claim_seq
         slot.tokens = list(request.prompt) + done_ids
         slot.read_pos = scheduler.shared_prefix(slot.cached, slot.tokens)  # already in the slot's cache
         slot.generated = len(done_ids)
-        slot.text = TextStream(self.decoder, request.stop, done_ids, resumed.text if resumed else "")
         slot.phase = Phase.READING
-        self.engine.begin(
-            slot.index,
-            SamplingParams(
-                temperature=request.temperature,
-                top_p=request.top_p,
-                top_k=request.top_k,
-                seed=request.seed,
-                min_tokens=max(0, request.min_tokens - len(done_ids)),
-            ),
-            keep=slot.read_pos,
-        )
+        out.of(slot).slot = slot.index
+        try:
+            slot.text = TextStream(self.decoder, request.stop, done_ids, resumed.text if resumed else "")
+            self.engine.begin(
+                slot.index,
+                SamplingParams(
+                    temperature=request.temperature,
+                    top_p=request.top_p,
+                    top_k=request.top_k,
+                    seed=request.seed,
+                    min_tokens=max(0, request.min_tokens - len(done_ids)),
+                ),
+                keep=slot.read_pos,
+            )
+        except Exception as error:  # noqa: BLE001 - one bad request must not take the worker down
+            log.exception("could not start %s", request.id)
+            out.held.pop(request.id, None)
+            self._finish(slot, Failed(f"could not start the request: {error}"), RequestStatus.FAILED)
+            return
         log.info("slot %d <- %s (priority %d, %d tokens, %d cached%s)", slot.index, request.id, request.priority,
                  len(slot.tokens), slot.read_pos, f", resumed after {len(done_ids)}" if done_ids else "")
 
     def _read_chunk(self, slot: Slot, out: StepOutput) -> None:
         if len(slot.tokens) >= self.engine.ctx:
-            out.ended.append((slot, Failed("prompt does not fit the context", "context_length_exceeded"), "failed"))
+            out.ended.append((slot, Failed("prompt does not fit the context", "context_length_exceeded"),
+                              RequestStatus.FAILED))
             return
         chunk = slot.tokens[slot.read_pos : slot.read_pos + self.prefill_chunk]
         last = slot.read_pos + len(chunk) == len(slot.tokens)
@@ -269,13 +323,13 @@ class Worker:
             token = self.engine.read(slot.index, chunk, sample=last)
         except Exception as error:  # noqa: BLE001 - one bad request must not take the worker down
             log.exception("read failed for %s", slot.request.id)
-            out.ended.append((slot, Failed(f"engine error: {error}"), "failed"))
+            out.ended.append((slot, Failed(f"engine error: {error}"), RequestStatus.FAILED))
             return
         slot.read_pos += len(chunk)
         slot.gave_way_to = None  # back on the lines: its epoch is over
         if last:
             slot.phase = Phase.DECODING
-            out.started.append(slot.request.id)
+            out.of(slot).first_token = True
             self._accept(slot, token, out)
 
     def _decode(self, slots: list[Slot], out: StepOutput) -> None:
@@ -284,10 +338,14 @@ class Worker:
         except Exception as error:  # noqa: BLE001
             log.exception("decode step failed")
             for slot in slots:
-                out.ended.append((slot, Failed(f"engine error: {error}"), "failed"))
+                out.ended.append((slot, Failed(f"engine error: {error}"), RequestStatus.FAILED))
             return
         for slot, token in zip(slots, tokens):
-            self._accept(slot, token, out)
+            try:
+                self._accept(slot, token, out)
+            except Exception as error:  # noqa: BLE001 - e.g. its stop strings or text: this request only
+                log.exception("could not take token %d for %s", token, slot.request.id)
+                out.ended.append((slot, Failed(f"engine error: {error}"), RequestStatus.FAILED))
 
     def _accept(self, slot: Slot, token: int, out: StepOutput) -> None:
         """A token was sampled for this slot: stream it and decide whether the request ends."""
@@ -297,7 +355,7 @@ class Worker:
         if token in self.engine.eos_token_ids and not request.ignore_eos:
             self._end(slot, "stop", out, tail=slot.text.flush())
             return
-        out.tokens.append((request.id, Token(slot.text.push(token), [token])))
+        out.of(slot).tokens.append(Token(slot.text.push(token), [token]))
         if slot.text.stopped:
             self._end(slot, "stop", out)
         elif slot.generated >= request.max_tokens or self.engine.position(slot.index) >= self.engine.ctx:
@@ -305,6 +363,6 @@ class Worker:
 
     def _end(self, slot: Slot, reason: str, out: StepOutput, tail: str = "") -> None:
         if tail:
-            out.tokens.append((slot.request.id, Token(tail, [])))
+            out.of(slot).tokens.append(Token(tail, []))
         done = Done(reason, len(slot.request.prompt), slot.generated)
-        out.ended.append((slot, done, "finished"))
+        out.ended.append((slot, done, RequestStatus.FINISHED))

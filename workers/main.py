@@ -6,11 +6,9 @@ import logging
 import os
 import signal
 import socket
-import time
-
-import redis
 
 from queues.claims import Claims
+from queues.connect import connect
 from workers.loop import Worker
 from workers.scheduler import Policy
 from workers.settings import WorkerSettings
@@ -18,19 +16,23 @@ from workers.settings import WorkerSettings
 log = logging.getLogger("strata.worker")
 
 
-def connect(url: str, attempts: int = 50) -> redis.Redis:
-    """Redis may still be starting (or restarting): keep trying for a while."""
-    client = redis.Redis.from_url(url, decode_responses=True, health_check_interval=30,
-                                  retry_on_timeout=True)
-    for attempt in range(attempts):
-        try:
-            client.ping()
-            return client
-        except redis.exceptions.ConnectionError:
-            if attempt == attempts - 1:
-                raise
-            time.sleep(0.2)
-    return client
+def dead_on_this_host(worker_id: str) -> bool:
+    """Worker ids are `<host>-<pid>-<device>` (unless set by hand): one of this host whose process
+    is gone is dead for sure, so its claims need not wait for their leases. Any other id (another
+    host, a live or reused pid, a hand-set id) is left to its lease."""
+    host = f"{socket.gethostname()}-"
+    if not worker_id.startswith(host):
+        return False
+    pid = worker_id[len(host):].split("-", 1)[0]
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, someone else's
+    return False
 
 
 def run_worker(settings: WorkerSettings) -> None:
@@ -43,13 +45,13 @@ def run_worker(settings: WorkerSettings) -> None:
     engine = load_engine(path, num_slots=settings.parallel, ctx=settings.ctx, device=settings.device,
                          dtype=settings.dtype, threads=settings.threads, int4_decode=settings.int4_decode)
     worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}-{settings.device}"
-    claims = Claims(connect(settings.redis_url), name, worker_id,
-                    lease_ms=settings.lease_ms, retention_s=settings.retention_s)
+    claims = Claims(connect(settings.redis_url, within_s=settings.redis_connect_s), name, worker_id,
+                    lease_ms=settings.lease_ms, retention_s=settings.retention_s, max_attempts=settings.max_attempts)
     policy = Policy(prefill_preempt=settings.prefill_preempt, yields_max=settings.yields_max,
                     batch_groups=settings.batch_groups, slot_low_first=settings.slot_low_first)
     worker = Worker(engine, claims, engine.tokenizer, prefill_chunk=settings.prefill_chunk, policy=policy,
                     device=settings.device, heartbeat_ms=int(settings.heartbeat_s * 1000),
-                    idle_wait_s=settings.idle_wait_s)
+                    idle_wait_s=settings.idle_wait_s, is_dead=dead_on_this_host)
 
     def stop(_signum: int, _frame: object) -> None:
         worker.stopping = True

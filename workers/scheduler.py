@@ -98,7 +98,7 @@ def in_epoch(slot: Slot, slots: Sequence[Slot]) -> bool:
 
 
 def _first(candidates: Sequence[Slot]) -> Slot | None:
-    return min(candidates, key=lambda s: (-s.priority, s.seq), default=None)
+    return min(candidates, key=lambda s: (-s.priority, s.claim_seq), default=None)
 
 
 def decoding(slots: Sequence[Slot]) -> list[Slot]:

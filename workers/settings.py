@@ -30,6 +30,8 @@ class WorkerSettings(BaseSettings):
     threads: int | None = Field(None, description="torch CPU threads; default all cores")
     int4_decode: bool = Field(False, description="CPU + Q4_0/Q4_1 GGUF: decode steps of <= 8 rows use int4 weights from the file's blocks (see docs/engine.md)")
     lease_ms: int = Field(15_000, ge=100, description="a claim not renewed for this long goes back to the queue")
+    max_attempts: int = Field(3, ge=1, description="a request whose workers died this many times while running it fails (worker_lost)")
+    redis_connect_s: float = Field(20.0, gt=0, description="how long to wait at start for Redis to answer")
     heartbeat_s: float = Field(1.0, gt=0, description="how often the worker hash is refreshed")
     idle_wait_s: float = Field(0.5, gt=0, description="longest block on an empty queue")
     worker_id: str | None = Field(None, description="default host-pid-device")

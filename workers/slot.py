@@ -20,7 +20,7 @@ class Slot:
     index: int
     phase: Phase = Phase.FREE
     request: QueuedRequest | None = None
-    seq: int = 0  # arrival order, for first come first served within a priority
+    claim_seq: int = 0  # the fence of its claim, and the order it got a slot (FCFS among reads of a level)
     tokens: list[int] = field(default_factory=list)  # what the cache must hold: prompt (+ resumed)
     read_pos: int = 0  # tokens of `tokens` already in the cache
     generated: int = 0  # tokens produced, including any from an earlier attempt
@@ -40,10 +40,6 @@ class Slot:
         return self.request.priority if self.request else 0
 
     @property
-    def to_read(self) -> int:
-        return len(self.tokens) - self.read_pos
-
-    @property
     def is_parked(self) -> bool:
         """A read stopped at a chunk boundary, its KV cache kept in the slot."""
         return self.phase is Phase.READING and self.read_pos > 0 and self.gave_way_to is not None
@@ -52,6 +48,7 @@ class Slot:
         self.cached = cached or []
         self.phase = Phase.FREE
         self.request = None
+        self.claim_seq = 0
         self.tokens = []
         self.read_pos = 0
         self.generated = 0

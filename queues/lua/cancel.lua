@@ -1,5 +1,6 @@
 --[[ cancel: the client is gone (or asked to stop). A waiting request leaves the queue at once;
 a running one is marked, and its worker frees the slot at its next step (it reads the status).
+Moves: waiting -> cancelled
 KEYS[1] waiting zset   KEYS[2] request hash   KEYS[3] output stream
 ARGV[1] now (ms)   ARGV[2] retention (s)
 Returns the status the request had: 'waiting', 'running', or the final status it already had

@@ -1,4 +1,5 @@
 --[[ enqueue: a new request joins the waiting queue.
+Moves: new -> waiting
 KEYS[1] seq counter      KEYS[2] waiting zset   KEYS[3] request hash   KEYS[4] wake list
 ARGV[1] id   ARGV[2] priority   ARGV[3] prompt (JSON ids)   ARGV[4] prompt length
 ARGV[5] params (JSON)   ARGV[6] now (ms)   ARGV[7] max waiting ahead (0 = unbounded)

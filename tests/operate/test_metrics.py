@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 from api.metrics import PriorityLabels
 from queues.intake import Intake
 from queues.keys import Keys
+from queues.lifecycle import RequestStatus
 from tests.operate.conftest import MODEL, enqueue, make_worker, metric_samples
 from tests.workers.conftest import run_until_idle
 
@@ -110,7 +111,8 @@ def test_a_request_ended_twice_is_counted_once(redis_client, redis_url, clock):
     enqueue(redis_url, clock, "x", priority=2)
     worker = make_worker(redis_client, slots=1, clock=clock)
     run_until_idle(worker)
-    assert not worker.claims.finish("x", None, "cancelled", 0, clock())
+    claim_seq = int(redis_client.hget(K.req("x"), "claim_seq"))
+    assert not worker.claims.finish("x", claim_seq, None, RequestStatus.CANCELLED, 0, clock())
     fields = redis_client.hgetall(K.metrics)
     assert fields["requests:2:finished"] == "1" and "requests:2:cancelled" not in fields
 

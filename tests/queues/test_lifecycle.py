@@ -6,11 +6,13 @@ import asyncio
 
 import redis.asyncio as aioredis
 
-from queues.claims import Claims
+from queues.claims import Claims, Held, Verdict
 from queues.intake import Intake
 from queues.keys import Keys
+from queues.lifecycle import RequestStatus
 from queues.records import Done, Token
 from queues.scripts import QueueError, QueueRefused
+from queues.worker_state import WorkerState
 
 MODEL = "m"
 
@@ -63,40 +65,60 @@ def test_claim_is_atomic_with_its_lease_and_records_the_order(redis_url, redis_c
     k = Keys(MODEL)
     w1, w2 = Claims(redis_client, MODEL, "w1", lease_ms=1000), Claims(redis_client, MODEL, "w2")
     head = w1.head()[0]
-    claimed = w1.claim(head, slot=0, now_ms=5000)
+    claimed = w1.claim(head, now_ms=5000)
     assert claimed.request.id == "b" and claimed.request.prompt == [1, 2, 3] and claimed.attempts == 1
-    assert w2.claim(head, slot=0, now_ms=5000) is None  # already taken: never twice
+    assert w2.claim(head, now_ms=5000) is None  # already taken: never twice
     assert redis_client.zscore(k.running, "b") == 6000
     assert redis_client.zrange(k.waiting, 0, -1) == [w1.head()[0].member]
     h = redis_client.hgetall(k.req("b"))
-    assert (h["status"], h["worker"], h["slot"], h["claim_seq"]) == ("running", "w1", "0", "1")
-    second = w2.claim(w2.head()[0], slot=3, now_ms=5001)
+    assert (h["status"], h["worker"], h["slot"], h["claim_seq"]) == ("running", "w1", "", "1")
+    second = w2.claim(w2.head()[0], now_ms=5001)
     assert second.claim_seq == 2
 
 
-def test_report_streams_tokens_renews_and_sees_cancels(redis_url, redis_client):
+def held(claimed, slot=None, tokens=(), generated=0, **kw) -> Held:
+    return Held(claimed.request.id, claimed.claim_seq, claimed.request.priority, generated, list(tokens), slot, **kw)
+
+
+def test_report_streams_tokens_records_the_slot_renews_and_sees_cancels(redis_url, redis_client):
     enqueue(redis_url, request("a"), request("b"))
     w = Claims(redis_client, MODEL, "w1", lease_ms=1000)
-    for slot in (0, 1):
-        w.claim(w.head()[0], slot, now_ms=0)
-    cancelled = w.report([("a", Token("Hi", [7])), ("b", Token("", [8]))], ["a", "b"], now_ms=100)
-    assert cancelled == set()
+    a, b = (w.claim(w.head()[0], now_ms=0) for _ in range(2))
+    verdict = w.report([held(a, slot=1, tokens=[Token("Hi", [7])], generated=1, first_token=True),
+                        held(b, slot=0, tokens=[Token("", [8])], generated=1)], now_ms=100)
+    assert verdict == Verdict(frozenset(), frozenset())
     k = Keys(MODEL)
     assert redis_client.zscore(k.running, "a") == 1100
     assert [f for _, f in redis_client.xrange(k.out("a"))] == [{"type": "token", "text": "Hi", "ids": "7"}]
+    h = redis_client.hgetall(k.req("a"))
+    assert (h["slot"], h["first_token_ms"], h["completion_tokens"]) == ("1", "100", "1")
+    assert redis_client.hget(k.req("b"), "slot") == "0"
 
     assert cancel(redis_url, "b") == "running"
-    assert w.report([], ["a", "b"], now_ms=200) == {"b"}
+    assert w.report([held(a, generated=1), held(b, generated=1)], now_ms=200).cancelled == {"b"}
+    assert redis_client.hget(k.req("a"), "slot") == "1"  # written once, when it was claimed
 
 
-def test_finish_ends_once_and_only_for_the_owner(redis_url, redis_client):
+def test_a_give_way_is_noted_on_the_request_and_counted_by_priority(redis_url, redis_client):
+    enqueue(redis_url, request("long", 3))
+    w = Claims(redis_client, MODEL, "w1")
+    long = w.claim(w.head()[0], now_ms=0)
+    w.report([held(long, gave_way_to="short")], now_ms=50)
+    h = redis_client.hgetall(Keys(MODEL).req("long"))
+    assert (h["yields"], h["parked_ms"], h["gave_way_to"]) == ("1", "50", "short")
+    assert redis_client.hget(Keys(MODEL).metrics, "give_ways:3") == "1"
+
+
+def test_finish_ends_once_and_only_for_the_claim_holder(redis_url, redis_client):
     enqueue(redis_url, request("a"))
     w = Claims(redis_client, MODEL, "w1", retention_s=60)
-    w.claim(w.head()[0], 0, now_ms=0)
+    a = w.claim(w.head()[0], now_ms=0)
     other = Claims(redis_client, MODEL, "w2")
-    assert not other.finish("a", Done("stop", 3, 1), "finished", 1, now_ms=10)
-    assert w.finish("a", Done("stop", 3, 1), "finished", 1, now_ms=10)
-    assert not w.finish("a", Done("stop", 3, 1), "finished", 1, now_ms=11)
+    done = Done("stop", 3, 1)
+    assert not other.finish("a", a.claim_seq, done, RequestStatus.FINISHED, 1, now_ms=10)
+    assert not w.finish("a", a.claim_seq + 1, done, RequestStatus.FINISHED, 1, now_ms=10)  # not that claim
+    assert w.finish("a", a.claim_seq, done, RequestStatus.FINISHED, 1, now_ms=10)
+    assert not w.finish("a", a.claim_seq, done, RequestStatus.FINISHED, 1, now_ms=11)
     k = Keys(MODEL)
     h = redis_client.hgetall(k.req("a"))
     assert (h["status"], h["finish_reason"], h["completion_tokens"]) == ("finished", "stop", "1")
@@ -109,26 +131,77 @@ def test_finish_ends_once_and_only_for_the_owner(redis_url, redis_client):
 def test_expired_lease_goes_back_to_its_original_place(redis_url, redis_client):
     enqueue(redis_url, request("first", 5), request("later", 5))
     dead = Claims(redis_client, MODEL, "dead", lease_ms=1000)
-    dead.claim(dead.head()[0], 0, now_ms=0)
-    dead.report([("first", Token("x", [42]))], ["first"], now_ms=10)
+    first = dead.claim(dead.head()[0], now_ms=0)
+    dead.report([held(first, tokens=[Token("x", [42])], generated=1)], now_ms=10)
     enqueue(redis_url, request("newer", 5))
     alive = Claims(redis_client, MODEL, "alive")
     assert alive.requeue_expired(now_ms=500) == []  # lease still good
     assert alive.requeue_expired(now_ms=1011) == ["first"]
     assert [w.id for w in alive.head(3)] == ["first", "later", "newer"]
-    claimed = alive.claim(alive.head()[0], 2, now_ms=1100)
+    claimed = alive.claim(alive.head()[0], now_ms=1100)
     assert claimed.attempts == 2
     assert alive.resumed("first").token_ids == [42] and alive.resumed("first").text == "x"
-    # the dead worker cannot end what is no longer its own
-    assert not dead.finish("first", Done("stop", 3, 1), "finished", 1, now_ms=1200)
+    # the frozen worker comes back: it cannot write into, renew or end what is no longer its own
+    k = Keys(MODEL)
+    verdict = dead.report([held(first, tokens=[Token("y", [43])], generated=2, first_token=True)], now_ms=1200)
+    assert verdict.lost == {"first"}
+    assert [f["ids"] for _, f in redis_client.xrange(k.out("first"))] == ["42"]
+    assert redis_client.zscore(k.running, "first") == 1100 + 15_000  # the new claim's lease, untouched
+    assert "first_token_ms" not in redis_client.hgetall(k.req("first"))
+    assert not dead.finish("first", first.claim_seq, Done("stop", 3, 1), RequestStatus.FINISHED, 1, now_ms=1200)
+    assert redis_client.hget(k.req("first"), "status") == "running"
 
 
-def test_give_back_on_a_clean_stop(redis_url, redis_client):
+def test_a_request_that_loses_too_many_claims_fails_as_worker_lost(redis_url, redis_client):
+    enqueue(redis_url, request("poison", 2))
+    k = Keys(MODEL)
+    w = Claims(redis_client, MODEL, "w", lease_ms=10, max_attempts=3, retention_s=60)
+    for attempt in range(1, 4):
+        assert w.claim(w.head()[0], now_ms=100 * attempt).attempts == attempt
+        assert w.requeue_expired(now_ms=100 * attempt + 11) == ["poison"]
+    h = redis_client.hgetall(k.req("poison"))
+    assert (h["status"], h["finish_reason"], h["claims_lost"]) == ("failed", "worker_lost", "3")
+    assert redis_client.zcard(k.waiting) == 0 and redis_client.zcard(k.running) == 0
+    last = redis_client.xrange(k.out("poison"))[-1][1]
+    assert (last["type"], last["code"]) == ("error", "worker_lost")
+    assert redis_client.hget(k.metrics, "requests:2:failed") == "1"
+
+
+def test_a_cancel_sent_while_its_worker_was_gone_ends_it_instead_of_requeueing(redis_url, redis_client):
+    enqueue(redis_url, request("a"))
+    w = Claims(redis_client, MODEL, "w", lease_ms=10)
+    w.claim(w.head()[0], now_ms=0)
+    assert cancel(redis_url, "a") == "running"
+    assert w.requeue_expired(now_ms=11) == ["a"]
+    k = Keys(MODEL)
+    assert redis_client.hget(k.req("a"), "status") == "cancelled"
+    assert redis_client.zcard(k.waiting) == 0
+    assert redis_client.xrange(k.out("a"))[-1][1]["code"] == "cancelled"
+
+
+def test_give_back_on_a_clean_stop_is_not_a_lost_claim(redis_url, redis_client):
     enqueue(redis_url, request("a", 1))
-    w = Claims(redis_client, MODEL, "w1", lease_ms=60_000)
-    w.claim(w.head()[0], 0, now_ms=0)
-    assert w.give_back(["a"], now_ms=10) == ["a"]
-    assert redis_client.hget(Keys(MODEL).req("a"), "status") == "waiting"
+    w = Claims(redis_client, MODEL, "w1", lease_ms=60_000, max_attempts=1)
+    a = w.claim(w.head()[0], now_ms=0)
+    assert w.give_back([("a", a.claim_seq + 1)], now_ms=10) == []  # not its claim
+    assert w.give_back([("a", a.claim_seq)], now_ms=10) == ["a"]
+    h = redis_client.hgetall(Keys(MODEL).req("a"))
+    assert h["status"] == "waiting" and "claims_lost" not in h
+
+
+def test_claims_of_a_dead_worker_on_this_host_come_back_without_waiting_for_the_lease(redis_url, redis_client):
+    enqueue(redis_url, request("a", 1), request("b", 1), request("c", 1))
+    dead, frozen = Claims(redis_client, MODEL, "dead", lease_ms=60_000), Claims(redis_client, MODEL, "frozen")
+    dead.claim(dead.head()[0], now_ms=0)
+    frozen.claim(frozen.head()[0], now_ms=0)
+    dead.heartbeat(WorkerState(device="cpu"), now_ms=0, ttl_s=60)
+    heir = Claims(redis_client, MODEL, "heir")
+    assert heir.reclaim_from_dead(lambda worker: worker == "dead", now_ms=5) == ["a"]
+    k = Keys(MODEL)
+    assert [w.id for w in heir.head(3)] == ["a", "c"]  # its original place
+    assert redis_client.hget(k.req("a"), "claims_lost") == "1"
+    assert redis_client.hget(k.req("b"), "status") == "running"  # alive (or frozen): its lease decides
+    assert not redis_client.exists(k.worker("dead")) and redis_client.zscore(k.workers, "dead") is None
 
 
 def test_cancel_while_waiting_leaves_the_queue(redis_url, redis_client):

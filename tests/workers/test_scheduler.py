@@ -10,7 +10,7 @@ from workers.slot import Phase, Slot
 
 def reading(index: int, priority: int, length: int, seq: int, read_pos: int = 0, **kw) -> Slot:
     request = QueuedRequest(id=f"r{index}", priority=priority, prompt=[1] * length, max_tokens=1)
-    return Slot(index, Phase.READING, request, seq=seq, tokens=list(request.prompt), read_pos=read_pos, **kw)
+    return Slot(index, Phase.READING, request, claim_seq=seq, tokens=list(request.prompt), read_pos=read_pos, **kw)
 
 
 def free(index: int, **kw) -> Slot:

@@ -1,0 +1,51 @@
+"""What a worker publishes about itself in its hash `strata:{m}:worker:<wid>` (short TTL), and
+the one parser of it, for `strata queues` and /metrics alike."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+
+@dataclass(frozen=True)
+class WorkerState:
+    device: str = ""
+    ctx: int = 0  # tokens per slot (prompt + answer): what fits on this worker
+    slots_total: int = 0
+    slots_busy: int = 0
+    steps: int = 0
+    give_ways: int = 0
+    reading: str = ""  # the request whose prompt holds the lines now
+    reading_priority: int | None = None
+    reading_prompt_tokens: int = 0
+    reading_progress: int = 0
+    reading_yields: int = 0
+    parked: list[str] = field(default_factory=list)  # reads that gave way, their cache kept
+    heartbeat_ms: int = 0
+
+    def to_hash(self) -> dict[str, str | int]:
+        """Flat fields for HSET; heartbeat_ms is added by the heartbeat itself."""
+        out: dict[str, str | int] = {}
+        for name, value in asdict(self).items():
+            if name == "heartbeat_ms" or (name.startswith("reading_") and not self.reading):
+                continue
+            out[name] = ",".join(value) if isinstance(value, list) else value
+        return out
+
+    @classmethod
+    def from_hash(cls, h: dict[str, str]) -> "WorkerState":
+        """Tolerant: a field missing or garbled reads as its default (an operator may HSET)."""
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            raw = h.get(f.name)
+            if raw in (None, ""):
+                continue
+            if f.name == "parked":
+                values[f.name] = [p for p in raw.split(",") if p]
+            elif f.name in ("device", "reading"):
+                values[f.name] = raw
+            else:
+                try:
+                    values[f.name] = int(raw)
+                except ValueError:
+                    continue
+        return cls(**values)
