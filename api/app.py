@@ -11,6 +11,7 @@ import anyio
 import redis.asyncio as aioredis
 from fastapi import Depends, FastAPI
 
+from api.cancels import Cancels
 from api.deps import Services, TokenizerLike, get_api_key
 from api.errors import BodyLimit, CatchAll, install_error_handlers
 from api.batch_deps import BatchServices
@@ -50,12 +51,16 @@ def create_app(
         )
         log.info("serving %s; queue at %s", name, settings.redis_url)
         batch_services = BatchServices.connect(settings.redis_url)
+        cancels = Cancels(intake)
         try:
-            # Starlette hands this dict to every request as request.state: the one place the
-            # built objects live (see api.deps).
-            yield {"services": Services(settings, client, intake, tok, name, int(time.time()),
-                                    keys=keys, started_ms=intake.clock()),
-                   "batch_services": batch_services}
+            async with anyio.create_task_group() as background:
+                background.start_soon(cancels.deliver)
+                # Starlette hands this dict to every request as request.state: the one place the
+                # built objects live (see api.deps).
+                yield {"services": Services(settings, client, intake, tok, name, int(time.time()), cancels,
+                                            keys=keys, started_ms=intake.clock()),
+                       "batch_services": batch_services}
+                background.cancel_scope.cancel()
         finally:
             batch_services.redis.close()
             if redis_client is None:

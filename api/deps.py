@@ -9,6 +9,7 @@ from typing import Annotated, Protocol
 import redis.asyncio as aioredis
 from fastapi import Depends, Request
 
+from api.cancels import Cancels
 from api.errors import ApiError
 from api.keys import ApiKey, KeyRing, bearer_token
 from api.settings import ApiSettings
@@ -31,6 +32,7 @@ class Services:
     tokenizer: TokenizerLike
     model_name: str
     started_s: int
+    cancels: Cancels  # a client gone: its request is cancelled, later if Redis is away
     keys: KeyRing | None = None  # None: no keys file, the server is open
     started_ms: int = 0  # on the intake's clock: /health's reference before any worker beat
 

@@ -27,6 +27,7 @@ from api.keys import ApiKey
 from api.priority import Resolved, resolve_priority
 from api.schemas import ErrorBody, GenerationBody, Usage
 from api.settings import ApiSettings
+from queues.connect import UNAVAILABLE
 from queues.intake import Intake
 from queues.records import Done, Event, Failed, QueuedRequest, Token
 from queues.scripts import QueueError, QueueRefused
@@ -34,6 +35,7 @@ from queues.scripts import QueueError, QueueRefused
 log = logging.getLogger("strata.api")
 
 KEEPALIVE_S = 15.0
+OUTAGE_POLL_S = 0.5  # how often a stream looks for Redis again while it is away
 _UNAVAILABLE_CODES = {"cancelled", "worker_lost", "unavailable", "expired"}
 
 
@@ -141,11 +143,11 @@ async def answer(
     if priority.lowered:  # the key's maximum lowered it: say so (asked->used)
         headers["x-strata-priority-lowered"] = f"{priority.asked}->{priority.value}"
     if body.stream:
-        events = stream_events(request, services.intake, job, shape, settings.read_block_ms)
+        events = stream_events(request, services, job, shape)
         # Start the generator now: from here on, however the response ends, its guard cancels.
         first = await anext(events)
         return EventSourceResponse(_prepend(first, events), headers=headers)
-    result = await collect(request, services.intake, queued.id, settings.read_block_ms)
+    result = await collect(request, services, queued.id)
     return JSONResponse(shape.whole(job, result).model_dump(mode="json"), headers=headers)
 
 
@@ -162,8 +164,6 @@ async def enqueue(intake: Intake, queued: QueuedRequest, settings: ApiSettings, 
                 headers={"Retry-After": str(settings.retry_after_s), "x-strata-priority": str(queued.priority)},
             ) from None
         raise ApiError(409, f"Request id {queued.id} already exists.", code="duplicate_request") from None
-
-
 # ---- reading the answer back --------------------------------------------------------------
 
 
@@ -172,44 +172,56 @@ class _Progress:
 
 
 @asynccontextmanager
-async def _cancel_unless_finished(intake: Intake, request_id: str) -> AsyncIterator[_Progress]:
+async def _cancel_unless_finished(services: Services, request_id: str) -> AsyncIterator[_Progress]:
     progress = _Progress()
     try:
         yield progress
     finally:
         if not progress.finished:
             with anyio.CancelScope(shield=True):
-                try:
-                    status = await intake.cancel(request_id)
-                    log.info("cancelled %s (was %s)", request_id, status or "unknown")
-                except Exception:  # noqa: BLE001 - Redis down: the lease expiry frees the slot
-                    log.warning("could not cancel %s", request_id, exc_info=True)
+                await services.cancels.cancel(request_id)
 
 
 async def _follow(
-    request: Request, intake: Intake, request_id: str, block_ms: int, progress: _Progress
-) -> AsyncIterator[list[tuple[str, Event]]]:
-    """Batches of output events (empty when none came within block_ms) up to and including the
-    last one (Done or Failed). Stops early, unfinished, when the client has gone."""
+    request: Request, services: Services, request_id: str, progress: _Progress
+) -> AsyncIterator[list[tuple[str | None, Event]]]:
+    """Batches of output events (empty when none came within read_block_ms) up to and including
+    the last one (Done or Failed). Stops early, unfinished, when the client has gone. Redis
+    going away is waited out for redis_wait_s (the stream is in Redis: nothing is lost); past
+    that the answer ends with an `unavailable` error event (its entry id None: not from Redis)."""
+    settings = services.settings
     after = "0-0"
+    down_since: float | None = None
     while True:
-        batch = await intake.read(request_id, after, block_ms)
-        for i, (_entry_id, event) in enumerate(batch):
+        try:
+            batch: list[tuple[str | None, Event]] = list(
+                await services.intake.read(request_id, after, settings.read_block_ms))
+            down_since = None
+        except UNAVAILABLE:
+            down_since = down_since or time.monotonic()
+            if time.monotonic() - down_since < settings.redis_wait_s:
+                await anyio.sleep(OUTAGE_POLL_S)
+                batch = []
+            else:
+                log.warning("%s: Redis unreachable for %.0f s; ending the answer", request_id, settings.redis_wait_s)
+                batch = [(None, Failed(f"The queue (Redis) was unreachable for {settings.redis_wait_s:g} s; "
+                                       "the request was cancelled. Retry it.", "unavailable"))]
+        for i, (entry_id, event) in enumerate(batch):
             if isinstance(event, (Done, Failed)):
-                batch = batch[: i + 1]
-                progress.finished = True
-                break
+                progress.finished = entry_id is not None  # an end Redis holds; one given up on still cancels
+                yield batch[: i + 1]
+                return
         if batch:
             after = batch[-1][0]
         yield batch
-        if progress.finished or await request.is_disconnected():
+        if await request.is_disconnected():
             return
 
 
-async def collect(request: Request, intake: Intake, request_id: str, block_ms: int) -> Answer:
+async def collect(request: Request, services: Services, request_id: str) -> Answer:
     parts: list[str] = []
-    async with _cancel_unless_finished(intake, request_id) as progress:
-        async with aclosing(_follow(request, intake, request_id, block_ms, progress)) as batches:
+    async with _cancel_unless_finished(services, request_id) as progress:
+        async with aclosing(_follow(request, services, request_id, progress)) as batches:
             async for batch in batches:
                 for _entry_id, event in batch:
                     if isinstance(event, Token):
@@ -228,16 +240,14 @@ def failure(event: Failed) -> ApiError:
                     type="service_unavailable" if status == 503 else "server_error")
 
 
-async def stream_events(
-    request: Request, intake: Intake, job: Job, shape: Shape, block_ms: int
-) -> AsyncIterator[bytes]:
+async def stream_events(request: Request, services: Services, job: Job, shape: Shape) -> AsyncIterator[bytes]:
     """SSE bytes: the opening chunk, one chunk per token event (id = its Redis stream entry id,
     so a client can resume), the finish chunk, the usage chunk when asked, then [DONE]."""
-    async with _cancel_unless_finished(intake, job.id) as progress:
+    async with _cancel_unless_finished(services, job.id) as progress:
         opening = shape.opening(job)
         yield _sse(opening) if opening is not None else b": accepted\n\n"
         quiet_since = time.monotonic()
-        async with aclosing(_follow(request, intake, job.id, block_ms, progress)) as batches:
+        async with aclosing(_follow(request, services, job.id, progress)) as batches:
             async for batch in batches:
                 if not batch:
                     if time.monotonic() - quiet_since >= KEEPALIVE_S:
@@ -260,7 +270,7 @@ async def stream_events(
                         yield format_sse_event(data_str="[DONE]")
 
 
-def _sse(model: BaseModel, entry_id: str | None = None) -> bytes:
+def _sse(model: BaseModel, entry_id: str | None = None) -> bytes:  # None: no id line
     return format_sse_event(data_str=model.model_dump_json(), id=entry_id)
 
 

@@ -43,6 +43,11 @@ class ApiSettings(BaseSettings):
         250, ge=10, le=5000,
         description="How long one read of the output stream blocks; also how often a gone client is noticed.",
     )
+    redis_wait_s: float = Field(
+        30.0, ge=0,
+        description="An answer in progress waits this long for Redis to come back, then ends with an "
+        "`unavailable` error event.",
+    )
     retention_s: int = Field(3600, ge=0, description="How long finished request records stay in Redis.")
     redis_connect_s: float = Field(
         30.0, ge=0, description="How long startup keeps retrying to reach Redis."

@@ -1,5 +1,6 @@
 """`strata serve`: one command that serves a real model. Starts Redis if none is given, then the
-API and a worker as child processes; restarts a child that dies; stops all on Ctrl-C/SIGTERM."""
+API and a worker as child processes; restarts a child that dies (the embedded Redis too); stops
+all on Ctrl-C/SIGTERM."""
 
 from __future__ import annotations
 
@@ -71,6 +72,14 @@ def serve(settings) -> int:  # noqa: ANN001 - a ServeCommand
         log.info("serving on http://%s:%d (Redis %s); Ctrl-C stops", settings.host, settings.port, url)
         while not stopping:
             time.sleep(0.2)
+            if redis_server and redis_server.exited() and not stopping:
+                log.warning("embedded Redis exited; restarting it on the same port and data in %.1fs",
+                            settings.restart_delay_s)
+                time.sleep(settings.restart_delay_s)
+                try:
+                    redis_server.start()  # same port, same append-only files: the queues come back
+                except RuntimeError:
+                    log.exception("embedded Redis did not restart; trying again")
             for child in children:
                 code = child.exited()
                 if code is not None and not stopping:

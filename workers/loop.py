@@ -69,9 +69,11 @@ class Worker:
         self.give_ways = 0
         self.stopping = False
         self.current: Slot | None = None  # the read that holds the lines
+        self.blame: Slot | None = None  # the slot being worked on: whom an unexpected error is about
         self._next_beat = 0
         self._idle: bool | None = None
         self.redis_up = True
+        self._dropped: list[tuple[str, int]] = []  # claims let go while Redis was away: handed back once it is back
 
     # -- the loop -------------------------------------------------------------------------
     def run(self) -> None:
@@ -94,16 +96,22 @@ class Worker:
             self.forget(error)
             return False
         except Exception:  # noqa: BLE001 - a bug the targeted handlers did not catch
-            log.exception("step failed; abandoning the requests it held")
-            self._abandon()
+            culprit = self.blame
+            log.exception("step failed at %s; giving back the requests it held",
+                          culprit.request.id if culprit and culprit.request else "no one request")
+            self._abandon(culprit)
             return False
 
-    def _abandon(self) -> None:
-        """Give back every claim as lost: a request that keeps breaking steps fails after
-        max_attempts (requeue.lua) instead of taking worker after worker down."""
-        held = [(s.request.id, s.claim_seq) for s in self.slots if s.request]
+    def _abandon(self, culprit: Slot | None) -> None:
+        """Give back every claim; the culprit's (everyone's when it is unknown) counts as lost, so
+        a request that keeps breaking steps fails after max_attempts (requeue.lua) instead of
+        taking worker after worker down."""
+        held = [s for s in self.slots if s.request]
+        suspects = [s for s in held if culprit is None or s is culprit]
         try:
-            self.claims.give_back(held, self.clock(), lost=True)
+            now = self.clock()
+            self.claims.give_back([(s.request.id, s.claim_seq) for s in suspects], now, lost=True)
+            self.claims.give_back([(s.request.id, s.claim_seq) for s in held if s not in suspects], now)
         except UNAVAILABLE:
             pass  # their leases run out instead
         for slot in self.slots:
@@ -123,14 +131,14 @@ class Worker:
 
     def forget(self, error: Exception) -> None:
         """Redis went away mid-step: what this step produced may not have reached the clients, so
-        the worker drops every request rather than guess. Redis is the truth: when it is back, the
-        leases run out, the requests go back to the queue in their places, and whoever claims them
-        resumes after the tokens the stream really holds."""
+        the worker drops every request rather than guess. Redis is the truth: once it is back the
+        worker hands those claims back (they go to their places in the queue), and whoever claims
+        them resumes after the tokens the stream really holds."""
         if not self.redis_up:
             return
         self.redis_up = False
-        dropped = [s.request.id for s in self.slots if s.request]
-        log.warning("Redis unavailable (%s); dropping %d requests until it is back", error, len(dropped))
+        self._dropped += [(s.request.id, s.claim_seq) for s in self.slots if s.request]
+        log.warning("Redis unavailable (%s); dropping %d requests until it is back", error, len(self._dropped))
         for slot in self.slots:
             if slot.request:
                 slot.release(self.steps)
@@ -157,6 +165,10 @@ class Worker:
     def step(self) -> bool:
         """One turn of the loop; False when there was nothing to do."""
         now = self.clock()
+        if self._dropped:
+            back = self.claims.give_back(self._dropped, now)
+            log.info("Redis is back: handed back %d of the %d requests dropped", len(back), len(self._dropped))
+            self._dropped = []
         if now >= self._next_beat:
             self._maintain(now)
         self.steps += 1
@@ -170,9 +182,12 @@ class Worker:
             self._publish(now)  # the read in progress is visible in the worker hash
         decoding = scheduler.decoding(self.slots)  # before the read, so a slot never gets two tokens in one step
         if lines.read:
+            self.blame = lines.read
             self._read_chunk(lines.read, out)
+        self.blame = None
         if decoding:
             self._decode(decoding, out)
+        self.blame = None
         for slot in self.slots:
             if slot.request:
                 out.of(slot).generated = slot.generated
@@ -242,7 +257,9 @@ class Worker:
             claimed = self.claims.claim(head[0], now)
             if claimed:
                 slot = scheduler.free_slot(self.slots, claimed.request.prompt, self.policy)
+                self.blame = slot
                 self._start(slot, claimed, out)
+                self.blame = None
 
     def _idle_elsewhere(self, now: int) -> bool:
         return self.claims.idle_elsewhere(now, within_ms=3 * self.heartbeat_ms)
@@ -341,6 +358,7 @@ class Worker:
                 out.ended.append((slot, Failed(f"engine error: {error}"), RequestStatus.FAILED))
             return
         for slot, token in zip(slots, tokens):
+            self.blame = slot
             try:
                 self._accept(slot, token, out)
             except Exception as error:  # noqa: BLE001 - e.g. its stop strings or text: this request only
