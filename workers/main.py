@@ -39,7 +39,8 @@ def run_worker(settings: WorkerSettings) -> None:
     from engine import load_engine
     from engine.files import resolve_model_path, served_model_name
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # the pid names the process: serve's workers share one log, and worker ids carry it too
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
     path = resolve_model_path(settings.model)
     name = settings.served_model_name or served_model_name(path)
     engine = load_engine(path, num_slots=settings.parallel, ctx=settings.ctx, device=settings.device,

@@ -1,0 +1,212 @@
+"""Faults injected into a running `strata serve` (two workers, the real SmolLM2 file in float32
+so greedy answers are exact): a worker frozen past its lease, workers killed with SIGKILL, the
+embedded Redis killed. Every accepted request ends exactly once, its text as an undisturbed run
+gives it; a worker that lost a claim writes nothing more."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from queues.keys import Keys
+from queues.server import free_port
+from tests.e2e.conftest import MODEL, healthy, wait_until
+
+pytestmark = pytest.mark.smollm2
+
+K = Keys(MODEL)
+ANSWER_TOKENS = 48
+
+
+@dataclass
+class Serve:
+    base: str
+    data: Path
+    log: Path
+    process: subprocess.Popen
+
+    def redis(self) -> redis.Redis:
+        return redis.Redis.from_url((self.data / "redis.url").read_text(), decode_responses=True,
+                                    socket_timeout=5)
+
+    def worker_pids(self) -> list[int]:
+        client = self.redis()
+        try:
+            return [int(w.rsplit("-", 2)[1]) for w in client.zrange(K.workers, 0, -1)]
+        finally:
+            client.close()
+
+
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
+    folder = tmp_path_factory.mktemp("faults")
+    port = free_port()
+    log = folder / "serve.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_") and k != "REDIS_URL"}
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "strata", "serve", "--port", str(port), "--data-dir", str(folder / "data"),
+             "--devices", "cpu,cpu", "--parallel", "2", "--threads", "1", "--dtype", "float32",
+             "--lease-ms", "3000", "--heartbeat-s", "0.5", "--restart-delay-s", "0.5", "--prefill-chunk", "64"],
+            env=env, stdout=out, stderr=subprocess.STDOUT)
+    s = Serve(f"http://127.0.0.1:{port}", folder / "data", log, process)
+    try:
+        wait_until(lambda: healthy(s.base), "the API", 240)
+        wait_until(lambda: (s.data / "redis.url").exists() and len(s.worker_pids()) == 2, "two workers", 240)
+        yield s
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+@dataclass
+class Streamed:
+    """One streaming chat completion, read in a thread."""
+
+    prompt: str
+    id: str = ""
+    text: str = ""
+    events: list[dict] = field(default_factory=list)
+    done: bool = False
+    error: str = ""
+
+    def run(self, base: str) -> None:
+        try:
+            with httpx.stream("POST", f"{base}/v1/chat/completions", timeout=600, json={
+                "model": MODEL, "messages": [{"role": "user", "content": self.prompt}], "temperature": 0,
+                "max_tokens": ANSWER_TOKENS, "ignore_eos": True, "stream": True}) as r:
+                assert r.status_code == 200, r.read()
+                self.id = r.headers["x-request-id"]
+                for line in r.iter_lines():
+                    if line == "data: [DONE]":
+                        self.done = True
+                    elif line.startswith("data: "):
+                        event = json.loads(line[6:])
+                        self.events.append(event)
+                        for choice in event.get("choices", []):
+                            self.text += choice["delta"].get("content") or ""
+        except Exception as error:  # noqa: BLE001 - reported by the test
+            self.error = repr(error)
+
+
+def ask_all(base: str, prompts: list[str], during=None) -> list[Streamed]:
+    """Stream every prompt at once; `during(streams)` runs while they are in flight."""
+    streams = [Streamed(p) for p in prompts]
+    threads = [threading.Thread(target=s.run, args=(base,)) for s in streams]
+    for t in threads:
+        t.start()
+    if during:
+        during(streams)
+    for t in threads:
+        t.join(600)
+    return streams
+
+
+def assert_ended_exactly_once_as_undisturbed(serve: Serve, got: list[Streamed], reference: dict[str, str]) -> None:
+    client = serve.redis()
+    try:
+        for s in got:
+            assert s.error == "" and s.done, (s.prompt, s.error)
+            entries = [f for _, f in client.xrange(K.out(s.id))]
+            ids = [i for e in entries if e["type"] == "token" for i in e["ids"].split(",") if i]
+            assert [e["type"] for e in entries].count("done") == 1 and entries[-1]["type"] == "done", s.id
+            assert len(ids) == ANSWER_TOKENS, s.id  # every token once: none repeated, none lost
+            assert s.text == reference[s.prompt], s.prompt
+            assert client.hget(K.req(s.id), "status") == "finished"
+    finally:
+        client.close()
+
+
+def references(serve: Serve, prompts: list[str]) -> dict[str, str]:
+    got = ask_all(serve.base, prompts)
+    assert all(s.done and not s.error for s in got)
+    return {s.prompt: s.text for s in got}
+
+
+def owner_pid(serve: Serve, request_id: str) -> int | None:
+    client = serve.redis()
+    try:
+        worker = client.hget(K.req(request_id), "worker")
+    finally:
+        client.close()
+    return int(worker.rsplit("-", 2)[1]) if worker else None
+
+
+def tokens_seen(s: Streamed) -> int:
+    return sum(1 for e in s.events for c in e.get("choices", []) if c["delta"].get("content"))
+
+
+def test_a_worker_frozen_past_its_lease_writes_nothing_when_it_wakes(serve: Serve):
+    prompts = ["Frozen worker: tell me about rivers.", "Frozen worker: tell me about mountains."]
+    reference = references(serve, prompts)
+    frozen: list[int] = []
+
+    def freeze_one(streams: list[Streamed]) -> None:
+        wait_until(lambda: all(s.id for s in streams) and tokens_seen(streams[0]) >= 5, "tokens", 120)
+        pid = owner_pid(serve, streams[0].id)
+        os.kill(pid, signal.SIGSTOP)
+        frozen.append(pid)
+        # the other worker takes the request back once the 3 s lease has run out, and goes on
+        wait_until(lambda: owner_pid(serve, streams[0].id) not in (pid, None), "another worker", 60)
+        time.sleep(1.0)
+        os.kill(pid, signal.SIGCONT)  # it wakes with a stale slot and reports it
+
+    got = ask_all(serve.base, prompts, during=freeze_one)
+    assert_ended_exactly_once_as_undisturbed(serve, got, reference)
+    wait_until(lambda: f"[{frozen[0]}] WARNING" in serve.log.read_text() and "lost claim" in serve.log.read_text(),
+               "the revived worker's log", 30)
+    lines = [line for line in serve.log.read_text().splitlines() if f"[{frozen[0]}]" in line]
+    assert any(got[0].id in line and "lost claim" in line for line in lines)
+
+
+def test_workers_killed_again_and_again_under_load(serve: Serve):
+    prompts = [f"Killed workers {i}: write a short poem about the number {i}." for i in range(8)]
+    reference = references(serve, prompts)
+    killed: list[int] = []
+
+    def kill_three_times(streams: list[Streamed]) -> None:
+        for _ in range(3):
+            def claimed() -> list[int]:
+                return [p for s in streams if s.id and not s.done and (p := owner_pid(serve, s.id)) not in (None, *killed)]
+
+            wait_until(lambda: claimed() or all(s.done for s in streams), "a claimed request", 120)
+            if not claimed():
+                return
+            killed.append(claimed()[0])
+            os.kill(killed[-1], signal.SIGKILL)  # mid-answer; serve restarts it
+            time.sleep(2.0)
+
+    got = ask_all(serve.base, prompts, during=kill_three_times)
+    assert len(killed) == 3
+    assert_ended_exactly_once_as_undisturbed(serve, got, reference)
+
+
+def test_the_embedded_redis_killed_under_load_comes_back_and_nothing_is_lost(serve: Serve):
+    prompts = [f"Redis killed {i}: describe a city in one paragraph, number {i}." for i in range(6)]
+    reference = references(serve, prompts)
+
+    def kill_redis(streams: list[Streamed]) -> None:
+        wait_until(lambda: sum(tokens_seen(s) >= 3 for s in streams) >= 2, "answers under way", 120)
+        client = serve.redis()
+        pid = int(client.info("server")["process_id"])
+        client.close()
+        os.kill(pid, signal.SIGKILL)  # 4 requests decoding, 2 waiting
+
+    got = ask_all(serve.base, prompts, during=kill_redis)
+    assert_ended_exactly_once_as_undisturbed(serve, got, reference)
+    assert "embedded Redis exited; restarting it" in serve.log.read_text()
