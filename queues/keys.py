@@ -73,10 +73,6 @@ class Keys:
     def worker(self, worker_id: str) -> str:
         return f"{self.base}:worker:{worker_id}"
 
-    def cancel(self, worker_id: str) -> str:
-        """Set of request ids a worker must drop at its next step."""
-        return f"{self.base}:cancel:{worker_id}"
-
 
 # ---- batches and files (OpenAI Batch API) --------------------------------------------------
 # Batch-level keys are not per model: a batch's own keys share the hash tag `{<batch id>}` so

@@ -114,6 +114,9 @@ class Worker:
             self.claims.give_back([(s.request.id, s.claim_seq) for s in held if s not in suspects], now)
         except UNAVAILABLE:
             pass  # their leases run out instead
+        self._release_all()
+
+    def _release_all(self) -> None:
         for slot in self.slots:
             if slot.request:
                 slot.release(self.steps)
@@ -139,10 +142,7 @@ class Worker:
         self.redis_up = False
         self._dropped += [(s.request.id, s.claim_seq) for s in self.slots if s.request]
         log.warning("Redis unavailable (%s); dropping %d requests until it is back", error, len(self._dropped))
-        for slot in self.slots:
-            if slot.request:
-                slot.release(self.steps)
-        self.current = None
+        self._release_all()
         self._idle = None  # say again, once Redis is back
         self._next_beat = 0
 
@@ -157,10 +157,7 @@ class Worker:
                 log.info("gave back %d requests", len(back))
         except UNAVAILABLE as error:
             log.warning("could not hand back %d requests (%s); their leases will run out", len(active), error)
-        for slot in self.slots:
-            if slot.request:
-                slot.release(self.steps)
-        self.current = None
+        self._release_all()
 
     def step(self) -> bool:
         """One turn of the loop; False when there was nothing to do."""
