@@ -105,6 +105,7 @@ def main() -> None:
         table.add_column(column)
     for devices in ("cpu", "cpu,cpu"):
         gaps = measure(devices, args.rounds, args.lease_ms)
+        print(f"{devices}: {gaps}", flush=True)
         table.add_row(str(len(devices.split(","))), ", ".join(f"{g:.1f}" for g in gaps), f"{sum(gaps) / len(gaps):.1f}")
     Console().print(table)
 

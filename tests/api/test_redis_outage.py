@@ -6,6 +6,7 @@ import threading
 import time
 
 import httpx
+import pytest
 import redis
 
 from queues.records import Done, Token
@@ -32,68 +33,76 @@ def test_health_and_requests_follow_redis(start_api, tmp_path):
         server.stop()
 
 
-def _stream_in_thread(base: str, out: list[str]) -> threading.Thread:
-    def run() -> None:
-        with httpx.stream("POST", f"{base}/v1/completions", timeout=60,
-                          json={"prompt": "x", "stream": True}) as r:
-            out.append(f"status {r.status_code}")
-            out.extend(line for line in r.iter_lines() if line.startswith("data: "))
+class Outage:
+    """A Redis that can crash and come back on the same port and files, a test playing the
+    worker, and one streaming request through a real API."""
 
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread
+    def __init__(self, start_api, tmp_path, redis_wait_s: float) -> None:
+        self.tmp_path = tmp_path
+        self.server = EmbeddedRedis(data_dir=tmp_path, appendonly=True).start()
+        self.client = redis.Redis.from_url(self.server.url, decode_responses=True)
+        self.worker = Worker(self.client)
+        self.lines: list[str] = []
+        base = start_api(redis_url=self.server.url, redis_wait_s=redis_wait_s)
+        self.thread = threading.Thread(target=self._stream, args=(base,))
+        self.thread.start()
+        (self.rid,) = self.worker.wait_for(1)
 
+    def _stream(self, base: str) -> None:
+        with httpx.stream("POST", f"{base}/v1/completions", timeout=60, json={"prompt": "x", "stream": True}) as r:
+            self.lines.append(f"status {r.status_code}")
+            self.lines.extend(line for line in r.iter_lines() if line.startswith("data: "))
 
-def _kill(server: EmbeddedRedis) -> None:
-    server.process.kill()  # no goodbye: as if it crashed
-    server.process.wait()
+    def crash(self) -> None:
+        self.server.process.kill()  # no goodbye
+        self.server.process.wait()
 
+    def restart(self) -> None:
+        self.server = EmbeddedRedis(data_dir=self.tmp_path, port=self.server.port, appendonly=True).start()
 
-def test_a_stream_waits_out_a_redis_restart_and_continues(start_api, tmp_path):
-    server = EmbeddedRedis(data_dir=tmp_path, appendonly=True).start()
-    client = redis.Redis.from_url(server.url, decode_responses=True)
-    try:
-        base = start_api(redis_url=server.url, redis_wait_s=30)
-        worker = Worker(client)
-        lines: list[str] = []
-        thread = _stream_in_thread(base, lines)
-        (rid,) = worker.wait_for(1)
-        worker.publish(rid, Token("a", [97]))
-        _kill(server)
-        time.sleep(1.5)  # the stream keeps waiting
-        server = EmbeddedRedis(data_dir=tmp_path, port=server.port, appendonly=True).start()
-        worker.publish(rid, Token("b", [98]), Done("stop", 1, 2))
-        thread.join(30)
-        assert lines[0] == "status 200" and lines[-1] == "data: [DONE]"
-        chunks = [json.loads(line[6:]) for line in lines[1:-1]]
-        assert "".join(c["choices"][0]["text"] for c in chunks) == "ab"
-        assert not any("error" in c for c in chunks)
-        assert worker.record(rid)["status"] == "waiting"  # not cancelled: the answer was read whole
-    finally:
-        client.close()
-        server.stop()
+    def close(self) -> None:
+        self.client.close()
+        self.server.stop()
 
 
-def test_past_redis_wait_s_a_stream_ends_with_unavailable_and_the_cancel_arrives_later(start_api, tmp_path):
-    server = EmbeddedRedis(data_dir=tmp_path, appendonly=True).start()
-    client = redis.Redis.from_url(server.url, decode_responses=True)
-    try:
-        base = start_api(redis_url=server.url, redis_wait_s=1)
-        worker = Worker(client)
-        lines: list[str] = []
-        thread = _stream_in_thread(base, lines)
-        (rid,) = worker.wait_for(1)
-        _kill(server)
-        thread.join(30)
-        assert lines[-1] == "data: [DONE]"
-        error = json.loads(lines[-2][6:])["error"]
-        assert (error["code"], error["type"]) == ("unavailable", "service_unavailable")
-        server = EmbeddedRedis(data_dir=tmp_path, port=server.port, appendonly=True).start()
-        deadline = time.monotonic() + 20
-        while worker.record(rid).get("status") != "cancelled":  # delivered once Redis is back
-            assert time.monotonic() < deadline, worker.record(rid)
-            time.sleep(0.1)
-        assert client.zcard(worker.keys.waiting) == 0
-    finally:
-        client.close()
-        server.stop()
+@pytest.fixture
+def outage(start_api, tmp_path):
+    made: list[Outage] = []
+
+    def make(redis_wait_s: float) -> Outage:
+        made.append(Outage(start_api, tmp_path, redis_wait_s))
+        return made[-1]
+
+    yield make
+    for o in made:
+        o.close()
+
+
+def test_a_stream_waits_out_a_redis_restart_and_continues(outage):
+    o = outage(redis_wait_s=30)
+    o.worker.publish(o.rid, Token("a", [97]))
+    o.crash()
+    time.sleep(1.5)  # the stream keeps waiting
+    o.restart()
+    o.worker.publish(o.rid, Token("b", [98]), Done("stop", 1, 2))
+    o.thread.join(30)
+    assert o.lines[0] == "status 200" and o.lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[6:]) for line in o.lines[1:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "ab"
+    assert not any("error" in c for c in chunks)
+    assert o.worker.record(o.rid)["status"] == "waiting"  # not cancelled: the answer was read whole
+
+
+def test_past_redis_wait_s_a_stream_ends_with_unavailable_and_the_cancel_arrives_later(outage):
+    o = outage(redis_wait_s=1)
+    o.crash()
+    o.thread.join(30)
+    assert o.lines[-1] == "data: [DONE]"
+    error = json.loads(o.lines[-2][6:])["error"]
+    assert (error["code"], error["type"]) == ("unavailable", "service_unavailable")
+    o.restart()
+    deadline = time.monotonic() + 20
+    while o.worker.record(o.rid).get("status") != "cancelled":  # delivered once Redis is back
+        assert time.monotonic() < deadline, o.worker.record(o.rid)
+        time.sleep(0.1)
+    assert o.client.zcard(o.worker.keys.waiting) == 0
