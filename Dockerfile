@@ -11,6 +11,8 @@ WORKDIR /app
 RUN pip install "${TORCH_SPEC}"
 COPY pyproject.toml README.md ./
 COPY api ./api
+COPY batches ./batches
+COPY shapes ./shapes
 COPY queues ./queues
 COPY workers ./workers
 COPY engine ./engine

@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 from fastapi import Depends, FastAPI
 
 from api.cancels import Cancels
-from api.deps import Services, TokenizerLike, get_api_key
+from api.deps import Services, get_api_key
 from api.errors import BodyLimit, CatchAll, install_error_handlers
 from api.batch_deps import BatchServices
 from api.routes import batches, chat, completions, files, health, metrics, models
@@ -20,6 +20,7 @@ from api.keys import load_keys
 from api.settings import ApiSettings
 from queues.connect import connect_async, wait_until_up
 from queues.intake import Intake, now_ms
+from shapes.rules import Rules, TokenizerLike
 
 log = logging.getLogger("strata.api")
 
@@ -57,7 +58,8 @@ def create_app(
                 background.start_soon(cancels.deliver)
                 # Starlette hands this dict to every request as request.state: the one place the
                 # built objects live (see api.deps).
-                yield {"services": Services(settings, client, intake, tok, name, int(time.time()), cancels,
+                rules = Rules(name, tok, settings.ctx, settings.default_max_tokens)
+                yield {"services": Services(settings, client, intake, rules, int(time.time()), cancels,
                                             keys=keys, started_ms=intake.clock()),
                        "batch_services": batch_services}
                 background.cancel_scope.cancel()

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+from shapes.text import require_unicode
 
 
 class FileObject(BaseModel):
@@ -42,6 +42,11 @@ class BatchCreate(BaseModel):
     completion_window: str
     metadata: dict[str, str] | None = Field(None, max_length=16)
     priority: Any = None  # absent/null: the settings' batch_priority; else rule 1 (api.priority)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, body: Any) -> Any:
+        return require_unicode(body)
 
 
 class RequestCounts(BaseModel):

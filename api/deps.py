@@ -4,24 +4,17 @@ dependencies. Nothing else is shared between requests."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Protocol
+from typing import Annotated
 
 import redis.asyncio as aioredis
 from fastapi import Depends, Request
 
 from api.cancels import Cancels
-from api.errors import ApiError
 from api.keys import ApiKey, KeyRing, bearer_token
 from api.settings import ApiSettings
 from queues.intake import Intake
-
-
-class TokenizerLike(Protocol):
-    """What the API needs of engine.tokenizer.Tokenizer (tests pass a small fake)."""
-
-    def encode(self, text: str) -> list[int]: ...
-    def encode_chat(self, messages: list[dict]) -> list[int]: ...
-    def decode(self, ids: list[int]) -> str: ...
+from shapes.errors import ApiError
+from shapes.rules import Rules
 
 
 @dataclass(frozen=True)
@@ -29,12 +22,15 @@ class Services:
     settings: ApiSettings
     redis: aioredis.Redis
     intake: Intake
-    tokenizer: TokenizerLike
-    model_name: str
+    rules: Rules  # the served model, its tokenizer and context: what a body is checked against
     started_s: int
     cancels: Cancels  # a client gone: its request is cancelled, later if Redis is away
     keys: KeyRing | None = None  # None: no keys file, the server is open
     started_ms: int = 0  # on the intake's clock: /health's reference before any worker beat
+
+    @property
+    def model_name(self) -> str:
+        return self.rules.model_name
 
 
 def get_services(request: Request) -> Services:
@@ -44,14 +40,6 @@ def get_services(request: Request) -> Services:
 
 def get_settings(services: Annotated[Services, Depends(get_services)]) -> ApiSettings:
     return services.settings
-
-
-def get_intake(services: Annotated[Services, Depends(get_services)]) -> Intake:
-    return services.intake
-
-
-def get_redis(services: Annotated[Services, Depends(get_services)]) -> aioredis.Redis:
-    return services.redis
 
 
 def get_api_key(request: Request, services: Annotated[Services, Depends(get_services)]) -> ApiKey | None:
@@ -72,6 +60,4 @@ def get_api_key(request: Request, services: Annotated[Services, Depends(get_serv
 
 ServicesDep = Annotated[Services, Depends(get_services)]
 SettingsDep = Annotated[ApiSettings, Depends(get_settings)]
-IntakeDep = Annotated[Intake, Depends(get_intake)]
-RedisDep = Annotated[aioredis.Redis, Depends(get_redis)]
 KeyDep = Annotated[ApiKey | None, Depends(get_api_key)]

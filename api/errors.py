@@ -1,7 +1,6 @@
-"""One error shape for every failure: {"error": {"message", "type", "param", "code"}}.
-
-Handlers turn each kind of failure into it, so a client never sees FastAPI's default
-`{"detail": ...}` nor a plain-text page. The status codes and codes are listed in docs/api.md."""
+"""Every failure answered in the one error shape (shapes/errors.py): handlers turn each kind of
+failure into it, so a client never sees FastAPI's default `{"detail": ...}` nor a plain-text
+page. The status codes and codes are listed in docs/api.md."""
 
 from __future__ import annotations
 
@@ -14,94 +13,39 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.schemas import ErrorBody, ErrorDetail
+from shapes.errors import ApiError, validation_error
 
 log = logging.getLogger("strata.api")
 
-_TYPE_BY_STATUS = {
-    400: "invalid_request_error",
-    404: "invalid_request_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    429: "rate_limit_error",
-    499: "invalid_request_error",
-    503: "service_unavailable",
-}
 
-
-class ApiError(Exception):
-    """A failure the API answers on purpose, with its status and OpenAI-style body."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        code: str | None = None,
-        param: str | None = None,
-        type: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.detail = ErrorDetail(
-            message=message,
-            type=type or _TYPE_BY_STATUS.get(status, "server_error"),
-            param=param,
-            code=code,
-        )
-        self.headers = headers or {}
-
-    def response(self) -> JSONResponse:
-        return error_response(self.status, self.detail, self.headers)
-
-
-def error_response(status: int, detail: ErrorDetail, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(ErrorBody(error=detail).model_dump(), status_code=status, headers=headers)
-
-
-def _param(loc: tuple) -> str | None:
-    parts = [str(p) for p in loc if p != "body"]
-    return ".".join(parts) or None
+def respond(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
 async def _on_api_error(_request: Request, exc: ApiError) -> JSONResponse:
-    return exc.response()
-
-
-def validation_error(errors: list) -> ApiError:
-    """The 400 a body failing pydantic validation gets (also used for each line of a batch)."""
-    first = errors[0] if errors else {"msg": "invalid request", "loc": ()}
-    if first.get("type") == "json_invalid":
-        return ApiError(400, f"request body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}",
-                        code="invalid_json")
-    param = _param(tuple(first.get("loc", ())))
-    message = first["msg"] if param is None else f"{param}: {first['msg']}"
-    if len(errors) > 1:
-        message += f" (and {len(errors) - 1} more)"
-    return ApiError(400, message, param=param, code="invalid_value")
+    return respond(exc)
 
 
 async def _on_validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
-    return validation_error(list(exc.errors())).response()
+    return respond(validation_error(list(exc.errors())))
 
 
 async def _on_http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
     codes = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
     detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-    return ApiError(exc.status_code, detail, code=codes.get(exc.status_code),
-                    headers=dict(exc.headers or {})).response()
+    return respond(ApiError(exc.status_code, detail, code=codes.get(exc.status_code),
+                            headers=dict(exc.headers or {})))
 
 
 async def _on_redis_down(_request: Request, exc: redis.exceptions.RedisError) -> JSONResponse:
     log.warning("redis unavailable: %s", exc)
-    return ApiError(503, "the queue (Redis) is unreachable; retry shortly", code="queue_unavailable",
-                    headers={"Retry-After": "1"}).response()
+    return respond(ApiError(503, "the queue (Redis) is unreachable; retry shortly", code="queue_unavailable",
+                            headers={"Retry-After": "1"}))
 
 
 async def _on_unexpected(_request: Request, exc: Exception) -> JSONResponse:
     log.exception("unexpected error", exc_info=exc)
-    return ApiError(500, "internal server error", code="internal_error", type="server_error").response()
+    return respond(ApiError(500, "internal server error", code="internal_error", type="server_error"))
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -137,7 +81,7 @@ class CatchAll:
             log.exception("unexpected error", exc_info=exc)
             if not started:
                 error = ApiError(500, "internal server error", code="internal_error", type="server_error")
-                await error.response()(scope, receive, send)
+                await respond(error)(scope, receive, send)
 
 
 class BodyLimit:
@@ -184,7 +128,7 @@ class BodyLimit:
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, max_bytes: int) -> None:
         error = ApiError(413, f"request body is larger than {max_bytes} bytes", code="request_too_large")
-        await error.response()(scope, receive, send)
+        await respond(error)(scope, receive, send)
 
 
 def _content_length(scope: Scope) -> int | None:

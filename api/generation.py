@@ -1,9 +1,9 @@
-"""What chat and text completions share: turn a validated body into a queued request, enqueue
-it, then read the worker's output back and answer whole or as a stream of SSE events.
+"""What chat and text completions share: turn a validated body into a queued request (the rules
+of shapes/rules.py, the priority of api/priority.py), enqueue it, then read the worker's output
+back and answer whole or as a stream of SSE events, worded by the endpoint's `Shape`.
 
-Each endpoint only says how its answer is worded (a `Shape`). Whatever way a handler ends
-before the answer's last event (client gone, handler cancelled, Redis error) the request is
-cancelled in Redis, so a worker never spends a slot on an answer nobody reads."""
+Whatever way a handler ends before the answer's last event (client gone, handler cancelled, Redis
+error) the request is cancelled in Redis, so a worker never spends a slot on an answer nobody reads."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
-from dataclasses import dataclass
-from typing import Protocol
 
 import anyio
 from fastapi import Request
@@ -22,65 +20,26 @@ from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse, format_sse_event
 from pydantic import BaseModel
 
 from api.deps import Services
-from api.errors import ApiError
 from api.keys import ApiKey
 from api.priority import Resolved, resolve_priority
-from api.schemas import ErrorBody, GenerationBody, Usage
 from api.settings import ApiSettings
 from queues.connect import UNAVAILABLE
 from queues.intake import Intake
 from queues.records import Done, Event, Failed, QueuedRequest, Token
 from queues.scripts import QueueError, QueueRefused
+from shapes.answers import Answer, Endpoint, Job, Shape
+from shapes.errors import ApiError, ErrorBody, failure
+from shapes.requests import GenerationBody
+from shapes.responses import Usage
 
 log = logging.getLogger("strata.api")
 
 KEEPALIVE_S = 15.0
 OUTAGE_POLL_S = 0.5  # how often a stream looks for Redis again while it is away
-_UNAVAILABLE_CODES = {"cancelled", "worker_lost", "unavailable", "expired"}
-
-
-@dataclass(frozen=True)
-class Job:
-    """One accepted request, as its answer refers to it."""
-
-    id: str
-    created: int
-    model: str
-    priority: int
-    include_usage: bool
-
-
-@dataclass(frozen=True)
-class Answer:
-    text: str
-    finish_reason: str
-    usage: Usage
-
-
-class Shape(Protocol):
-    """How one endpoint words its answer."""
-
-    def opening(self, job: Job) -> BaseModel | None: ...
-    def chunk(self, job: Job, text: str | None, finish_reason: str | None) -> BaseModel: ...
-    def usage_chunk(self, job: Job, usage: Usage) -> BaseModel: ...
-    def whole(self, job: Job, answer: Answer) -> BaseModel: ...
 
 
 def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
-
-
-def check_body(body: GenerationBody, services: Services, key: ApiKey | None = None) -> None:
-    """The checks that come before tokenizing: the model asked for (and whether the caller's key
-    may use it), and n."""
-    if body.model and body.model != services.model_name:
-        raise ApiError(
-            404, f"The model '{body.model}' does not exist; this server serves '{services.model_name}'.",
-            code="model_not_found", param="model",
-        )
-    check_key_may_use(services, key)
-    if body.n != 1:
-        raise ApiError(400, "Only n=1 is supported.", code="unsupported_value", param="n")
 
 
 def check_key_may_use(services: Services, key: ApiKey | None) -> None:
@@ -90,56 +49,27 @@ def check_key_may_use(services: Services, key: ApiKey | None) -> None:
                        code="model_not_found", param="model")
 
 
-def plan_max_tokens(prompt_len: int, requested: int | None, settings: ApiSettings, param: str) -> int:
-    """The answer length: what was asked (default_max_tokens when nothing was), lowered so that
-    prompt + answer fit in one slot of `ctx` tokens. A prompt that leaves no room is refused."""
-    room = settings.ctx - prompt_len
-    if room <= 0:
-        raise ApiError(
-            400,
-            f"This model's context is {settings.ctx} tokens; the prompt has {prompt_len}, "
-            f"which leaves no room for an answer.",
-            code="context_length_exceeded", param=param,
-        )
-    wanted = settings.default_max_tokens if requested is None else requested
-    return min(wanted, room)
-
-
-def priority_of(body: GenerationBody, settings: ApiSettings, key: ApiKey | None = None) -> Resolved:
-    """Rule 1, with the caller's key's default and maximum (api/priority.py)."""
-    return resolve_priority(body.priority, settings.priority_min, settings.priority_max, key)
-
-
-def build_request(
-    request_id: str, body: GenerationBody, prompt: list[int], settings: ApiSettings, param: str,
-    key: ApiKey | None = None,
-) -> QueuedRequest:
-    max_tokens = plan_max_tokens(len(prompt), body.requested_max_tokens(), settings, param)
-    return QueuedRequest(
-        id=request_id,
-        priority=priority_of(body, settings, key).value,
-        prompt=prompt,
-        max_tokens=max_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=max(body.top_k, 0),
-        seed=body.seed,
-        min_tokens=min(body.min_tokens, max_tokens),
-        ignore_eos=body.ignore_eos,
-        stop=body.stop_list(),
-    )
+async def generate(
+    request: Request, services: Services, body: GenerationBody, endpoint: Endpoint, key: ApiKey | None
+) -> Response:
+    """The one path both endpoints take: check, tokenize, resolve the priority, enqueue, answer."""
+    services.rules.check(body)
+    check_key_may_use(services, key)
+    prompt = await anyio.to_thread.run_sync(services.rules.prompt, body)
+    priority = resolve_priority(body.priority, services.settings.priority_min, services.settings.priority_max, key)
+    queued = services.rules.queued(new_request_id(endpoint.id_prefix), body, prompt, priority.value)
+    return await answer(request, services, queued, endpoint.shape, body, priority, key)
 
 
 async def answer(
     request: Request, services: Services, queued: QueuedRequest, shape: Shape, body: GenerationBody,
-    key: ApiKey | None = None,
+    priority: Resolved, key: ApiKey | None = None,
 ) -> Response:
-    """Enqueue, then answer whole or stream: the one path both endpoints take."""
+    """Enqueue, then answer whole or stream."""
     settings = services.settings
     await enqueue(services.intake, queued, settings, key)
     job = Job(queued.id, int(time.time()), services.model_name, queued.priority, body.include_usage)
     headers = {"x-request-id": queued.id, "x-strata-priority": str(queued.priority)}
-    priority = priority_of(body, settings, key)
     if priority.lowered:  # the key's maximum lowered it: say so (asked->used)
         headers["x-strata-priority-lowered"] = f"{priority.asked}->{priority.value}"
     if body.stream:
@@ -164,6 +94,8 @@ async def enqueue(intake: Intake, queued: QueuedRequest, settings: ApiSettings, 
                 headers={"Retry-After": str(settings.retry_after_s), "x-strata-priority": str(queued.priority)},
             ) from None
         raise ApiError(409, f"Request id {queued.id} already exists.", code="duplicate_request") from None
+
+
 # ---- reading the answer back --------------------------------------------------------------
 
 
@@ -232,12 +164,6 @@ async def collect(request: Request, services: Services, request_id: str) -> Answ
                     else:
                         raise failure(event)
     raise ApiError(499, "The client closed the request.", code="client_closed")
-
-
-def failure(event: Failed) -> ApiError:
-    status = 503 if event.code in _UNAVAILABLE_CODES else 500
-    return ApiError(status, event.message, code=event.code,
-                    type="service_unavailable" if status == 503 else "server_error")
 
 
 async def stream_events(request: Request, services: Services, job: Job, shape: Shape) -> AsyncIterator[bytes]:

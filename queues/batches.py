@@ -1,44 +1,48 @@
 """Batches (OpenAI Batch API) in Redis: the batch object and its state changes, the lines
-prepared at creation, each line's result (recorded once), the lease of the RQ job running it,
-and the job's side of the model queue (enqueue with the same Lua script as the API, read the
-output streams, cancel).
+prepared at creation, each line's result (recorded once), and the lease of the RQ job running
+it. The job feeds the lines into the model's queue through queues/intake.py, as the API does.
 
-A batch's status (OpenAI's words):
+A batch's status (OpenAI's words, `BatchStatus`):
 validating -> in_progress -> finalizing -> completed
-validating | in_progress -> cancelling -> cancelled;   in_progress -> expired (24 h window)."""
+validating | in_progress -> cancelling -> cancelled;   in_progress | cancelling -> expired (24 h window)."""
 
 from __future__ import annotations
 
 import enum
 import json
 import time
-from typing import Callable
 
 import redis
 import redis.exceptions
 
 from queues import scripts
-from queues.keys import (
-    Keys, batch_key, batch_lease_key, batch_lines_key, batch_results_key, batches_active_key, batches_key,
-)
-from queues.records import Event, QueuedRequest, parse_event, text
+from queues.keys import batch_key, batch_lease_key, batch_lines_key, batch_results_key, batches_active_key, batches_key
+from queues.records import text
 
 RQ_QUEUE = "strata-batches"  # the RQ queue `strata batch-worker` listens on
-JOB_FUNCTION = "workers.batch.run_batch"
-FINAL = frozenset({"completed", "failed", "expired", "cancelled"})
-ACTIVE = frozenset({"validating", "in_progress", "finalizing", "cancelling"})
+JOB_FUNCTION = "batches.job.run_batch"
 SCRIPT_NAMES = ("batch_result", "batch_lease", "batch_advance")
 
 
-class BatchStatus(str, enum.Enum):
+class BatchStatus(enum.StrEnum):
+    """Where a batch is in its life; the values are what the batch hash and the API say."""
+
     VALIDATING = "validating"
-    FAILED = "failed"
     IN_PROGRESS = "in_progress"
     FINALIZING = "finalizing"
     COMPLETED = "completed"
+    FAILED = "failed"  # OpenAI's status for a file that did not validate; here that is a 400 instead
     EXPIRED = "expired"
     CANCELLING = "cancelling"
     CANCELLED = "cancelled"
+
+    @property
+    def is_final(self) -> bool:
+        """Nothing happens to the batch any more: no job runs it, the sweep leaves it alone."""
+        return self in _FINAL
+
+
+_FINAL = frozenset({BatchStatus.COMPLETED, BatchStatus.FAILED, BatchStatus.EXPIRED, BatchStatus.CANCELLED})
 
 
 class BatchNotFound(Exception):
@@ -77,24 +81,24 @@ class BatchStore:
     def update(self, batch_id: str, fields: dict[str, str | int]) -> None:
         self.client.hset(batch_key(batch_id), mapping=fields)
 
-    def status(self, batch_id: str) -> str | None:
+    def status(self, batch_id: str) -> BatchStatus | None:
         value = self.client.hget(batch_key(batch_id), "status")
-        return None if value is None else text(value)
+        return None if value is None else BatchStatus(text(value))
 
-    def advance(self, batch_id: str, from_statuses: tuple[str, ...], to: str, stamp: str = "",
-                now_s: int | None = None) -> str:
+    def advance(self, batch_id: str, from_statuses: tuple[BatchStatus, ...], to: BatchStatus, stamp: str = "",
+                now_s: int | None = None) -> BatchStatus:
         """Move to `to` when the batch is in one of `from_statuses`; returns the status after."""
         now_s = int(time.time()) if now_s is None else now_s
         try:
             status = self._scripts["batch_advance"](
                 keys=[batch_key(batch_id), batches_active_key()],
-                args=[batch_id, " ".join(from_statuses), to, stamp, now_s, int(to in FINAL)],
+                args=[batch_id, " ".join(from_statuses), to, stamp, now_s, int(to.is_final)],
             )
         except redis.exceptions.ResponseError as error:
             if str(error).startswith("NOT_FOUND"):
                 raise BatchNotFound(batch_id) from None
             raise
-        return text(status)
+        return BatchStatus(text(status))
 
     def list(self, limit: int = 20, after: str | None = None) -> tuple[list[dict[str, str]], bool]:
         """Newest first, starting after the batch id `after`; and whether more remain."""
@@ -142,76 +146,6 @@ class BatchStore:
 
     def is_leased(self, batch_id: str) -> bool:
         return bool(self.client.exists(batch_lease_key(batch_id)))
-
-
-class LineQueue:
-    """The batch job's side of one model's queue (sync): enqueue with the API's own Lua script,
-    read the output streams of the lines in flight, cancel them."""
-
-    def __init__(
-        self,
-        client: redis.Redis,
-        model: str,
-        *,
-        max_waiting: int = 0,
-        hard_limit: int = 0,
-        retention_s: int = 3600,
-        clock: Callable[[], int] = lambda: int(time.time() * 1000),
-    ) -> None:
-        self.client = client
-        self.keys = Keys(model)
-        self.max_waiting = max_waiting
-        self.hard_limit = hard_limit
-        self.retention_s = retention_s
-        self.clock = clock
-        self._scripts = scripts.register(client)
-
-    def enqueue(self, request: QueuedRequest, fields: dict[str, str] | None = None) -> bool:
-        """True when enqueued now, False when it already was (a restarted job re-attaches).
-        Raises QueueRefused(QUEUE_FULL) when shed: the caller retries later."""
-        call = scripts.enqueue_call(self.keys, request, self.clock(), self.max_waiting, self.hard_limit, fields)
-        try:
-            self._scripts["enqueue"](**call)
-        except redis.exceptions.ResponseError as error:
-            refused = scripts.refused(error)
-            if refused is None:
-                raise
-            if refused.code is scripts.QueueError.DUPLICATE:
-                return False
-            raise refused from None
-        return True
-
-    def read(self, after: dict[str, str], block_ms: int) -> dict[str, list[tuple[str, Event]]]:
-        """Events of several requests (request id -> entry id read so far), in one XREAD: all
-        their streams share the model's hash tag."""
-        if not after:
-            return {}
-        streams = {self.keys.out(rid): entry for rid, entry in after.items()}
-        by_key = {self.keys.out(rid): rid for rid in after}
-        reply = self.client.xread(streams, block=block_ms, count=256)
-        found: dict[str, list[tuple[str, Event]]] = {}
-        for stream, entries in reply or []:
-            rid = by_key[text(stream)]
-            found[rid] = [
-                (text(entry_id), parse_event({text(a): text(b) for a, b in fields.items()}))
-                for entry_id, fields in entries
-            ]
-        return found
-
-    def statuses(self, request_ids: list[str]) -> dict[str, str | None]:
-        """Each request's status (None: its record is gone)."""
-        pipe = self.client.pipeline(transaction=False)
-        for rid in request_ids:
-            pipe.hget(self.keys.req(rid), "status")
-        return {rid: None if s is None else text(s) for rid, s in zip(request_ids, pipe.execute())}
-
-    def cancel(self, request_id: str) -> str:
-        k = self.keys
-        status = self._scripts["cancel"](
-            keys=[k.waiting, k.req(request_id), k.out(request_id)],
-            args=[self.clock(), self.retention_s],
-        )
-        return text(status)
 
 
 # ---- the RQ job of a batch ---------------------------------------------------------------------

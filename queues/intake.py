@@ -1,4 +1,6 @@
-"""The API's side of the queue (asyncio): enqueue, read a request's output, cancel it."""
+"""The client side of one model's queue: enqueue a request, read its output back, cancel it.
+The API uses it for every request; the batch job (sync, under RQ) drives the very same code for
+its lines from an event loop of its own (batches/job.py)."""
 
 from __future__ import annotations
 
@@ -37,8 +39,9 @@ class Intake:
         self._scripts = scripts.register(client)
 
     async def enqueue(self, request: QueuedRequest, fields: dict[str, str] | None = None) -> int:
-        """Add a request; returns how many wait ahead of it. Raises QueueRefused. `fields` are
-        written on the request hash too (e.g. `key_name`: who asked, for operators)."""
+        """Add a request; returns how many wait ahead of it. Raises QueueRefused: QUEUE_FULL when
+        shed, DUPLICATE when a request of that id exists. `fields` are written on the request
+        hash too (e.g. `key_name`: who asked, for operators)."""
         call = scripts.enqueue_call(self.keys, request, self.clock(), self.max_waiting, self.hard_limit, fields)
         try:
             _member, ahead = await self._scripts["enqueue"](**call)
@@ -54,12 +57,23 @@ class Intake:
     ) -> list[tuple[str, Event]]:
         """Output events after entry id `after` (empty when none came within block_ms).
         Entry ids are the stream's own, so a client can resume from the last one it saw."""
-        reply = await self.client.xread({self.keys.out(request_id): after}, block=block_ms, count=256)
-        events: list[tuple[str, Event]] = []
-        for _stream, entries in reply or []:
-            for entry_id, fields in entries:
-                events.append((text(entry_id), parse_event({text(a): text(b) for a, b in fields.items()})))
-        return events
+        return (await self.read_many({request_id: after}, block_ms)).get(request_id, [])
+
+    async def read_many(self, after: dict[str, str], block_ms: int) -> dict[str, list[tuple[str, Event]]]:
+        """Events of several requests (request id -> entry id read so far) in one XREAD: their
+        streams share the model's hash tag. Requests with nothing new are left out."""
+        if not after:
+            return {}
+        by_stream = {self.keys.out(rid): rid for rid in after}
+        reply = await self.client.xread({self.keys.out(rid): entry for rid, entry in after.items()},
+                                        block=block_ms, count=256)
+        found: dict[str, list[tuple[str, Event]]] = {}
+        for stream, entries in reply or []:
+            found[by_stream[text(stream)]] = [
+                (text(entry_id), parse_event({text(a): text(b) for a, b in fields.items()}))
+                for entry_id, fields in entries
+            ]
+        return found
 
     async def cancel(self, request_id: str) -> str:
         k = self.keys
@@ -69,6 +83,10 @@ class Intake:
         )
         return text(status)
 
-    async def record(self, request_id: str) -> dict[str, str]:
-        raw = await self.client.hgetall(self.keys.req(request_id))
-        return {text(a): text(b) for a, b in raw.items()}
+    async def statuses(self, request_ids: list[str]) -> dict[str, str | None]:
+        """Each request's status (None: its record is gone)."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            for rid in request_ids:
+                pipe.hget(self.keys.req(rid), "status")
+            replies = await pipe.execute()
+        return {rid: None if s is None else text(s) for rid, s in zip(request_ids, replies)}

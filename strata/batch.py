@@ -1,5 +1,5 @@
 """`strata batch submit|status|cancel` (a client of the HTTP API: httpx, rich progress) and
-`strata batch-worker` (the RQ worker that runs batches, workers/batch.py)."""
+`strata batch-worker` (the RQ worker that runs batches, batches/worker.py)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,15 @@ import httpx
 from pydantic import Field
 from pydantic_settings import BaseSettings, CliApp, CliPositionalArg, CliSubCommand, SettingsConfigDict
 
-from workers.batch import BatchWorkerSettings
-
-FINAL = ("completed", "failed", "expired", "cancelled")
+from batches.settings import BatchWorkerSettings
+from queues.batches import BatchStatus
 
 
 class BatchWorkerCommand(BatchWorkerSettings):
     """An RQ worker running batch jobs (also re-enqueues batches whose job died)."""
 
     def cli_cmd(self) -> None:
-        from workers.batch import run_batch_worker
+        from batches.worker import run_batch_worker
 
         run_batch_worker(self)
 
@@ -76,7 +75,7 @@ class BatchSubmit(_Client):
             with Progress(*columns) as progress:
                 task = progress.add_task(batch["id"], total=batch["request_counts"]["total"])
                 try:
-                    while batch["status"] not in FINAL:
+                    while not BatchStatus(batch["status"]).is_final:
                         time.sleep(self.poll_s)
                         batch = _check(http.get(f"/v1/batches/{batch['id']}"))
                         c = batch["request_counts"]
@@ -94,11 +93,11 @@ class BatchSubmit(_Client):
                 errors = output.with_name(output.name.replace(".output", "") .removesuffix(".jsonl") + ".errors.jsonl")
                 errors.write_bytes(http.get(f"/v1/files/{batch['error_file_id']}/content").content)
                 print(f"errors: {errors}")
-        if batch["status"] != "completed":
+        if batch["status"] != BatchStatus.COMPLETED:
             raise SystemExit(1)
 
 
-class BatchStatus(_Client):
+class BatchShow(_Client):
     """Show a batch: status, counts, file ids."""
 
     batch_id: CliPositionalArg[str]
@@ -122,7 +121,7 @@ class BatchCommand(BaseSettings):
     """Batch API client: submit a JSONL file, see a batch, cancel one."""
 
     submit: CliSubCommand[BatchSubmit]
-    status: CliSubCommand[BatchStatus]
+    status: CliSubCommand[BatchShow]
     cancel: CliSubCommand[BatchCancel]
 
     def cli_cmd(self) -> None:

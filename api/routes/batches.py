@@ -1,7 +1,7 @@
 """/v1/batches: create a batch from an uploaded file, read it, list them, cancel one.
 
-Creating checks the whole file at once (a 400 when it is not valid, see api.batch_lines) and
-prepares every line with the endpoint's own rules; the RQ job (workers/batch.py) then feeds the
+Creating checks the whole file at once (a 400 when it is not valid, see batches/lines.py) and
+prepares every line with the endpoint's own rules; the RQ job (batches/job.py) then feeds the
 lines into the model's queue at the batch's priority."""
 
 from __future__ import annotations
@@ -13,14 +13,15 @@ import uuid
 import anyio
 from fastapi import APIRouter
 
-from api import batch_lines
 from api.batch_deps import BatchServicesDep
-from api.batch_schemas import ENDPOINTS, Batch, BatchCreate, BatchList
+from api.batch_schemas import Batch, BatchCreate, BatchList
 from api.deps import KeyDep, ServicesDep
-from api.errors import ApiError
 from api.generation import check_key_may_use
 from api.priority import resolve_priority
-from queues.batches import BatchNotFound, submit_job
+from batches import lines
+from queues.batches import BatchNotFound, BatchStatus, submit_job
+from shapes.answers import ENDPOINTS
+from shapes.errors import ApiError
 
 router = APIRouter(tags=["batches"])
 
@@ -52,14 +53,14 @@ async def create_batch(body: BatchCreate, services: ServicesDep, batch: BatchSer
     batch_id = f"batch_{uuid.uuid4().hex}"
 
     def prepare() -> list[str]:
-        lines = batch_lines.parse_file(content, body.endpoint, settings.batch_max_lines)
-        return batch_lines.prepare(lines, body.endpoint, services, batch_id)
+        parsed = lines.parse_file(content, body.endpoint, settings.batch_max_lines)
+        return lines.prepare(parsed, body.endpoint, services.rules, batch_id)
 
     prepared = await anyio.to_thread.run_sync(prepare)
     now = int(time.time())
     record: dict[str, str | int] = {
         "id": batch_id, "endpoint": body.endpoint, "input_file_id": body.input_file_id,
-        "completion_window": body.completion_window, "status": "validating", "created_at": now,
+        "completion_window": body.completion_window, "status": BatchStatus.VALIDATING, "created_at": now,
         "expires_at": now + COMPLETION_WINDOWS[body.completion_window], "total": len(prepared),
         "completed": 0, "failed": 0, "priority": priority, "model": services.model_name,
         "metadata": json.dumps(body.metadata) if body.metadata else "",
@@ -97,9 +98,10 @@ async def cancel_batch(batch_id: str, batch: BatchServicesDep) -> Batch:
     no-op; a batch that ended otherwise answers 400."""
 
     def cancel() -> dict[str, str]:
-        status = batch.batches.advance(batch_id, ("validating", "in_progress"), "cancelling", "cancelling_at")
-        if status in ("completed", "failed", "expired", "finalizing"):
-            raise ApiError(400, f"Cannot cancel a batch with status {status!r}.", code="invalid_state", param="id")
+        status = batch.batches.advance(batch_id, (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS),
+                                       BatchStatus.CANCELLING, "cancelling_at")
+        if status not in (BatchStatus.CANCELLING, BatchStatus.CANCELLED):
+            raise ApiError(400, f"Cannot cancel a batch with status {str(status)!r}.", code="invalid_state", param="id")
         return batch.batches.get(batch_id) or {}
 
     try:

@@ -11,8 +11,8 @@ from fastapi.responses import Response
 from api.batch_deps import BatchServicesDep
 from api.batch_schemas import FileDeleted, FileList, FileObject
 from api.deps import SettingsDep
-from api.errors import ApiError
 from queues.files import StoredFile
+from shapes.errors import ApiError
 
 router = APIRouter(tags=["files"])
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from api.deps import KeyDep, ServicesDep
-from api.errors import ApiError
-from api.schemas import ModelCard, ModelList
 from queues.metrics import live_workers
+from shapes.errors import ApiError
+from shapes.responses import ModelCard, ModelList
 
 router = APIRouter(tags=["models"])
 

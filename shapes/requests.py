@@ -1,0 +1,124 @@
+"""Request bodies of /v1/chat/completions and /v1/completions, in OpenAI's shapes. Unknown fields
+are ignored: clients send many (user, logprobs, ...) that Strata has no use for.
+
+Every number the engine uses is bounded here, so that no value a client controls can fail a
+worker later: seed fits in 64 bits (what torch's generator takes), temperature is 0 (greedy) or
+at least MIN_TEMPERATURE, top_p at least MIN_TOP_P, top_k a 32-bit integer. max_tokens and
+min_tokens are lowered to fit the context (shapes.rules). Text must be valid Unicode."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from shapes.text import require_unicode
+
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+MIN_TEMPERATURE = 0.01  # below it (but above 0) sampling is greedy in all but name, then overflows
+MIN_TOP_P = 0.01  # the top token alone is kept from here down; tinier values vanish in float32
+TOP_K_MAX = 2**31 - 1
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class TextPart(_Lenient):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(part.text for part in self.content)
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool = False
+
+
+class GenerationBody(_Lenient):
+    """What chat and text completions share."""
+
+    prompt_param: ClassVar[str]  # the field a prompt error names
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, ge=MIN_TOP_P, le=1.0)
+    top_k: int = Field(0, ge=-1, le=TOP_K_MAX)  # 0 or -1: off
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    min_tokens: int = Field(0, ge=0)
+    ignore_eos: bool = False
+    priority: Any = None  # never a validation error: see api.priority
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, body: Any) -> Any:
+        return require_unicode(body)
+
+    @field_validator("temperature")
+    @classmethod
+    def _greedy_or_sane(cls, value: float) -> float:
+        if 0.0 < value < MIN_TEMPERATURE:
+            raise ValueError(f"must be 0 (greedy) or at least {MIN_TEMPERATURE}")
+        return value
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(GenerationBody):
+    prompt_param = "messages"
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def template_messages(self) -> list[dict[str, str]]:
+        """The messages as a chat template reads them."""
+        # "developer" is OpenAI's newer name for "system"; chat templates know the old one.
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+
+
+class CompletionRequest(GenerationBody):
+    prompt_param = "prompt"
+
+    prompt: str | list[str]
+    echo: bool = False  # accepted, not supported (ignored)
+
+    @field_validator("prompt")
+    @classmethod
+    def _not_empty(cls, value: str | list[str]) -> str | list[str]:
+        if value == "" or (isinstance(value, list) and "" in value):
+            raise ValueError("the prompt is empty")
+        return value
+
+    def prompt_text(self) -> str | None:
+        """The one prompt, or None when a list does not hold exactly one string."""
+        if isinstance(self.prompt, str):
+            return self.prompt
+        return self.prompt[0] if len(self.prompt) == 1 else None

@@ -1,0 +1,88 @@
+"""The generation endpoints' own rules for turning a validated body into a queued request: the
+model asked for, n, tokenizing, and the answer length that fits the context. The API applies them
+to each request; batch creation to each line, so a line is refused exactly as the endpoint would."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from queues.records import QueuedRequest
+from shapes.errors import ApiError
+from shapes.requests import ChatCompletionRequest, CompletionRequest, GenerationBody
+
+
+class TokenizerLike(Protocol):
+    """What the rules need of engine.tokenizer.Tokenizer (tests pass a small fake)."""
+
+    def encode(self, text: str) -> list[int]: ...
+    def encode_chat(self, messages: list[dict]) -> list[int]: ...
+    def decode(self, ids: list[int]) -> str: ...
+
+
+@dataclass(frozen=True)
+class Rules:
+    model_name: str  # the served model: the only `model` a body may name
+    tokenizer: TokenizerLike
+    ctx: int  # tokens per slot: prompt + answer
+    default_max_tokens: int
+
+    def check(self, body: GenerationBody) -> None:
+        """What comes before tokenizing: the model asked for, and n."""
+        if body.model and body.model != self.model_name:
+            raise ApiError(
+                404, f"The model '{body.model}' does not exist; this server serves '{self.model_name}'.",
+                code="model_not_found", param="model",
+            )
+        if body.n != 1:
+            raise ApiError(400, "Only n=1 is supported.", code="unsupported_value", param="n")
+
+    def prompt(self, body: GenerationBody) -> list[int]:
+        """The prompt's token ids (blocking: call it in a thread)."""
+        param = body.prompt_param
+        if isinstance(body, ChatCompletionRequest):
+            try:
+                ids = self.tokenizer.encode_chat(body.template_messages())
+            except ValueError as error:  # no chat template, or the template refused the messages
+                raise ApiError(400, str(error), param=param, code="invalid_value") from None
+        elif isinstance(body, CompletionRequest):
+            text = body.prompt_text()
+            if text is None:
+                raise ApiError(400, "prompt must be a string or a list holding exactly one string.",
+                               param=param, code="unsupported_value")
+            ids = self.tokenizer.encode(text)
+        else:
+            raise TypeError(f"no prompt rule for {type(body).__name__}")
+        if not ids:
+            raise ApiError(400, "The prompt is empty (no tokens).", param=param, code="invalid_value")
+        return ids
+
+    def max_tokens(self, prompt_len: int, requested: int | None, param: str) -> int:
+        """What was asked (default_max_tokens when nothing was), lowered so that prompt + answer
+        fit in one slot of `ctx` tokens. A prompt that leaves no room is refused."""
+        room = self.ctx - prompt_len
+        if room <= 0:
+            raise ApiError(
+                400,
+                f"This model's context is {self.ctx} tokens; the prompt has {prompt_len}, "
+                f"which leaves no room for an answer.",
+                code="context_length_exceeded", param=param,
+            )
+        wanted = self.default_max_tokens if requested is None else requested
+        return min(wanted, room)
+
+    def queued(self, request_id: str, body: GenerationBody, prompt: list[int], priority: int) -> QueuedRequest:
+        max_tokens = self.max_tokens(len(prompt), body.requested_max_tokens(), body.prompt_param)
+        return QueuedRequest(
+            id=request_id,
+            priority=priority,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=max(body.top_k, 0),
+            seed=body.seed,
+            min_tokens=min(body.min_tokens, max_tokens),
+            ignore_eos=body.ignore_eos,
+            stop=body.stop_list(),
+        )
