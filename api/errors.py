@@ -31,7 +31,8 @@ async def _on_validation(_request: Request, exc: RequestValidationError) -> JSON
 
 
 async def _on_http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    codes = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+    # FastAPI raises 400 itself only for a body it cannot parse (not UTF-8, nested too deeply, broken multipart).
+    codes = {400: "invalid_body", 404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
     detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
     return respond(ApiError(exc.status_code, detail, code=codes.get(exc.status_code),
                             headers=dict(exc.headers or {})))

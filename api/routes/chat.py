@@ -14,5 +14,7 @@ router = APIRouter(tags=["chat"])
 
 
 @router.post(CHAT.path, response_model=None)
-async def chat_completions(body: ChatCompletionRequest, request: Request, services: ServicesDep, key: KeyDep) -> Response:
+async def chat_completions(
+    body: ChatCompletionRequest, request: Request, services: ServicesDep, key: KeyDep
+) -> Response:
     return await generation.generate(request, services, body, CHAT, key)

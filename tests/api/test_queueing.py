@@ -44,12 +44,26 @@ def test_priorities_are_served_highest_first(http, worker):
         assert worker.wait_for(3) == [ids[9], ids[5], ids[0]]
 
 
+MISSING = object()
+
+
 def test_odd_priorities_count_as_zero_and_big_ones_are_clamped(http, worker):
+    """Rule 1: an integer counts as itself, clamped; anything else counts as 0. Never an error."""
+    cases = [(MISSING, "0"), (None, "0"), ("9", "0"), (True, "0"), (False, "0"), (2.5, "0"), (5.0, "0"), ([5], "0"),
+             ({"p": 5}, "0"), (-3, "-3"), (10**40, "100"), (-(10**40), "-100")]
     with ExitStack() as stack:
-        for raw, effective in (("9", "0"), (True, "0"), (2.5, "0"), (10**40, "100"), (-(10**40), "-100")):
-            response = open_stream(stack, http, {"messages": [{"role": "user", "content": "x"}], "priority": raw})
-            assert response.headers["x-strata-priority"] == effective
-            assert worker.record(response.headers["x-request-id"])["priority"] == effective
+        for raw, effective in cases:
+            body = {"messages": [{"role": "user", "content": "x"}]} | ({} if raw is MISSING else {"priority": raw})
+            response = open_stream(stack, http, body)
+            assert response.headers["x-strata-priority"] == effective, raw
+            assert worker.record(response.headers["x-request-id"])["priority"] == effective, raw
+
+
+def test_a_non_integer_priority_is_clamped_into_a_range_that_excludes_zero(start_api, worker):
+    with httpx.Client(base_url=start_api(priority_min=1, priority_max=10), timeout=10) as http, ExitStack() as stack:
+        response = open_stream(stack, http, {"messages": [{"role": "user", "content": "x"}], "priority": "x"})
+        assert response.headers["x-strata-priority"] == "1"
+        assert worker.record(response.headers["x-request-id"])["priority"] == "1"
 
 
 def test_max_tokens_defaults_and_is_clamped_to_the_context(http, worker):

@@ -23,6 +23,7 @@ import redis
 from api.app import create_app
 from api.settings import ApiSettings
 from engine.fake import FakeEngine
+from engine.sampling import SlotSampler
 from queues.claims import Claims
 from queues.keys import Keys
 from tests.conftest import serve_app
@@ -50,9 +51,14 @@ class FakeTokenizer:
 @dataclass
 class SlowEngine(FakeEngine):
     """The fake engine, taking real time per decode step (so a batch is still running when an
-    interactive request arrives)."""
+    interactive request arrives), and seeding each request's sampler as the real engine does
+    (a seed torch's generator refuses fails here as it would on a GPU)."""
 
     step_s: float = 0.0
+
+    def begin(self, slot, params, keep=0):  # noqa: ANN001
+        SlotSampler.start(params)
+        super().begin(slot, params, keep)
 
     def decode(self, slots, tokens):  # noqa: ANN001
         time.sleep(self.step_s)

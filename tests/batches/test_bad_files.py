@@ -65,6 +65,9 @@ def test_bad_requests_to_create(start_stack):
 BAD_BODIES = {
     "no-messages": {"model": MODEL, "max_tokens": 2},
     "hot": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": 5},
+    "huge-seed": {"messages": [{"role": "user", "content": "hi"}], "seed": 2**64},
+    "surrogate": {"messages": [{"role": "user", "content": "\ud800"}]},
+    "tiny-top-p": {"messages": [{"role": "user", "content": "hi"}], "top_p": 1e-300},
     "wrong-model": {"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]},
     "n2": {"messages": [{"role": "user", "content": "hi"}], "n": 2},
     "too-long": {"messages": [{"role": "user", "content": "x" * 600}]},
@@ -79,12 +82,35 @@ def test_bad_line_bodies_get_the_endpoints_error_in_the_error_file(start_stack):
     batch = stack.submit(lines)
     done = stack.wait_final(batch["id"])
     assert done["status"] == "completed"
-    assert done["request_counts"] == {"total": 8, "completed": 2, "failed": 6}
+    assert done["request_counts"] == {"total": 2 + len(BAD_BODIES), "completed": 2, "failed": len(BAD_BODIES)}
     assert sorted(e["custom_id"] for e in stack.content(done["output_file_id"])) == ["q0", "q1"]
     errors = {e["custom_id"]: e for e in stack.content(done["error_file_id"])}
     assert set(errors) == set(BAD_BODIES)
     for name, body in BAD_BODIES.items():
-        direct = stack.http.post("/v1/chat/completions", json=body)
+        direct = stack.http.post("/v1/chat/completions", content=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
         assert errors[name]["response"]["status_code"] == direct.status_code, name
         assert errors[name]["response"]["body"] == direct.json(), name
         assert errors[name]["error"] is None
+
+
+def test_a_huge_seed_is_refused_as_a_request_and_as_a_line_and_the_worker_serves_on(start_stack):
+    stack = start_stack(slots=1)
+    huge = {"messages": [{"role": "user", "content": "hi"}], "seed": 2**64, "max_tokens": 3}
+    refused = stack.http.post("/v1/chat/completions", json=huge)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "seed" and refused.json()["error"]["code"] == "invalid_value"
+    assert stack.redis.zcard(stack.keys.waiting) == 0  # it never reached the queue
+
+    lines = [{"custom_id": "huge", "method": "POST", "url": "/v1/chat/completions", "body": huge}] + chat_lines(1)
+    done = stack.wait_final(stack.submit(lines)["id"])
+    assert (done["status"], done["request_counts"]) == ("completed", {"total": 2, "completed": 1, "failed": 1})
+    [error] = stack.content(done["error_file_id"])
+    assert error["custom_id"] == "huge" and error["response"]["status_code"] == 400
+    assert error["response"]["body"] == refused.json()
+    assert [e["custom_id"] for e in stack.content(done["output_file_id"])] == ["q0"]
+
+    answered = stack.http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                             "seed": 2**64 - 1, "max_tokens": 3, "ignore_eos": True})
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["usage"]["completion_tokens"] == 3
