@@ -22,13 +22,14 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import redis
-import redis.asyncio as aioredis
 
 from batches import results
 from batches.settings import BatchWorkerSettings
 from queues.batches import BatchStatus, BatchStore, request_id
+from queues.connect import connect, connect_async
 from queues.files import FileStore
 from queues.intake import Intake
+from queues.lifecycle import RequestStatus
 from queues.records import Done, Failed, QueuedRequest, Token
 from queues.scripts import QueueError, QueueRefused
 
@@ -91,7 +92,7 @@ class BatchRun:
         self.endpoint, self.model = batch["endpoint"], batch["model"]
         self.fields = {"key_name": batch["key_name"]} if batch.get("key_name") else None  # who asked, for operators
         priority, expires_at = int(batch["priority"]), int(batch["expires_at"])
-        client = aioredis.Redis.from_url(s.redis_url, health_check_interval=30, retry_on_timeout=True)
+        client = connect_async(s.redis_url)
         queue = Intake(client, self.model, max_waiting=s.max_waiting, hard_limit=s.queue_hard_limit,
                        retention_s=s.retention_s)
         try:
@@ -178,7 +179,7 @@ class BatchRun:
                         stopping: BatchStatus) -> None:
         """A running request that was cancelled ends without an event: its status says so."""
         for rid, status in statuses.items():
-            if status in (None, "cancelled"):
+            if status in (None, RequestStatus.CANCELLED):
                 flight = inflight.pop(rid)
                 self._record_unrun(flight.line, flight.custom_id, stopping)
 
@@ -248,7 +249,7 @@ class BatchRun:
 def run_batch(batch_id: str) -> str:
     """The RQ job (queues.batches.JOB_FUNCTION). Settings come from STRATA_ variables."""
     settings = BatchWorkerSettings()
-    client = redis.Redis.from_url(settings.redis_url, health_check_interval=30, retry_on_timeout=True)
+    client = connect(settings.redis_url, decode_responses=False)
     try:
         status = BatchRun(client, batch_id, settings).run()
         log.info("batch %s: %s", batch_id, status)

@@ -11,6 +11,7 @@ import redis
 
 from batches.settings import BatchWorkerSettings
 from queues.batches import RQ_QUEUE, BatchStatus, BatchStore, job_waiting, submit_job
+from queues.connect import connect
 
 log = logging.getLogger("strata.batch")
 
@@ -36,18 +37,10 @@ def run_batch_worker(settings: BatchWorkerSettings) -> None:
     from rq import Queue, Worker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    client = redis.Redis.from_url(settings.redis_url, health_check_interval=30, retry_on_timeout=True)
-    for attempt in range(100):
-        try:
-            client.ping()
-            break
-        except redis.exceptions.ConnectionError:
-            if attempt == 99:
-                raise
-            time.sleep(0.2)
+    client = connect(settings.redis_url, decode_responses=False)  # RQ stores pickles
 
     def sweeping() -> None:
-        sweeper = redis.Redis.from_url(settings.redis_url, health_check_interval=30, retry_on_timeout=True)
+        sweeper = connect(settings.redis_url, decode_responses=False)
         while True:
             try:
                 for batch_id in sweep(sweeper):
