@@ -10,6 +10,7 @@ import redis
 from fastapi import Depends, Request
 
 from queues.batches import BatchStore
+from queues.connect import connect
 from queues.files import FileStore
 
 
@@ -21,7 +22,7 @@ class BatchServices:
 
     @classmethod
     def connect(cls, url: str) -> "BatchServices":
-        client = redis.Redis.from_url(url, socket_connect_timeout=5, health_check_interval=30, retry_on_timeout=True)
+        client = connect(url, decode_responses=False)
         return cls(client, FileStore(client), BatchStore(client))
 
 

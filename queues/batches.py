@@ -44,6 +44,18 @@ class BatchStatus(enum.StrEnum):
 
 _FINAL = frozenset({BatchStatus.COMPLETED, BatchStatus.FAILED, BatchStatus.EXPIRED, BatchStatus.CANCELLED})
 
+# Every move a batch makes (the docstring's arrows); BatchStore.advance makes no other.
+TRANSITIONS: frozenset[tuple[BatchStatus, BatchStatus]] = frozenset({
+    (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS),
+    (BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING),
+    (BatchStatus.FINALIZING, BatchStatus.COMPLETED),
+    (BatchStatus.VALIDATING, BatchStatus.CANCELLING),
+    (BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING),
+    (BatchStatus.CANCELLING, BatchStatus.CANCELLED),
+    (BatchStatus.IN_PROGRESS, BatchStatus.EXPIRED),
+    (BatchStatus.CANCELLING, BatchStatus.EXPIRED),
+})
+
 
 class BatchNotFound(Exception):
     pass
@@ -88,6 +100,9 @@ class BatchStore:
     def advance(self, batch_id: str, from_statuses: tuple[BatchStatus, ...], to: BatchStatus, stamp: str = "",
                 now_s: int | None = None) -> BatchStatus:
         """Move to `to` when the batch is in one of `from_statuses`; returns the status after."""
+        unlisted = [f"{was}->{to}" for was in from_statuses if (was, to) not in TRANSITIONS]
+        if unlisted:
+            raise ValueError(f"not a move a batch makes: {', '.join(unlisted)}")
         now_s = int(time.time()) if now_s is None else now_s
         try:
             status = self._scripts["batch_advance"](
