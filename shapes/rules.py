@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from jinja2 import TemplateError
+
 from queues.records import QueuedRequest
 from shapes.errors import ApiError
 from shapes.requests import ChatCompletionRequest, CompletionRequest, GenerationBody
@@ -43,8 +45,9 @@ class Rules:
         if isinstance(body, ChatCompletionRequest):
             try:
                 ids = self.tokenizer.encode_chat(body.template_messages())
-            except ValueError as error:  # no chat template, or the template refused the messages
-                raise ApiError(400, str(error), param=param, code="invalid_value") from None
+            except (ValueError, TemplateError) as error:  # no chat template, or the template refused them
+                raise ApiError(400, str(error) or "the chat template refused these messages", param=param,
+                               code="invalid_value") from None
         elif isinstance(body, CompletionRequest):
             text = body.prompt_text()
             if text is None:

@@ -75,3 +75,28 @@ def test_the_bounds_themselves_are_accepted_and_reach_the_worker_unchanged(http,
             expected = {**body, "max_tokens": params["max_tokens"]} if "max_tokens" in body else body
             assert {k: params[k] for k in expected} == expected
             assert params["max_tokens"] <= 64  # a huge max_tokens is lowered to what fits the context
+
+
+class StrictTemplate:
+    """A tokenizer whose chat template refuses a conversation, as some models' templates do (with
+    jinja's raise_exception: "roles must alternate")."""
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        from jinja2 import TemplateError
+
+        if len(messages) > 1 and messages[-1]["role"] == messages[-2]["role"]:
+            raise TemplateError("Conversation roles must alternate user/assistant/user/assistant/...")
+        return self.encode("".join(m["content"] for m in messages))
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(map(chr, ids))
+
+
+def test_a_conversation_the_chat_template_refuses_is_400(start_api, worker):
+    with httpx.Client(base_url=start_api(tokenizer=StrictTemplate()), timeout=10) as http:
+        error = assert_error(post(http, CHAT, {"messages": HI + HI}), 400, code="invalid_value", param="messages")
+        assert "alternate" in error["message"]
+        assert_still_serves(http, worker)
