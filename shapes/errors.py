@@ -7,6 +7,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from queues.records import Failed
+from shapes.text import TEXT_ENCODING
 
 
 class ErrorDetail(BaseModel):
@@ -73,9 +74,11 @@ def validation_error(errors: list) -> ApiError:
     if first.get("type") == "json_invalid":
         return ApiError(400, f"request body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}",
                         code="invalid_json")
-    # A text check over the whole body (shapes.requests) names the field in its context.
-    param = first.get("ctx", {}).get("field") or _param(tuple(first.get("loc", ())))
-    message = first["msg"] if param is None or first["msg"].startswith(param) else f"{param}: {first['msg']}"
+    if first.get("type") == TEXT_ENCODING:  # checked over the whole body: the field is in its context
+        param = first["ctx"]["field"]
+    else:
+        param = _param(tuple(first.get("loc", ())))
+    message = first["msg"] if param is None else f"{param}: {first['msg']}"
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more)"
     return ApiError(400, message, param=param, code="invalid_value")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pydantic_core import PydanticCustomError
 
+TEXT_ENCODING = "text_encoding"  # the validation error's type
+
 
 def unencodable_path(value: object) -> str | None:
     """The dotted path (`messages.0.content`) of the first string or key inside `value` that
@@ -40,7 +42,7 @@ def require_unicode(body: object) -> object:
     field = unencodable_path(body)
     if field is not None:
         raise PydanticCustomError(
-            "text_encoding", "{field}: text is not valid Unicode (a lone surrogate); UTF-8 cannot encode it",
+            TEXT_ENCODING, "text is not valid Unicode (a lone surrogate): UTF-8 cannot encode it",
             {"field": field},
         )
     return body
