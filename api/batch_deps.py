@@ -10,7 +10,7 @@ import redis
 from fastapi import Depends, Request
 
 from queues.batches import BatchStore
-from queues.connect import connect
+from queues.connect import connect as connect_redis
 from queues.files import FileStore
 
 
@@ -22,7 +22,7 @@ class BatchServices:
 
     @classmethod
     def connect(cls, url: str) -> "BatchServices":
-        client = connect(url, decode_responses=False)
+        client = connect_redis(url, decode_responses=False)
         return cls(client, FileStore(client), BatchStore(client))
 
 
