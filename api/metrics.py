@@ -89,6 +89,8 @@ class Snapshot:
             for name, doc in [
                 ("slots_total", "Slots of the worker."),
                 ("slots_busy", "Slots holding a request."),
+                ("reserved_slots_total", "Slots kept for high priorities (--reserve)."),
+                ("reserved_slots_busy", "Reserved slots holding a request."),
                 ("reads_in_progress", "1 while the worker's lines read a prompt, else 0."),
                 ("reads_parked", "Reads that gave way and wait, parked in their slots."),
                 ("heartbeat_age_seconds", "Seconds since the worker's last heartbeat."),
@@ -107,6 +109,8 @@ class Snapshot:
             for wid, w in view.workers:
                 per_worker["slots_total"].add_metric([m, wid], w.slots_total)
                 per_worker["slots_busy"].add_metric([m, wid], w.slots_busy)
+                per_worker["reserved_slots_total"].add_metric([m, wid], len(w.reserved))
+                per_worker["reserved_slots_busy"].add_metric([m, wid], w.reserved_busy)
                 per_worker["reads_in_progress"].add_metric([m, wid], int(bool(w.reading)))
                 per_worker["reads_parked"].add_metric([m, wid], len(w.parked))
                 per_worker["heartbeat_age_seconds"].add_metric([m, wid], max(0, self.now_ms - w.heartbeat_ms) / 1000)

@@ -1,7 +1,7 @@
 """The acceptance scenarios of DESIGN.md on the real engine, each run twice: with priority and
 without (every request at 0). Times come from the request hashes the worker writes.
 
-    .venv/bin/python -m bench.priority_scenarios [--dtype bfloat16] [--scale 1.0]
+    .venv/bin/python -m bench.priority_scenarios [--dtype bfloat16] [--scale 1.0] [--only reserve]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from queues.keys import Keys
 from queues.records import QueuedRequest
 from queues.server import EmbeddedRedis
 from workers.loop import Worker
-from workers.scheduler import Policy
+from workers.scheduler import Policy, Reserve
 
 
 @dataclass
@@ -112,13 +112,62 @@ def long_read_gives_way(run: Run, tokens: list[int], with_priority: bool, scale:
             "ideal_s": own_read_s * (1 + run.chunk / length)}
 
 
+def reserved_slot(run: Run, tokens: list[int], scale: float) -> dict[str, float]:
+    """The alert during a battery, all at their priorities; `run.policy` says whether a slot is
+    reserved. Also the battery's throughput: its tokens over the time from its first claim to
+    its last end."""
+    slots = run.engine.num_slots
+    answer = int(160 * scale)
+    battery = [f"battery-{i}" for i in range(3 * slots)]
+    for i, rid in enumerate(battery):
+        run.submit(rid, -5, tokens[100 + 50 * i:140 + 50 * i], answer)
+    serving = slots - sum(r.count for r in run.policy.reserve)
+    while sum(run.record(r).get("status") == "running" for r in battery) < serving:
+        time.sleep(0.01)
+    time.sleep(1.0)
+    sent = run.submit("alert", 10, tokens[:30], 8)
+    run.wait(["alert"] + battery)
+    alert = run.record("alert")
+    records = [run.record(r) for r in battery]
+    span_ms = max(int(r["finished_ms"]) for r in records) - min(int(r["claimed_ms"]) for r in records)
+    return {"ttft_s": (int(alert["first_token_ms"]) - sent) / 1000,
+            "battery_tok_s": sum(int(r["completion_tokens"]) for r in records) / (span_ms / 1000)}
+
+
+def alert_alone(run: Run, tokens: list[int]) -> float:
+    """The alert on an idle worker: its own read (and the loop's overhead), nothing else."""
+    sent = run.submit("alert", 10, tokens[:30], 8)
+    run.wait(["alert"])
+    return (int(run.record("alert")["first_token_ms"]) - sent) / 1000
+
+
+def reserve_rows(table: Table, server_url: str, model: str, engine: object, chunk: int, scale: float,
+                 tokens: list[int], passes: int) -> None:
+    reserve = Policy(reserve=(Reserve(1, 10),))
+    for p in range(1, passes + 1):
+        with Run(server_url, model, engine, chunk) as run:
+            alone = alert_alone(run, tokens)
+        with Run(server_url, model, engine, chunk, reserve) as run:
+            kept = reserved_slot(run, tokens, scale)
+        with Run(server_url, model, engine, chunk) as run:
+            plain = reserved_slot(run, tokens, scale)
+        table.add_row("--reserve 1:10: alert's TTFT during a battery", str(p), f"{kept['ttft_s']:.2f} s",
+                      f"{plain['ttft_s']:.2f} s (priority, no reserve)", f"alone {alone:.2f} s "
+                      f"(x{kept['ttft_s'] / alone:.2f})",
+                      f"battery {kept['battery_tok_s']:.1f} tok/s vs {plain['battery_tok_s']:.1f} "
+                      f"({100 * (kept['battery_tok_s'] / plain['battery_tok_s'] - 1):+.0f}%)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--scale", type=float, default=1.0, help="answer and prompt lengths")
     parser.add_argument("--parallel", type=int, default=4)
     parser.add_argument("--chunk", type=int, default=256)
+    parser.add_argument("--only", choices=["alert", "long", "reserve"], default=None, help="one scenario")
+    parser.add_argument("--passes", type=int, default=2)
     args = parser.parse_args()
+    wanted = {args.only} if args.only else {"alert", "long", "reserve"}
     path = resolve_model_path(None)
     model = served_model_name(path)
     engine = load_engine(path, num_slots=args.parallel, ctx=2048, dtype=args.dtype)
@@ -130,7 +179,9 @@ def main() -> None:
         table = Table(title=f"Strata priority scenarios: SmolLM2, {engine.dtype}, {args.parallel} slots, chunk {args.chunk}")
         for col in ("scenario", "pass", "with priority", "without", "ideal (with)", "notes"):
             table.add_column(col)
-        for p in (1, 2):
+        for p in range(1, args.passes + 1):
+            if "alert" not in wanted:
+                break
             res = {}
             for wp in (True, False):
                 with Run(server.url, model, engine, args.chunk) as run:
@@ -138,6 +189,9 @@ def main() -> None:
             table.add_row("alert during a battery: alert's TTFT", str(p), f"{res[True]['ttft_s']:.2f} s",
                           f"{res[False]['ttft_s']:.2f} s", f"{res[True]['ideal_s']:.2f} s",
                           f"battery requests served before it: {res[True]['ahead']} vs {res[False]['ahead']}")
+        for p in range(1, args.passes + 1):
+            if "long" not in wanted:
+                break
             res = {}
             for wp in (True, False):
                 with Run(server.url, model, engine, args.chunk) as run:
@@ -146,6 +200,8 @@ def main() -> None:
                           f"{res[False]['ttft_s']:.2f} s", f"{res[True]['ideal_s']:.2f} s",
                           f"parked read's TTFT {res[True]['first_ttft_s']:.2f} s vs {res[False]['first_ttft_s']:.2f} s; "
                           f"yields {res[True]['yields']}")
+        if "reserve" in wanted:
+            reserve_rows(table, server.url, model, engine, args.chunk, args.scale, tokens, args.passes)
         console.print(table)
     finally:
         server.stop()

@@ -20,6 +20,8 @@ class WorkerState:
     reading_progress: int = 0
     reading_yields: int = 0
     parked: list[str] = field(default_factory=list)  # reads that gave way, their cache kept
+    reserved: dict[int, int] = field(default_factory=dict)  # slot -> lowest priority it takes (--reserve)
+    reserved_busy: int = 0
     heartbeat_ms: int = 0
 
     def to_hash(self) -> dict[str, str | int]:
@@ -28,6 +30,8 @@ class WorkerState:
         for name, value in asdict(self).items():
             if name == "heartbeat_ms" or (name.startswith("reading_") and not self.reading):
                 continue
+            if isinstance(value, dict):
+                value = ",".join(f"{slot}:{floor}" for slot, floor in sorted(value.items()))
             out[name] = ",".join(value) if isinstance(value, list) else value
         return out
 
@@ -41,6 +45,8 @@ class WorkerState:
                 continue
             if f.name == "parked":
                 values[f.name] = [p for p in raw.split(",") if p]
+            elif f.name == "reserved":
+                values[f.name] = _reserved(raw)
             elif f.name in ("device", "reading"):
                 values[f.name] = raw
             else:
@@ -49,3 +55,15 @@ class WorkerState:
                 except ValueError:
                     continue
         return cls(**values)
+
+
+def _reserved(raw: str) -> dict[int, int]:
+    """`2:5,3:10` (slot:min priority); a garbled pair is skipped."""
+    out: dict[int, int] = {}
+    for pair in raw.split(","):
+        slot, _, floor = pair.partition(":")
+        try:
+            out[int(slot)] = int(floor)
+        except ValueError:
+            continue
+    return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, CliApp, CliSubCommand, SettingsConfigDict
 
 from api.settings import ApiSettings
@@ -89,4 +89,9 @@ class Strata(BaseSettings):
 
 
 def main(argv: list[str] | None = None) -> None:
-    CliApp.run(Strata, cli_args=sys.argv[1:] if argv is None else argv)
+    try:
+        CliApp.run(Strata, cli_args=sys.argv[1:] if argv is None else argv)
+    except ValidationError as error:
+        # a bad flag or STRATA_ variable is the operator's to fix: say which, without a traceback
+        lines = [f"  {'.'.join(map(str, e['loc'][1:])) or 'settings'}: {e['msg']}" for e in error.errors()]
+        sys.exit("strata: invalid configuration\n" + "\n".join(lines))

@@ -34,12 +34,14 @@ def render(views: list[ModelView]) -> Group:
         for place, w in enumerate(view.waiting, 1):
             waiting.add_row(str(place), w.id, str(w.priority), f"{w.age_s:.1f}s", str(w.prompt_tokens), w.key_name or "-")
         workers = Table(title="workers", title_justify="left")
-        for column in ("worker", "device", "slots", "reading", "priority", "progress", "parked", "give-ways", "seen"):
+        for column in ("worker", "device", "slots", "reserved", "reading", "priority", "progress", "parked", "give-ways", "seen"):
             workers.add_column(column)
         for wid, w in view.workers:
             progress = f"{w.reading_progress}/{w.reading_prompt_tokens}" if w.reading else "-"
             seen_s = max(0, view.now_ms - (w.heartbeat_ms or view.now_ms)) / 1000
-            workers.add_row(wid, w.device, f"{w.slots_busy}/{w.slots_total}", w.reading or "-",
+            reserved = " ".join(f"{slot}:>={floor}" for slot, floor in sorted(w.reserved.items()))
+            reserved = f"{w.reserved_busy}/{len(w.reserved)} ({reserved})" if w.reserved else "-"
+            workers.add_row(wid, w.device, f"{w.slots_busy}/{w.slots_total}", reserved, w.reading or "-",
                             "-" if w.reading_priority is None else str(w.reading_priority), progress,
                             ",".join(w.parked) or "-", str(w.give_ways), f"{seen_s:.1f}s ago")
         parts += [waiting, workers]

@@ -4,6 +4,7 @@ all on Ctrl-C/SIGTERM."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -37,7 +38,7 @@ def child_env(settings, redis_url: str) -> dict[str, str]:  # noqa: ANN001 - a S
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     for name, value in settings.model_dump().items():
         if value is not None:
-            env[f"STRATA_{name.upper()}"] = str(value)
+            env[f"STRATA_{name.upper()}"] = json.dumps(value) if isinstance(value, list) else str(value)
     env["STRATA_REDIS_URL"] = redis_url
     return env
 

@@ -64,7 +64,8 @@ class Worker:
         self.idle_wait_s = idle_wait_s
         self.clock = clock
         self.is_dead = is_dead  # another worker's id -> its process is known to be gone
-        self.slots = [Slot(i) for i in range(engine.num_slots)]
+        floors = scheduler.slot_floors(engine.num_slots, policy.reserve)
+        self.slots = [Slot(i, min_priority=floor) for i, floor in enumerate(floors)]
         self.steps = 0
         self.give_ways = 0
         self.stopping = False
@@ -218,7 +219,9 @@ class Worker:
         self.claims.heartbeat(self.describe(), now, ttl_s=max(3, 5 * self.heartbeat_ms // 1000))
 
     def _note_idle(self, now: int) -> None:
-        idle = self._lines_free() and any(s.is_free for s in self.slots)
+        # idle means "any newcomer can land here": a free reserved slot would turn most away, and
+        # a busy worker that left its newcomer to us would then make it wait for nothing
+        idle = self._lines_free() and any(s.is_free and not s.is_reserved for s in self.slots)
         if idle != self._idle:
             self._idle = idle
             self.claims.set_idle(idle, now)
@@ -242,6 +245,8 @@ class Worker:
             reading_progress=read.read_pos if read else 0,
             reading_yields=read.yields if read else 0,
             parked=[s.request.id for s in self.slots if s.is_parked],
+            reserved={s.index: s.min_priority for s in self.slots if s.is_reserved},
+            reserved_busy=sum(s.is_reserved and not s.is_free for s in self.slots),
         )
 
     def _admit(self, now: int, out: StepOutput) -> None:
@@ -249,11 +254,13 @@ class Worker:
             head = self.claims.head()
             if not head:
                 return
+            if not scheduler.can_admit(self.slots, head[0].priority):
+                return  # only reserved slots are free, and the head (so everyone behind it) is below them
             if not scheduler.admit_here(not self._lines_free(), self._idle_elsewhere(now)):
                 return  # an idle worker takes it: nobody here gives way or waits for the lines
             claimed = self.claims.claim(head[0], now)
             if claimed:
-                slot = scheduler.free_slot(self.slots, claimed.request.prompt, self.policy)
+                slot = scheduler.free_slot(self.slots, claimed.request.prompt, self.policy, claimed.request.priority)
                 self.blame = slot
                 self._start(slot, claimed, out)
                 self.blame = None

@@ -49,7 +49,8 @@ def run_worker(settings: WorkerSettings) -> None:
     claims = Claims(connect(settings.redis_url, within_s=settings.redis_connect_s), name, worker_id,
                     lease_ms=settings.lease_ms, retention_s=settings.retention_s, max_attempts=settings.max_attempts)
     policy = Policy(prefill_preempt=settings.prefill_preempt, yields_max=settings.yields_max,
-                    batch_groups=settings.batch_groups, slot_low_first=settings.slot_low_first)
+                    batch_groups=settings.batch_groups, slot_low_first=settings.slot_low_first,
+                    reserve=settings.reserve_tiers())
     worker = Worker(engine, claims, engine.tokenizer, prefill_chunk=settings.prefill_chunk, policy=policy,
                     device=settings.device, heartbeat_ms=int(settings.heartbeat_s * 1000),
                     idle_wait_s=settings.idle_wait_s, is_dead=dead_on_this_host)

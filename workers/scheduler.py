@@ -7,15 +7,26 @@ The rules (DESIGN.md, "Scheduling rules"):
 - the lines go to the highest-priority read; a read that gave way waits until the read it gave
   way to is done (its epoch), then queues like the others;
 - at a chunk boundary a read gives way to a higher priority whatever its length, within its own
-  level only to a prompt under half as long, never to a lower priority, at most yields_max times.
+  level only to a prompt under half as long, never to a lower priority, at most yields_max times;
+- reserved slots (--reserve N:P) take only requests of priority >= P, and such a request takes
+  one only when no slot of a lower class is free.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
 from workers.slot import Phase, Slot
+
+
+@dataclass(frozen=True)
+class Reserve:
+    """`--reserve N:P`: N slots of each worker take only requests of priority >= P."""
+
+    count: int
+    min_priority: int
 
 
 @dataclass(frozen=True)
@@ -24,6 +35,22 @@ class Policy:
     yields_max: int = 2
     batch_groups: int = 1  # 1: no groups
     slot_low_first: bool = True
+    reserve: tuple[Reserve, ...] = ()
+
+
+def slot_floors(num_slots: int, reserve: Sequence[Reserve]) -> list[int | None]:
+    """The minimum priority of each slot (None: anyone). Reserved slots are the highest-numbered,
+    the highest tier last, so lowest-free-first slot choice fills unreserved slots first and an
+    operator reads the layout off the slot numbers."""
+    floors: list[int | None] = [None] * num_slots
+    index = num_slots
+    for tier in sorted(reserve, key=lambda r: -r.min_priority):
+        for _ in range(tier.count):
+            index -= 1
+            if index < 0:
+                raise ValueError(f"--reserve asks for more slots than the {num_slots} there are")
+            floors[index] = tier.min_priority
+    return floors
 
 
 @dataclass(frozen=True)
@@ -41,11 +68,31 @@ def outranks(newcomer: Slot, current: Slot) -> bool:
     return 2 * len(newcomer.tokens) < len(current.tokens)
 
 
-def free_slot(slots: Sequence[Slot], prompt: Sequence[int], policy: Policy) -> Slot | None:
-    """Rule 9. Among free slots: with batch groups, the group with the fewest busy slots first,
-    then its lowest free slot (or least recently used with slot_low_first off); without groups,
-    the slot holding the longest prefix of the prompt, then the least recently used."""
-    free = [s for s in slots if s.is_free]
+def allowed_slots(slots: Sequence[Slot], priority: int) -> list[Slot]:
+    """The free slots a request of this priority may take: unreserved ones if any is free, else
+    those of the lowest reserved tier it qualifies for (a higher tier is kept for higher
+    priorities still)."""
+    free = [s for s in slots if s.is_free and s.admits(priority)]
+    if not free:
+        return []
+    best = min(_tier(s) for s in free)
+    return [s for s in free if _tier(s) == best]
+
+
+def _tier(slot: Slot) -> float:
+    return -math.inf if slot.min_priority is None else slot.min_priority
+
+
+def can_admit(slots: Sequence[Slot], priority: int) -> bool:
+    return any(s.is_free and s.admits(priority) for s in slots)
+
+
+def free_slot(slots: Sequence[Slot], prompt: Sequence[int], policy: Policy, priority: int) -> Slot | None:
+    """Rule 9 within the slots this priority may take (allowed_slots). With batch groups, the
+    group with the fewest busy slots first, then its lowest free slot (or least recently used
+    with slot_low_first off); without groups, the slot holding the longest prefix of the prompt,
+    then the least recently used."""
+    free = allowed_slots(slots, priority)
     if not free:
         return None
     if policy.batch_groups > 1:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+import json
+from typing import Annotated
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from queues.server import REDIS_URL_ALIASES
+from workers.scheduler import Reserve
 
 
 class WorkerSettings(BaseSettings):
@@ -27,6 +31,8 @@ class WorkerSettings(BaseSettings):
     yields_max: int = Field(2, ge=0, description="most times one read gives way")
     batch_groups: int = Field(1, ge=1, description="slot groups; a newcomer goes to the least busy group")
     slot_low_first: bool = Field(True, description="within a group, the lowest free slot first; off: least recently used")
+    reserve: Annotated[list[str], NoDecode] = Field(
+        [], description="N:P keeps N slots for requests of priority >= P; repeat for tiers (--reserve 1:10 --reserve 1:5)")
     threads: int | None = Field(None, description="torch CPU threads; default all cores")
     int4_decode: bool = Field(False, description="CPU + Q4_0/Q4_1 GGUF: decode steps of <= 8 rows use int4 weights from the file's blocks (see docs/engine.md)")
     lease_ms: int = Field(15_000, ge=100, description="a claim not renewed for this long goes back to the queue")
@@ -36,3 +42,46 @@ class WorkerSettings(BaseSettings):
     idle_wait_s: float = Field(0.5, gt=0, description="longest block on an empty queue")
     worker_id: str | None = Field(None, description="default host-pid-device")
     retention_s: int = Field(3600, ge=0, description="how long a finished request's hash and stream stay")
+
+    @field_validator("reserve", mode="before")
+    @classmethod
+    def _one_per_tier(cls, value: object) -> object:
+        """`1:10,1:5` in one flag or variable reads as two tiers, like two flags; a JSON list too."""
+        if isinstance(value, str) and value.strip().startswith("["):
+            return json.loads(value)
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("reserve")
+    @classmethod
+    def _tiers_parse(cls, value: list[str]) -> list[str]:
+        parse_reserve(value)
+        return value
+
+    @model_validator(mode="after")
+    def _tiers_fit(self) -> "WorkerSettings":
+        reserved = sum(r.count for r in parse_reserve(self.reserve))
+        if reserved > self.parallel:
+            raise ValueError(f"--reserve keeps {reserved} slots but the worker has {self.parallel} (--parallel)")
+        return self
+
+    def reserve_tiers(self) -> tuple[Reserve, ...]:
+        return parse_reserve(self.reserve)
+
+
+def parse_reserve(tiers: list[str]) -> tuple[Reserve, ...]:
+    out = []
+    for tier in tiers:
+        count, sep, priority = tier.partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            out.append(Reserve(int(count), int(priority)))
+        except ValueError:
+            raise ValueError(f"--reserve {tier!r}: expected N:P, e.g. 1:10 (N slots for priority >= P)") from None
+        if out[-1].count < 1:
+            raise ValueError(f"--reserve {tier!r}: N must be at least 1")
+    if len({r.min_priority for r in out}) < len(out):
+        raise ValueError("--reserve: one tier per priority (merge them: 2:10, not 1:10 and 1:10)")
+    return tuple(out)

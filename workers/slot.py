@@ -30,6 +30,14 @@ class Slot:
     gave_way_to: str | None = None  # the read it let go first (its epoch)
     last_used: int = 0  # step when it was last freed: least-recently-used order
     cached: list[int] = field(default_factory=list)  # what a free slot's KV cache still holds
+    min_priority: int | None = None  # reserved (--reserve): only requests of this priority or higher
+
+    @property
+    def is_reserved(self) -> bool:
+        return self.min_priority is not None
+
+    def admits(self, priority: int) -> bool:
+        return self.min_priority is None or priority >= self.min_priority
 
     @property
     def is_free(self) -> bool:

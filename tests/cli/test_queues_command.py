@@ -52,3 +52,16 @@ def test_without_any_redis_it_says_where_it_looked(tmp_path):
     env.pop("REDIS_URL", None)
     done = subprocess.run([sys.executable, "-m", "strata", "queues"], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode != 0 and "no REDIS_URL" in done.stderr
+
+
+def test_a_workers_reserved_slots_show(redis_url, redis_client, submit):
+    from workers.scheduler import Policy, Reserve
+
+    submit("alert", priority=10, prompt_len=12, max_tokens=20)
+    worker = make_worker(redis_client, slots=3, worker_id="gpu1-worker", policy=Policy(reserve=(Reserve(2, 10),)))
+    submit("x", priority=0, prompt_len=12, max_tokens=20)
+    submit("y", priority=0, prompt_len=12, max_tokens=20)
+    worker.step()  # alert takes slot 0 (unreserved first), x waits: slots 1, 2 are kept for >= 10
+    worker._maintain(worker.clock())
+    worker_line = next(line for line in run_queues("--redis-url", redis_url).splitlines() if "gpu1-worker" in line)
+    assert "0/2 (1:>=10 2:>=10)" in worker_line and "1/3" in worker_line

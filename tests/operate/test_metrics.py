@@ -128,3 +128,27 @@ def test_a_running_request_cancelled_by_its_client_counts_as_cancelled(start_api
     assert value(samples, "strata_requests_ended_total", priority="5", status="cancelled") == 1
     assert value(samples, "strata_requests_ended_total", priority="5", status="finished") == 0
     assert value(samples, "strata_request_latency_seconds_count", priority="5") == 0
+
+
+def test_reserved_slots_total_and_busy_per_worker(start_api, redis_url, redis_client, clock):
+    from workers.scheduler import Policy, Reserve
+
+    http = start_api(clock=clock)
+    worker = make_worker(redis_client, slots=4, chunk=100, clock=clock,
+                         policy=Policy(reserve=(Reserve(1, 10), Reserve(1, 5))))
+    enqueue(redis_url, clock, "a", priority=0, max_tokens=50)
+    enqueue(redis_url, clock, "alert", priority=10, max_tokens=50)
+    enqueue(redis_url, clock, "b", priority=0, max_tokens=50)
+    enqueue(redis_url, clock, "c", priority=0, max_tokens=50)
+    worker.step()
+    worker._publish(clock())
+    live = metric_samples(http)
+    assert value(live, "strata_worker_reserved_slots_total", worker="w1") == 2
+    assert value(live, "strata_worker_reserved_slots_busy", worker="w1") == 0  # alert got slot 0
+    assert value(live, "strata_requests_waiting", priority="0") == 2  # b, c: only reserved slots are free
+    enqueue(redis_url, clock, "mid", priority=5, max_tokens=50)
+    worker.step()
+    worker._publish(clock())
+    live = metric_samples(http)
+    assert value(live, "strata_worker_reserved_slots_busy", worker="w1") == 1
+    assert value(live, "strata_worker_slots_busy", worker="w1") == 4 - 1

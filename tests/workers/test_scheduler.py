@@ -67,8 +67,8 @@ def test_the_lines_go_by_priority_then_arrival():
 def test_slot_choice_prefers_the_longest_held_prefix_then_least_recently_used():
     slots = [free(0, last_used=5, cached=[1, 2, 3, 4]), free(1, last_used=1, cached=[1, 2, 9]),
              free(2, last_used=2)]
-    assert scheduler.free_slot(slots, [1, 2, 3, 4, 5], Policy()).index == 0
-    assert scheduler.free_slot(slots, [7, 7], Policy()).index == 1  # no prefix anywhere: LRU
+    assert scheduler.free_slot(slots, [1, 2, 3, 4, 5], Policy(), priority=0).index == 0
+    assert scheduler.free_slot(slots, [7, 7], Policy(), priority=0).index == 1  # no prefix anywhere: LRU
     # the prompt's last token is always read again: a cache holding the whole prompt counts one less
     assert scheduler.shared_prefix([1, 2, 3], [1, 2, 3]) == 2
 
@@ -77,8 +77,8 @@ def test_an_empty_groups_first_request_takes_its_slot_0():
     # 2 groups of 2; group 0 has a busy slot, group 1 is empty and LRU order points at its slot 1
     busy = Slot(0, Phase.DECODING)
     slots = [busy, free(1, last_used=9), free(2, last_used=7), free(3, last_used=3)]
-    assert scheduler.free_slot(slots, [1, 2], Policy(batch_groups=2)).index == 2
-    assert scheduler.free_slot(slots, [1, 2], Policy(batch_groups=2, slot_low_first=False)).index == 3
+    assert scheduler.free_slot(slots, [1, 2], Policy(batch_groups=2), priority=0).index == 2
+    assert scheduler.free_slot(slots, [1, 2], Policy(batch_groups=2, slot_low_first=False), priority=0).index == 3
 
 
 def test_admission_leaves_a_newcomer_to_an_idle_worker():
