@@ -22,6 +22,8 @@ from pydantic import BaseModel
 from api.deps import Services
 from api.keys import ApiKey
 from api.priority import Resolved, resolve_priority
+from api.queue_timeout import HEADER as QUEUE_TIMEOUT_HEADER
+from api.queue_timeout import QueueTimeout, resolve_queue_timeout
 from api.settings import ApiSettings
 from queues.connect import UNAVAILABLE
 from queues.intake import Intake
@@ -67,24 +69,34 @@ async def answer(
 ) -> Response:
     """Enqueue, then answer whole or stream."""
     settings = services.settings
-    await enqueue(services.intake, queued, settings, key)
+    timeout = resolve_queue_timeout(body.queue_timeout, request.headers.get(QUEUE_TIMEOUT_HEADER), key)
+    await enqueue(services.intake, queued, settings, key, timeout)
+    # the script stored its own deadline (from the same clock, a moment earlier): asking from
+    # here on is never early
+    deadline_ms = services.intake.clock() + timeout.ms if timeout else None
     job = Job(queued.id, int(time.time()), services.model_name, queued.priority, body.include_usage)
     headers = {"x-request-id": queued.id, "x-strata-priority": str(queued.priority)}
     if priority.lowered:  # the key's maximum lowered it: say so (asked->used)
         headers["x-strata-priority-lowered"] = f"{priority.asked}->{priority.value}"
+    if timeout:
+        headers[QUEUE_TIMEOUT_HEADER] = f"{timeout.seconds:g}"
+        if timeout.lowered:
+            headers["x-strata-queue-timeout-lowered"] = f"{timeout.asked:g}->{timeout.seconds:g}"
     if body.stream:
-        events = stream_events(request, services, job, shape)
+        events = stream_events(request, services, job, shape, deadline_ms)
         # Start the generator now: from here on, however the response ends, its guard cancels.
         first = await anext(events)
         return EventSourceResponse(_prepend(first, events), headers=headers)
-    result = await collect(request, services, queued.id)
+    result = await collect(request, services, queued.id, deadline_ms)
     return JSONResponse(shape.whole(job, result).model_dump(mode="json"), headers=headers)
 
 
-async def enqueue(intake: Intake, queued: QueuedRequest, settings: ApiSettings, key: ApiKey | None = None) -> int:
+async def enqueue(intake: Intake, queued: QueuedRequest, settings: ApiSettings, key: ApiKey | None = None,
+                  timeout: QueueTimeout | None = None) -> int:
     """Only the key's name goes to Redis (request hash field key_name), never the key."""
     try:
-        return await intake.enqueue(queued, {"key_name": key.name} if key is not None else None)
+        return await intake.enqueue(queued, {"key_name": key.name} if key is not None else None,
+                                    timeout.ms if timeout else None)
     except QueueRefused as refused:
         if refused.code is QueueError.QUEUE_FULL:
             raise ApiError(
@@ -115,16 +127,24 @@ async def _cancel_unless_finished(services: Services, request_id: str) -> AsyncI
 
 
 async def _follow(
-    request: Request, services: Services, request_id: str, progress: _Progress
+    request: Request, services: Services, request_id: str, progress: _Progress, deadline_ms: int | None = None,
 ) -> AsyncIterator[list[tuple[str | None, Event]]]:
     """Batches of output events (empty when none came within read_block_ms) up to and including
     the last one (Done or Failed). Stops early, unfinished, when the client has gone. Redis
     going away is waited out for redis_wait_s (the stream is in Redis: nothing is lost); past
-    that the answer ends with an `unavailable` error event (its entry id None: not from Redis)."""
+    that the answer ends with an `unavailable` error event (its entry id None: not from Redis).
+    Past its queue deadline with nothing read yet, it asks Redis once to expire the request
+    (a no-op if a worker claimed it): workers sweep too, but none need be alive."""
     settings = services.settings
     after = "0-0"
     down_since: float | None = None
     while True:
+        if deadline_ms is not None and after == "0-0" and services.intake.clock() >= deadline_ms:
+            deadline_ms = None
+            try:
+                await services.intake.expire_if_overdue(request_id)
+            except UNAVAILABLE:
+                pass  # the workers' sweep expires it once Redis is back
         try:
             batch: list[tuple[str | None, Event]] = list(
                 await services.intake.read(request_id, after, settings.read_block_ms))
@@ -150,10 +170,10 @@ async def _follow(
             return
 
 
-async def collect(request: Request, services: Services, request_id: str) -> Answer:
+async def collect(request: Request, services: Services, request_id: str, deadline_ms: int | None = None) -> Answer:
     parts: list[str] = []
     async with _cancel_unless_finished(services, request_id) as progress:
-        async with aclosing(_follow(request, services, request_id, progress)) as batches:
+        async with aclosing(_follow(request, services, request_id, progress, deadline_ms)) as batches:
             async for batch in batches:
                 for _entry_id, event in batch:
                     if isinstance(event, Token):
@@ -166,14 +186,15 @@ async def collect(request: Request, services: Services, request_id: str) -> Answ
     raise ApiError(499, "The client closed the request.", code="client_closed")
 
 
-async def stream_events(request: Request, services: Services, job: Job, shape: Shape) -> AsyncIterator[bytes]:
+async def stream_events(request: Request, services: Services, job: Job, shape: Shape,
+                        deadline_ms: int | None = None) -> AsyncIterator[bytes]:
     """SSE bytes: the opening chunk, one chunk per token event (id = its Redis stream entry id,
     so a client can resume), the finish chunk, the usage chunk when asked, then [DONE]."""
     async with _cancel_unless_finished(services, job.id) as progress:
         opening = shape.opening(job)
         yield _sse(opening) if opening is not None else b": accepted\n\n"
         quiet_since = time.monotonic()
-        async with aclosing(_follow(request, services, job.id, progress)) as batches:
+        async with aclosing(_follow(request, services, job.id, progress, deadline_ms)) as batches:
             async for batch in batches:
                 if not batch:
                     if time.monotonic() - quiet_since >= KEEPALIVE_S:

@@ -7,6 +7,8 @@ The file (YAML, or TOML when its name ends in .toml) lists keys:
         key: "sk-alerts-..."       # the secret; or key_sha256: "<hex sha256 of the secret>"
         default_priority: 10       # a request that gives no (integer) priority gets this; default 0
         max_priority: 50           # a request asking more is lowered to it; default: no cap
+        default_queue_timeout: 30  # seconds a request without queue_timeout may wait for a slot
+        max_queue_timeout: 120     # a request asking longer is lowered to it; default: no cap
         models: [SmolLM2-135M-Instruct]   # optional: the models this key may use; absent = all
 
 Only the SHA-256 digest of each secret is kept in memory after loading; a presented key is
@@ -31,6 +33,8 @@ class ApiKey:
     default_priority: int = 0
     max_priority: int | None = None  # None: no cap beyond the server's clamp range
     models: frozenset[str] | None = None  # None: every model
+    default_queue_timeout: float | None = None  # seconds; None: requests wait as long as it takes
+    max_queue_timeout: float | None = None  # seconds; None: no cap
 
     def allows(self, model: str) -> bool:
         return self.models is None or model in self.models
@@ -121,13 +125,25 @@ def _entry(path: Path, i: int, entry: object) -> ApiKey:
         if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
             raise KeysFileError(f"{where}: 'models' must be a list of model names")
         models = frozenset(models)
-    return ApiKey(name, digest, default, cap, models)
+    timeout = _seconds(entry.get("default_queue_timeout"), where, "default_queue_timeout")
+    timeout_cap = _seconds(entry.get("max_queue_timeout"), where, "max_queue_timeout")
+    if timeout is not None and timeout_cap is not None and timeout > timeout_cap:
+        raise KeysFileError(f"{where}: default_queue_timeout {timeout:g} is above max_queue_timeout {timeout_cap:g}")
+    return ApiKey(name, digest, default, cap, models, timeout, timeout_cap)
 
 
 def _int(value: object, where: str, field: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise KeysFileError(f"{where}: '{field}' must be an integer")
     return value
+
+
+def _seconds(value: object, where: str, field: str) -> float | None:
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= 7 * 24 * 3600:
+        raise KeysFileError(f"{where}: '{field}' must be a number of seconds in (0, 604800]")
+    return float(value)
 
 
 def _sha256(secret: str) -> bytes:

@@ -93,13 +93,14 @@ class Claims:
         return [_waiting(text(member), score) for member, score in entries]
 
     def claim(self, waiting: Waiting, now_ms: int) -> Claimed | None:
-        """None when another worker took it first."""
+        """None when another worker took it first, or when its queue deadline had passed (it
+        expired instead: no worker ever claims it)."""
         k = self.keys
         flat = self._scripts["claim"](
-            keys=[k.waiting, k.running, k.req(waiting.id), k.claims],
-            args=[waiting.member, waiting.id, self.worker_id, now_ms, now_ms + self.lease_ms],
+            keys=[k.waiting, k.running, k.req(waiting.id), k.claims, k.deadlines, k.out(waiting.id), k.metrics],
+            args=[waiting.member, waiting.id, self.worker_id, now_ms, now_ms + self.lease_ms, self.retention_s],
         )
-        if flat is None:
+        if flat is None or flat == 0:
             return None
         fields = {text(flat[i]): text(flat[i + 1]) for i in range(0, len(flat), 2)}
         return Claimed(QueuedRequest.from_hash(fields), int(fields["attempts"]), int(fields["claim_seq"]))
@@ -172,6 +173,13 @@ class Claims:
                   "" if claim_seq is None else claim_seq, int(lost)],
         ))
 
+    def expire_overdue(self, now_ms: int, limit: int = 256) -> list[str]:
+        """The deadline sweep: waiting requests whose queue_timeout passed leave the queue with a
+        queue_timeout error. Any worker runs it (so does the API for its own client's request):
+        expiry needs no particular process alive."""
+        due = self.client.zrangebyscore(self.keys.deadlines, "-inf", now_ms, start=0, num=limit)
+        return [text(rid) for rid in due if expire(self._scripts, self.keys, text(rid), now_ms, self.retention_s)]
+
     def requeue_expired(self, now_ms: int) -> list[str]:
         """Give back claims whose lease ran out (their worker died or froze): original place in the
         queue, or failed as worker_lost once a request has lost `max_attempts` claims."""
@@ -231,3 +239,11 @@ class Claims:
 def _waiting(member: str, score: float) -> Waiting:
     seq, _, request_id = member.partition(":")
     return Waiting(member, request_id, int(-score), int(seq))
+
+
+def expire(registered: dict, keys: Keys, request_id: str, now_ms: int, retention_s: int):  # noqa: ANN201
+    """expire.lua for one request (1: it expired now); awaitable with an asyncio client."""
+    return registered["expire"](
+        keys=[keys.waiting, keys.deadlines, keys.req(request_id), keys.out(request_id), keys.metrics],
+        args=[request_id, now_ms, retention_s],
+    )

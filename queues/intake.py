@@ -10,7 +10,7 @@ from typing import Callable
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from queues import scripts
+from queues import claims, scripts
 from queues.keys import Keys
 from queues.records import Event, QueuedRequest, parse_event, text
 
@@ -38,11 +38,14 @@ class Intake:
         self.clock = clock
         self._scripts = scripts.register(client)
 
-    async def enqueue(self, request: QueuedRequest, fields: dict[str, str] | None = None) -> int:
+    async def enqueue(self, request: QueuedRequest, fields: dict[str, str] | None = None,
+                      queue_timeout_ms: int | None = None) -> int:
         """Add a request; returns how many wait ahead of it. Raises QueueRefused: QUEUE_FULL when
         shed, DUPLICATE when a request of that id exists. `fields` are written on the request
-        hash too (e.g. `key_name`: who asked, for operators)."""
-        call = scripts.enqueue_call(self.keys, request, self.clock(), self.max_waiting, self.hard_limit, fields)
+        hash too (e.g. `key_name`: who asked, for operators). Not claimed within
+        `queue_timeout_ms`, it expires (None: no limit)."""
+        call = scripts.enqueue_call(self.keys, request, self.clock(), self.max_waiting, self.hard_limit, fields,
+                                    queue_timeout_ms)
         try:
             _member, ahead = await self._scripts["enqueue"](**call)
         except redis.exceptions.ResponseError as error:
@@ -90,3 +93,8 @@ class Intake:
                 pipe.hget(self.keys.req(rid), "status")
             replies = await pipe.execute()
         return {rid: None if s is None else text(s) for rid, s in zip(request_ids, replies)}
+
+    async def expire_if_overdue(self, request_id: str) -> bool:
+        """The request expires now if it still waits for its first claim past its deadline: the
+        API does this for its own client, so a request expires on time even with no worker alive."""
+        return bool(await claims.expire(self._scripts, self.keys, request_id, self.clock(), self.retention_s))

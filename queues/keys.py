@@ -28,6 +28,12 @@ class Keys:
         return f"{self.base}:waiting"
 
     @property
+    def deadlines(self) -> str:
+        """Sorted set of waiting request ids that gave a queue_timeout, score = the deadline (ms)
+        by which a worker must claim them, else they expire."""
+        return f"{self.base}:deadlines"
+
+    @property
     def running(self) -> str:
         """Sorted set of claimed request ids, score = lease deadline (ms)."""
         return f"{self.base}:running"

@@ -23,9 +23,9 @@ def source(name: str) -> str:
     return resources.files("queues").joinpath("lua", f"{name}.lua").read_text()
 
 
-SCRIPT_NAMES = ("enqueue", "claim", "report", "finish", "requeue", "cancel")
+SCRIPT_NAMES = ("enqueue", "claim", "report", "finish", "requeue", "cancel", "expire")
 # Lua has no import: the scripts that fence or end a request get the shared functions in front.
-WITH_LIB = ("report", "finish", "requeue")
+WITH_LIB = ("claim", "report", "finish", "requeue", "expire")
 
 
 def request_script(name: str) -> str:
@@ -46,12 +46,15 @@ def refused(error: redis.exceptions.ResponseError) -> QueueRefused | None:
 
 
 def enqueue_call(keys, request, now_ms: int, max_waiting: int, hard_limit: int,  # noqa: ANN001
-                 fields: dict[str, str] | None = None) -> dict[str, list]:
-    """keys= and args= of enqueue.lua for one request (the API's and the batch job's enqueue)."""
+                 fields: dict[str, str] | None = None, queue_timeout_ms: int | None = None) -> dict[str, list]:
+    """keys= and args= of enqueue.lua for one request (the API's and the batch job's enqueue).
+    `queue_timeout_ms`: not claimed within it, the request expires (None: it waits as long as
+    it takes)."""
     extra = [item for pair in (fields or {}).items() for item in pair]
     prompt = "[" + ",".join(map(str, request.prompt)) + "]"
+    deadline = "" if queue_timeout_ms is None else now_ms + queue_timeout_ms
     return {
-        "keys": [keys.seq, keys.waiting, keys.req(request.id), keys.wake],
+        "keys": [keys.seq, keys.waiting, keys.req(request.id), keys.wake, keys.deadlines],
         "args": [request.id, request.priority, prompt, len(request.prompt), request.params_json(),
-                 now_ms, max_waiting, hard_limit, *extra],
+                 now_ms, max_waiting, hard_limit, deadline, *extra],
     }

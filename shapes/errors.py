@@ -86,6 +86,8 @@ def validation_error(errors: list) -> ApiError:
 
 def failure(event: Failed) -> ApiError:
     """What the endpoint answers when the worker failed the request."""
+    if event.code == "queue_timeout":  # its own deadline passed before any worker had a slot: 408
+        return ApiError(408, event.message, code=event.code, param="queue_timeout", type="timeout_error")
     status = 503 if event.code in _UNAVAILABLE_CODES else 500
     return ApiError(status, event.message, code=event.code,
                     type="service_unavailable" if status == 503 else "server_error")

@@ -63,6 +63,8 @@ class GenerationBody(_Lenient):
     min_tokens: int = Field(0, ge=0)
     ignore_eos: bool = False
     priority: Any = None  # never a validation error: see api.priority
+    # seconds it may wait for a slot (api/queue_timeout.py); unlike priority a bad value is a 400
+    queue_timeout: float | None = Field(None, gt=0, le=7 * 24 * 3600, allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod

@@ -210,6 +210,9 @@ class Worker:
         back = self.claims.reclaim_from_dead(self.is_dead, now)
         if back:
             log.warning("took back %d requests of a dead worker on this host: %s", len(back), back)
+        gone = self.claims.expire_overdue(now)
+        if gone:
+            log.info("%d requests waited past their queue_timeout and expired: %s", len(gone), gone)
         self._publish(now)
         if self._idle:
             self.claims.set_idle(True, now)  # still idle: keep the entry fresh

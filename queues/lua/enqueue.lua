@@ -1,10 +1,12 @@
 --[[ enqueue: a new request joins the waiting queue.
 Moves: new -> waiting
 KEYS[1] seq counter      KEYS[2] waiting zset   KEYS[3] request hash   KEYS[4] wake list
+KEYS[5] deadlines zset
 ARGV[1] id   ARGV[2] priority   ARGV[3] prompt (JSON ids)   ARGV[4] prompt length
 ARGV[5] params (JSON)   ARGV[6] now (ms)   ARGV[7] max waiting ahead (0 = unbounded)
 ARGV[8] hard limit on the whole queue (0 = unbounded)
-ARGV[9..] optional extra fields of the request hash as field, value pairs (e.g. key_name)
+ARGV[9] queue deadline (ms): not claimed by then, it expires (expire.lua); '' = none
+ARGV[10..] optional extra fields of the request hash as field, value pairs (e.g. key_name)
 Returns {member, number waiting ahead of it}.
 Errors: QUEUE_FULL (shed: as many requests of this priority or higher already wait, or the
 queue is at its hard limit), DUPLICATE (the id exists).
@@ -26,8 +28,12 @@ redis.call('HSET', KEYS[3],
   'id', ARGV[1], 'priority', ARGV[2], 'status', 'waiting', 'member', member,
   'prompt_tokens', ARGV[4], 'prompt', ARGV[3], 'params', ARGV[5],
   'enqueued_ms', ARGV[6], 'attempts', 0)
-if #ARGV >= 10 then
-  redis.call('HSET', KEYS[3], unpack(ARGV, 9))
+if ARGV[9] ~= '' then
+  redis.call('HSET', KEYS[3], 'queue_deadline_ms', ARGV[9])
+  redis.call('ZADD', KEYS[5], ARGV[9], ARGV[1])
+end
+if #ARGV >= 11 then
+  redis.call('HSET', KEYS[3], unpack(ARGV, 10))
 end
 redis.call('ZADD', KEYS[2], -priority, member)
 redis.call('LPUSH', KEYS[4], member)

@@ -30,7 +30,10 @@ def statuses_in_code(name: str) -> set[str]:
     written = re.findall(r"'HSET',[^\n]*?'status',\s*'(\w+)'", code)
     compared = re.findall(r"status'?\)?\s*[~=]=\s*'(\w+)'", code)
     closed = re.findall(r"close\([^)]*?'(\w+)'", code)  # close(..., '<status>', ...) in _lib.lua
-    return set(written) | set(compared) | set(closed)
+    # _lib.lua's overdue() compares with 'waiting' and expire() writes 'expired'
+    lib = {"waiting"} if re.search(r"\boverdue\(", code) else set()
+    lib |= {"expired"} if re.search(r"\bexpire\(", code) else set()
+    return set(written) | set(compared) | set(closed) | lib
 
 
 @pytest.mark.parametrize("name", scripts.SCRIPT_NAMES)
@@ -54,5 +57,6 @@ def test_every_status_a_script_touches_is_a_request_status_of_its_moves(name):
 def test_the_scripts_touch_statuses_at_all():
     """The reading above must find something, or it proves nothing."""
     assert statuses_in_code("requeue") >= {"running", "waiting", "failed", "cancelled"}
-    assert statuses_in_code("claim") == {"running"}
+    assert statuses_in_code("claim") == {"running", "waiting", "expired"}
+    assert statuses_in_code("expire") == {"waiting", "expired"}
     assert statuses_in_code("cancel") >= {"waiting", "cancelled"}
