@@ -119,7 +119,7 @@ class Snapshot:
     def _counters(self) -> Iterator[Metric]:
         label = self.labels.label
         ended = CounterMetricFamily(
-            "strata_requests_ended", "Requests that ended on a worker, by final status (finished, failed, cancelled).",
+            "strata_requests_ended", "Requests that ended, by final status (finished, failed, cancelled on a worker; expired: no slot within queue_timeout).",
             labels=["model", "priority", "status"])
         specs = [
             ("strata_prompt_tokens", "Prompt tokens of finished requests (tokens in).", "prompt_tokens"),
