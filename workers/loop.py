@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from engine.protocol import Engine, SamplingParams
-from queues.claims import UNAVAILABLE, Claimed, Claims, Held
+from queues.claims import UNAVAILABLE, Claimed, Claims, Held, Verdict
 from queues.lifecycle import RequestStatus
 from queues.records import Done, Event, Failed, Token
 from queues.worker_state import WorkerState
@@ -179,9 +179,16 @@ class Worker:
             self.current = lines.read
             self._publish(now)  # the read in progress is visible in the worker hash
         decoding = scheduler.decoding(self.slots)  # before the read, so a slot never gets two tokens in one step
+        early = Verdict(frozenset(), frozenset())
         if lines.read:
             self.blame = lines.read
             self._read_chunk(lines.read, out)
+            first = out.held.get(lines.read.request.id) if lines.read.request else None
+            if first and first.first_token and decoding:
+                # its first token goes out now, not after the others' decode step: an alert in a
+                # reserved slot then waits for its own read, not for a decode (one more round
+                # trip, only in the steps where a read ends beside decodes)
+                early = self.claims.report([out.held.pop(first.id)], self.clock())
         self.blame = None
         if decoding:
             self._decode(decoding, out)
@@ -190,6 +197,7 @@ class Worker:
             if slot.request:
                 out.of(slot).generated = slot.generated
         verdict = self.claims.report(list(out.held.values()), self.clock())
+        verdict = Verdict(verdict.lost | early.lost, verdict.cancelled | early.cancelled)
         for slot in self.slots:
             if slot.request and slot.request.id in verdict.lost:
                 self._drop(slot)

@@ -83,8 +83,10 @@ def test_the_alert_takes_the_reserved_slot_while_the_battery_waits(redis_client,
     worker.step()
     alert = record(redis_client, "alert")
     assert (alert["slot"], int(alert["claimed_ms"])) == ("2", arrived)
-    # claimed at once; its read (30 ms) in that very step, beside one decode step (10 ms)
-    assert int(alert["first_token_ms"]) - arrived == 30 + 10
+    # claimed at once, and its first token out right after its own read (30 ms), before the
+    # battery's decode step in the same turn
+    assert int(alert["first_token_ms"]) - arrived == 30
+    assert worker.engine.calls[-1].kind == "decode" and worker.engine.calls[-1].at_ms == arrived + 40
     worker._publish(worker.clock())
     assert WorkerState.from_hash(redis_client.hgetall(K.worker("w1"))).reserved_busy == 1
 
