@@ -37,3 +37,16 @@ def test_a_move_no_batch_makes_is_refused_before_redis_is_touched(redis_client):
     with pytest.raises(ValueError, match="completed->in_progress"):
         store.advance("batch_1", (S.COMPLETED,), S.IN_PROGRESS)
     assert store.status("batch_1") is S.VALIDATING
+
+
+def test_the_docs_table_lists_exactly_the_moves_a_batch_makes():
+    from pathlib import Path
+
+    from queues.batches import TRANSITIONS
+
+    lines = (Path(__file__).resolve().parents[2] / "docs" / "batches.md").read_text().splitlines()
+    start = lines.index("| from | to | by |") + 2
+    table = lines[start: lines.index("", start)]
+    rows = [line.split("|")[1:3] for line in table]
+    assert {(S(was.strip(" `")), S(to.strip(" `"))) for was, to in rows} == TRANSITIONS
+    assert len(rows) == len(TRANSITIONS)
