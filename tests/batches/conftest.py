@@ -19,11 +19,13 @@ from dataclasses import dataclass
 import httpx
 import pytest
 import redis
+import torch
 
 from api.app import create_app
 from api.settings import ApiSettings
 from engine.fake import FakeEngine
-from engine.sampling import SlotSampler
+from engine.protocol import SamplingParams
+from engine.sampling import SlotSampler, sample_tokens
 from queues.claims import Claims
 from queues.keys import Keys
 from tests.conftest import serve_app
@@ -51,18 +53,30 @@ class FakeTokenizer:
 @dataclass
 class SlowEngine(FakeEngine):
     """The fake engine, taking real time per decode step (so a batch is still running when an
-    interactive request arrives), and seeding each request's sampler as the real engine does
-    (a seed torch's generator refuses fails here as it would on a GPU)."""
+    interactive request arrives), choosing each token with the real engine's sampler
+    (engine/sampling.py) over logits made from what the slot holds: a request's seed,
+    temperature, top_p and top_k act, and fail, as they would on a GPU."""
 
     step_s: float = 0.0
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._samplers = [SlotSampler.start(SamplingParams(temperature=0.0)) for _ in range(self.num_slots)]
+
     def begin(self, slot, params, keep=0):  # noqa: ANN001
-        SlotSampler.start(params)
+        self._samplers[slot] = SlotSampler.start(params)
         super().begin(slot, params, keep)
 
     def decode(self, slots, tokens):  # noqa: ANN001
         time.sleep(self.step_s)
         return super().decode(slots, tokens)
+
+    def _next(self, slot: int) -> int:
+        # logits: [1, vocab], a fixed function of what the slot holds; EOS masked (the fake never ends by itself)
+        holds = sum(self._cache[slot]) + len(self._cache[slot])
+        logits = torch.sin(torch.arange(self.vocab, dtype=torch.float32) * (holds % 997 + 1)) * 8
+        logits[self.eos_token_id] = float("-inf")
+        return sample_tokens(logits[None], [self._samplers[slot]], frozenset())[0]
 
 
 @contextmanager
