@@ -1,4 +1,4 @@
-"""Load a GGUF file (llama.cpp's format) into the names `engine.model` expects.
+"""Read a GGUF file (llama.cpp's format) as the names `engine.model` expects.
 
 Every quirk of the format is undone here, once, so the forward pass runs in Hugging Face layout:
 - dims are listed innermost first (GGUF shape [in, out] is a torch [out, in] matrix);
@@ -12,10 +12,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
+from torch import Tensor, nn
 
-from engine.model import Int4Blocks, ModelConfig
+from engine.gguf_file import GGUFFile, GGUFTensor
+from engine.model import ModelConfig
+from engine.weights import DenseRows, Int4Blocks, RowTable
 
 # Architectures whose Q/K rows llama.cpp's converter permuted (HF -> interleaved RoPE pairs).
 _PERMUTED_QK = {"llama", "mistral"}
@@ -29,19 +32,24 @@ _LAYER_NAMES = {
 
 
 class GGUFModel:
-    """An opened GGUF: its config, end-of-sequence ids and tensors (dequantized on demand)."""
+    """An opened GGUF (parsed once, tensors mapped): its config, end-of-sequence ids, and its
+    tensors as an `engine.weights.WeightSource` under engine.model's names, in HF layout."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.reader = GGUFReader(self.path)  # slow (~6 s on SmolLM2): it parses the token list
+        self.file = GGUFFile(self.path)
         self.arch = str(self._field("general.architecture"))
         if self.arch not in _SUPPORTED:
             raise ValueError(f"unsupported GGUF architecture {self.arch!r} (supported: {sorted(_SUPPORTED)})")
+        self._tensors: dict[str, GGUFTensor] = {}
+        for tensor in self.file.tensors.values():
+            name = _map_name(tensor.name)
+            if name is not None:  # nothing else is used by the architectures supported here
+                self._tensors[name] = tensor
         self.config = self._config()
 
     def _field(self, key: str, default: Any = None) -> Any:
-        field = self.reader.fields.get(key)
-        return default if field is None else field.contents()
+        return self.file.fields.get(key, default)
 
     def _config(self) -> ModelConfig:
         a = self.arch
@@ -49,9 +57,8 @@ class GGUFModel:
         n_heads = int(self._field(f"{a}.attention.head_count"))
         n_kv = int(self._field(f"{a}.attention.head_count_kv", n_heads))
         head_dim = int(self._field(f"{a}.attention.key_length", dim // n_heads))
-        tokens = self.reader.fields.get("tokenizer.ggml.tokens")
-        vocab = int(self._field(f"{a}.vocab_size", 0)) or len(tokens.data)
-        names = {t.name for t in self.reader.tensors}
+        vocab = int(self._field(f"{a}.vocab_size", 0)) or len(self._field("tokenizer.ggml.tokens", []))
+        names = set(self.file.tensors)
         scaling = self._field(f"{a}.rope.scaling.type")
         if (scaling not in (None, "none")) or "rope_freqs.weight" in names:
             raise ValueError(f"RoPE scaling ({scaling or 'rope_freqs'}) is not supported yet")
@@ -73,43 +80,112 @@ class GGUFModel:
 
     def eos_token_ids(self) -> list[int]:
         keys = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
-        return [int(self._field(k)) for k in keys if k in self.reader.fields]
+        return [int(self._field(k)) for k in keys if k in self.file.fields]
 
-    def weights(self) -> dict[str, torch.Tensor]:
-        """All tensors as float32 torch tensors under engine.model's names, in HF layout."""
-        cfg = self.config
-        out: dict[str, torch.Tensor] = {}
-        for tensor in self.reader.tensors:
-            name = _map_name(tensor.name)
-            if name is None:
-                continue  # nothing else is used by the architectures supported here
-            array = dequantize_tensor(tensor)
-            if self.arch in _PERMUTED_QK and name.endswith((".q", ".q_bias")):
-                array = unpermute_rope_rows(array, cfg.n_heads)
-            elif self.arch in _PERMUTED_QK and name.endswith((".k", ".k_bias")):
-                array = unpermute_rope_rows(array, cfg.n_kv_heads)
-            out[name] = torch.from_numpy(np.array(array, dtype=np.float32, copy=True))  # memmap views are read-only
-        return out
+    def is_quantized(self) -> bool:
+        """Any attention/MLP matrix stored in fewer bits than f16 (Q4_0, Q4_1, Q8_0, K-quants...)."""
+        plain = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16}
+        return any(t.qtype not in plain for n, t in self._tensors.items() if n.rsplit(".", 1)[-1] in _INT4_NAMES)
 
+    def qtypes(self) -> dict[str, str]:
+        """name -> quantization type name, for logs and docs."""
+        return {n: t.qtype.name for n, t in self._tensors.items()}
+
+    # ---- engine.weights.WeightSource ------------------------------------------------------
+
+    def names(self) -> set[str]:
+        return set(self._tensors)
+
+    def dense(self, name: str) -> Tensor:
+        """float32 [out, in] (or [n] for a vector), exactly gguf's dequantize, rows in HF order."""
+        array = dequantize_tensor(self._tensors[name])
+        heads = self._permuted_heads(name)
+        if heads:
+            array = unpermute_rope_rows(array, heads)
+        return torch.from_numpy(np.array(array, dtype=np.float32, copy=True))  # memmap views are read-only
+
+    def int4(self, name: str) -> Int4Blocks | None:
+        tensor = self._tensors[name]
+        if tensor.qtype not in _INT4_TYPES:
+            return None
+        q, scale, offset = unpack_q4(tensor)
+        heads = self._permuted_heads(name)
+        if heads:  # the same row un-permutation as dense()
+            q, scale, offset = (unpermute_rope_rows(a, heads) for a in (q, scale, offset))
+        return Int4Blocks(*(torch.from_numpy(np.ascontiguousarray(a)) for a in (q, scale, offset)))
+
+    def rows(self, name: str) -> RowTable:
+        tensor = self._tensors[name]
+        if tensor.qtype in QuantRows.TYPES:
+            return QuantRows(tensor)
+        return DenseRows(self.dense(name))
+
+    def _permuted_heads(self, name: str) -> int:
+        if self.arch not in _PERMUTED_QK:
+            return 0
+        if name.endswith((".q", ".q_bias")):
+            return self.config.n_heads
+        if name.endswith((".k", ".k_bias")):
+            return self.config.n_kv_heads
+        return 0
+
+    # ---- whole-model views (tests, tools) -------------------------------------------------
+
+    def weights(self) -> dict[str, Tensor]:
+        """All tensors dequantized to float32 (the exact reference; ~4 bytes a weight)."""
+        return {name: self.dense(name) for name in self._tensors}
 
     def int4_blocks(self) -> dict[str, Int4Blocks] | None:
-        """The attention/MLP matrices as the file's own 4-bit blocks (for `Transformer.attach_int4`),
-        under the same names and in the same HF row order as `weights()`; None unless every one of
-        them is Q4_0 or Q4_1. The embedding and the output head are not included."""
-        cfg = self.config
+        """The attention/MLP matrices as the file's own 4-bit blocks; None unless every one of
+        them is Q4_0 or Q4_1."""
         out: dict[str, Int4Blocks] = {}
-        for tensor in self.reader.tensors:
-            name = _map_name(tensor.name)
-            if name is None or name.rsplit(".", 1)[-1] not in _INT4_NAMES:
+        for name in self._tensors:
+            if name.rsplit(".", 1)[-1] not in _INT4_NAMES:
                 continue
-            if GGMLQuantizationType(tensor.tensor_type) not in _INT4_TYPES:
+            blocks = self.int4(name)
+            if blocks is None:
                 return None
-            q, scale, offset = unpack_q4(tensor)
-            heads = cfg.n_heads if name.endswith(".q") else cfg.n_kv_heads if name.endswith(".k") else 0
-            if self.arch in _PERMUTED_QK and heads:  # the same row un-permutation as weights()
-                q, scale, offset = (unpermute_rope_rows(a, heads) for a in (q, scale, offset))
-            out[name] = Int4Blocks(*(torch.from_numpy(np.ascontiguousarray(a)) for a in (q, scale, offset)))
+            out[name] = blocks
         return out
+
+
+class QuantRows(nn.Module):
+    """Rows of a quantized matrix kept as the file's blocks and dequantized on lookup: the
+    embedding costs its file size (Q8_0: 1.06 bytes a weight) instead of a dense copy, and its
+    rows are the file's exact values."""
+
+    TYPES = {GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1,
+             GGMLQuantizationType.F16, GGMLQuantizationType.F32, GGMLQuantizationType.BF16}
+
+    def __init__(self, tensor: GGUFTensor) -> None:
+        super().__init__()
+        self.qtype = tensor.qtype
+        self.dim = tensor.shape[-1]
+        self.register_buffer("blocks", torch.from_numpy(np.array(tensor.rows(), copy=True)), persistent=False)  # [rows, row_bytes] uint8
+
+    def forward(self, ids: Tensor) -> Tensor:
+        # ids: [...] long -> [..., dim] float32
+        raw = self.blocks[ids.reshape(-1)]
+        n, qt = raw.shape[0], self.qtype
+        if qt == GGMLQuantizationType.F32:
+            out = raw.view(torch.float32)
+        elif qt == GGMLQuantizationType.F16:
+            out = raw.view(torch.float16).float()
+        elif qt == GGMLQuantizationType.BF16:
+            out = raw.view(torch.bfloat16).float()
+        elif qt == GGMLQuantizationType.Q8_0:  # block: f16 d, 32 x int8 q; w = d * q
+            blk = raw.view(n, -1, 34)
+            d = blk[..., :2].contiguous().view(torch.float16).float()
+            out = (blk[..., 2:].contiguous().view(torch.int8).float() * d).reshape(n, -1)
+        else:  # Q4_0 / Q4_1: see unpack_q4
+            header = 4 if qt == GGMLQuantizationType.Q4_1 else 2
+            blk = raw.view(n, -1, header + 16)
+            d = blk[..., :2].contiguous().view(torch.float16).float()
+            m = blk[..., 2:4].contiguous().view(torch.float16).float() if header == 4 else -8 * d
+            qs = blk[..., header:]
+            q = torch.cat([qs & 0x0F, qs >> 4], dim=-1).float()
+            out = (q * d + m).reshape(n, -1)
+        return out.reshape(*ids.shape, self.dim)
 
 
 _INT4_NAMES = {"q", "k", "v", "o", "gate", "up", "down"}
@@ -117,15 +193,15 @@ _INT4_TYPES = {GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1}
 Q4_GROUP = 32  # weights per block in Q4_0 / Q4_1
 
 
-def unpack_q4(tensor: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def unpack_q4(tensor: GGUFTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A Q4_0/Q4_1 matrix -> (q uint8 [out, in] in 0..15, scale, offset float32 [out, in/32]) with
     weight[r, c] = q[r, c] * scale[r, c//32] + offset[r, c//32], bit for bit what gguf's dequantize
     computes. Q4_1 block: f16 d, f16 m, 16 bytes (element j in the low nibble of byte j, element
     j+16 in its high nibble); w = q*d + m. Q4_0 block: f16 d, 16 bytes; w = (q-8)*d = q*d + (-8d)."""
-    qtype = GGMLQuantizationType(tensor.tensor_type)
-    rows, cols = (int(d) for d in reversed(tensor.shape))
+    qtype = tensor.qtype
+    rows, cols = tensor.shape
     header = 4 if qtype == GGMLQuantizationType.Q4_1 else 2
-    blocks = np.asarray(tensor.data, dtype=np.uint8).reshape(rows, cols // Q4_GROUP, header + 16)
+    blocks = tensor.data.reshape(rows, cols // Q4_GROUP, header + 16)
     scale = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
     if qtype == GGMLQuantizationType.Q4_1:
         offset = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
@@ -136,15 +212,15 @@ def unpack_q4(tensor: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return q, scale, offset
 
 
-def dequantize_tensor(tensor: Any) -> np.ndarray:
-    """One ReaderTensor -> float32 array in torch dim order ([out, in] for a matrix)."""
-    shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists the innermost dim first
-    qtype = GGMLQuantizationType(tensor.tensor_type)
-    if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
-        array = np.asarray(tensor.data, dtype=np.float32)
+def dequantize_tensor(tensor: GGUFTensor) -> np.ndarray:
+    """float32 array in torch dim order ([out, in] for a matrix)."""
+    if tensor.qtype == GGMLQuantizationType.F32:
+        array = tensor.data.view(np.float32)
+    elif tensor.qtype == GGMLQuantizationType.F16:
+        array = tensor.data.view(np.float16).astype(np.float32)
     else:
-        array = dequantize(tensor.data, qtype)
-    return array.reshape(shape)
+        array = dequantize(tensor.rows(), tensor.qtype)
+    return array.reshape(tensor.shape)
 
 
 def unpermute_rope_rows(weight: np.ndarray, n_heads: int) -> np.ndarray:

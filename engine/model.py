@@ -1,24 +1,31 @@
 """A Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2, Qwen3 shapes) with a KV cache per slot.
 
-Two entry points, both under the caller's `torch.inference_mode()`:
-- `prefill(slot, tokens, start)`: a chunk of one slot's prompt; logits for its last position only.
-- `decode(slots, tokens, positions)`: one token for each of B slots, each at its own position.
+One forward for every step, under the caller's `torch.inference_mode()`: `Transformer.forward`
+takes B rows of T tokens (a prefill chunk is B=1, a decode step T=1), the `CacheIndex` saying
+which slots' cache entries the step reads and writes, and returns the float32 residual of each
+row's last token; `Transformer.logits` turns that into logits.
 
-Weights come in already in this model's layout (the loaders undo file-format quirks) under the
-names listed in `WEIGHT_NAMES`; `Transformer.from_weights` fuses q/k/v and gate/up into single
-matrices, since at batch 1 every extra op is Python overhead that dominates the step.
-`Transformer.attach_int4` (opt-in, CPU) adds int4 copies of those linears, built from a GGUF's
-Q4_0/Q4_1 blocks, for decode steps of at most INT4_MAX_ROWS rows.
+Weights come from an `engine.weights.WeightSource` (the loaders undo file-format quirks) under the
+names listed in `WEIGHT_NAMES`; `Transformer.build` keeps one copy of each matrix in the form the
+step uses (see engine/weights.py) and fuses q/k/v and gate/up into single matrices, since at
+batch 1 every extra op is Python overhead that dominates the step.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from engine.weights import (
+    DenseLinear, Int4Linear, PackedLinear, RowTable, WeightSource, can_prepack, fuse_int4, int4_available,
+    int4_shape_ok,
+)
+
+log = logging.getLogger(__name__)
 
 # Per-layer weight names the loaders produce (prefix "layers.{i}."); optional ones may be absent.
 WEIGHT_NAMES = (
@@ -28,12 +35,8 @@ WEIGHT_NAMES = (
 # Whole-model names: "embed", "norm", and "output" unless the embeddings are tied.
 
 # Decode attends over the cache sliced to the longest active row, rounded up to this, so the
-# shapes (and any future compiled graph) change only every BUCKET tokens.
+# shapes (and a compiled graph's) change only every BUCKET tokens.
 KV_BUCKET = 256
-
-# Decode steps of at most this many rows use the int4 copies of the linears when attached
-# (Transformer.attach_int4); larger steps and prefill use the dense weights.
-INT4_MAX_ROWS = 8
 
 
 @dataclass(frozen=True)
@@ -61,290 +64,215 @@ class ModelConfig:
         return self.n_kv_heads * self.head_dim
 
 
+@dataclass(frozen=True)
+class CacheIndex:
+    """Which cache entries one step reads and writes; the same for every layer.
+
+    The step's views of a layer's K/V buffer are `buffer[lo:hi, :, :span]`. Row b of the step
+    writes its T new entries at view row `rows[b]`, positions `positions[b]`; it reads view row
+    `rows[b]` too, so when the step's slots are exactly lo..hi-1 in order (`sliced`) the read is
+    the view itself, and otherwise a gather of those rows."""
+
+    lo: int
+    hi: int
+    span: int
+    rows: Tensor  # [B, 1] long, row in the view
+    positions: Tensor  # [B, T] long
+    sliced: bool
+
+    @classmethod
+    def for_slots(cls, slots: list[int], positions: Tensor, span: int) -> "CacheIndex":
+        lo, hi = min(slots), max(slots) + 1
+        rows = torch.tensor([s - lo for s in slots], dtype=torch.long, device=positions.device).unsqueeze(1)
+        return cls(lo, hi, span, rows, positions, sliced=slots == list(range(lo, hi)))
+
+    def mask(self) -> Tensor:
+        """[B, 1, 1, T, span] bool: key j is seen by a token at position p iff j <= p (causal
+        inside a chunk, everything cached before it visible, stale entries past it hidden)."""
+        cols = torch.arange(self.span, device=self.positions.device)
+        bsz, seq = self.positions.shape
+        return (cols.view(1, 1, self.span) <= self.positions.unsqueeze(-1)).view(bsz, 1, 1, seq, self.span)
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.attn_norm = nn.Parameter(torch.ones(cfg.dim), requires_grad=False)
-        self.ffn_norm = nn.Parameter(torch.ones(cfg.dim), requires_grad=False)
-        self.wqkv = nn.Linear(cfg.dim, cfg.q_size + 2 * cfg.kv_size, bias=cfg.qkv_bias)
-        self.wo = nn.Linear(cfg.q_size, cfg.dim, bias=False)
-        self.w_gate_up = nn.Linear(cfg.dim, 2 * cfg.hidden_dim, bias=False)
-        self.w_down = nn.Linear(cfg.hidden_dim, cfg.dim, bias=False)
-        if cfg.qk_norm:
-            self.q_norm = nn.Parameter(torch.ones(cfg.head_dim), requires_grad=False)
-            self.k_norm = nn.Parameter(torch.ones(cfg.head_dim), requires_grad=False)
-        # Activations entering the linears are in the weights' dtype; the residual stream and the
-        # RMSNorm weights stay float32 (set by Transformer.from_weights).
-        self.act_dtype = torch.float32
-        # Filled by Transformer.allocate_cache: [num_slots, n_kv_heads, ctx, head_dim] each.
-        self.k_cache: Tensor | None = None
-        self.v_cache: Tensor | None = None
-        # Int4 copies of wqkv, wo, w_gate_up, w_down (Transformer.attach_int4), or None.
-        self.int4: dict[str, Int4Linear] | None = None
+        # Filled by Transformer.build: norms (float32, like the residual), linears (weights.py),
+        # and by Transformer.allocate_cache: K/V [num_slots, n_kv_heads, ctx, head_dim] each.
+        self.attn_norm = self.ffn_norm = torch.empty(0)
+        self.q_norm: Tensor | None = None
+        self.k_norm: Tensor | None = None
+        self.wqkv = self.wo = self.w_gate_up = self.w_down = nn.Identity()
+        self.k_cache = self.v_cache = torch.empty(0)
 
-    def linear(self, name: str, x: Tensor, int4: bool) -> Tensor:
-        if int4 and self.int4 is not None:
-            return self.int4[name](x)
-        return getattr(self, name)(x)
-
-    def qkv(self, x: Tensor, cos: Tensor, sin: Tensor, int4: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-        # x: [B, T, dim]; cos, sin: [B, T, head_dim] -> q [B, H, T, hd], k and v [B, KV, T, hd]
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, keys: Tensor, values: Tensor,
+                index: CacheIndex, mask: Tensor) -> Tensor:
+        """x: [B, T, dim] float32 residual; cos, sin: [B, T, hd]; keys, values: this layer's cache
+        views [hi-lo, KV, span, hd], written at (index.rows, index.positions) and read
+        -> x: [B, T, dim]."""
         cfg = self.cfg
         bsz, seq, _ = x.shape
-        h = F.rms_norm(x, (cfg.dim,), self.attn_norm, cfg.norm_eps).to(self.act_dtype)  # x: float32
-        q, k, v = self.linear("wqkv", h, int4).split((cfg.q_size, cfg.kv_size, cfg.kv_size), dim=-1)
+        h = F.rms_norm(x, (cfg.dim,), self.attn_norm, cfg.norm_eps)
+        q, k, v = self.wqkv(h).split((cfg.q_size, cfg.kv_size, cfg.kv_size), dim=-1)
         q = q.view(bsz, seq, cfg.n_heads, cfg.head_dim)
         k = k.view(bsz, seq, cfg.n_kv_heads, cfg.head_dim)
         v = v.view(bsz, seq, cfg.n_kv_heads, cfg.head_dim)
-        if cfg.qk_norm:
-            q = F.rms_norm(q, (cfg.head_dim,), self.q_norm, cfg.norm_eps)
-            k = F.rms_norm(k, (cfg.head_dim,), self.k_norm, cfg.norm_eps)
-        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # broadcast over heads
+        if self.q_norm is not None:
+            q = F.rms_norm(q, (cfg.head_dim,), self.q_norm.to(q.dtype), cfg.norm_eps)
+            k = F.rms_norm(k, (cfg.head_dim,), self.k_norm.to(k.dtype), cfg.norm_eps)
+        cos, sin = cos.unsqueeze(2).to(q.dtype), sin.unsqueeze(2).to(q.dtype)  # broadcast over heads
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-
-    def mlp(self, x: Tensor, int4: bool = False) -> Tensor:
-        # x: [B, T, dim] -> [B, T, dim], residual included
-        h = F.rms_norm(x, (self.cfg.dim,), self.ffn_norm, self.cfg.norm_eps).to(self.act_dtype)
-        gate, up = self.linear("w_gate_up", h, int4).chunk(2, dim=-1)  # x stays float32: x + bf16 promotes
-        return x + self.linear("w_down", F.silu(gate) * up, int4)
+        # One index-put per buffer: advanced indices around a slice put [B, T] first, so the
+        # values are k as the linear made it, [B, T, KV, hd].
+        keys[index.rows, :, index.positions] = k.to(keys.dtype)
+        values[index.rows, :, index.positions] = v.to(values.dtype)
+        if not index.sliced:
+            keys, values = keys[index.rows[:, 0]], values[index.rows[:, 0]]  # scattered slots: a gather
+        x = x + self.wo(attend(q.transpose(1, 2), keys, values, mask))
+        h = F.rms_norm(x, (cfg.dim,), self.ffn_norm, cfg.norm_eps)
+        gate, up = self.w_gate_up(h).chunk(2, dim=-1)
+        return x + self.w_down(F.silu(gate) * up)  # float32 x + bf16 promotes to float32
 
 
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.norm = nn.Parameter(torch.ones(cfg.dim), requires_grad=False)
-        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        self.cos: Tensor | None = None
-        self.sin: Tensor | None = None
+        self.embed: RowTable | None = None
+        self.norm = torch.empty(0)
+        self.head: nn.Module = nn.Identity()
+        self.head_rows: RowTable | None = None  # exact rows for the top logits when the head is low-precision
+        self.cache_dtype = torch.float32
+        self.device = torch.device("cpu")
+        self.cos = self.sin = torch.empty(0)
         self.num_slots = 0
         self.ctx = 0
+        self.forms: dict[str, int] = {}  # linear form -> count, for logs and tests
 
     # ---- set-up ---------------------------------------------------------------------------
 
     @classmethod
-    def from_weights(
-        cls, cfg: ModelConfig, weights: dict[str, Tensor], *, dtype: torch.dtype, device: torch.device
-    ) -> "Transformer":
-        """Build from loader names (see WEIGHT_NAMES); fuses q/k/v and gate/up once, here."""
-        with torch.device("meta"):
-            model = cls(cfg)
-        model = model.to_empty(device=device).to(dtype)
-        model.requires_grad_(False)
+    def build(cls, cfg: ModelConfig, source: WeightSource, *, dtype: torch.dtype, device: torch.device,
+              int4: bool = False, prepack: bool = True) -> "Transformer":
+        """One copy of each weight in the form the step uses:
+        - linears: int4 from the file's Q4_0/Q4_1 blocks when `int4` (CPU, bf16 only), else dense
+          `dtype`, prepacked by oneDNN for CPU bf16;
+        - embedding: a row table (a quantized file's own blocks, looked up and dequantized per
+          token), so no dense copy;
+        - head: `dtype` (bf16 head, int4 changed the top token too often), prepacked on CPU,
+          with the exact rows for the top logits (`logits`).
+        The residual stream and the RMSNorm weights are float32 whatever `dtype`."""
+        model = cls(cfg)
+        model.device, model.cache_dtype = device, dtype
+        cpu_bf16 = device.type == "cpu" and dtype == torch.bfloat16
+        use_int4 = int4 and cpu_bf16 and int4_available()
+        use_packed = prepack and cpu_bf16 and can_prepack()
+        names = source.names()
 
-        def take(name: str) -> Tensor:
-            return weights[name].to(device=device, dtype=dtype)
+        def vector(name: str) -> Tensor:
+            return source.dense(name).to(device=device, dtype=torch.float32)
 
-        model.embed.weight.copy_(take("embed"))
-        model.norm.copy_(take("norm"))
-        # The residual stream is float32 whatever the weights' dtype (see docs/engine.md,
-        # "bf16 precision"): the final and per-block RMSNorm weights live in float32 with it.
-        model.norm.data = model.norm.data.float()
-        if cfg.tie_embeddings or "output" not in weights:
-            model.output.weight = model.embed.weight
-        else:
-            model.output.weight.copy_(take("output"))
+        def linear(parts: list[str], bias: list[str] | None = None) -> nn.Module:
+            b = torch.cat([vector(n) for n in bias]) if bias else None
+            if use_int4:
+                blocks = [source.int4(n) for n in parts]
+                fused = fuse_int4(blocks) if all(x is not None for x in blocks) else None  # type: ignore[arg-type]
+                if fused is not None and int4_shape_ok(fused):
+                    model.forms["int4"] = model.forms.get("int4", 0) + 1
+                    return Int4Linear(fused, b)
+            weight = torch.cat([source.dense(n) for n in parts]).to(dtype)
+            if use_packed:
+                model.forms["bf16-packed"] = model.forms.get("bf16-packed", 0) + 1
+                return PackedLinear(weight, b)
+            model.forms[f"{str(dtype)[6:]}-dense"] = model.forms.get(f"{str(dtype)[6:]}-dense", 0) + 1
+            return DenseLinear(weight.to(device), None if b is None else b.to(dtype))
+
         for i, block in enumerate(model.layers):
             p = f"layers.{i}."
-            block.attn_norm.copy_(take(p + "attn_norm"))
-            block.ffn_norm.copy_(take(p + "ffn_norm"))
-            block.attn_norm.data = block.attn_norm.data.float()
-            block.ffn_norm.data = block.ffn_norm.data.float()
-            block.act_dtype = dtype
-            block.wqkv.weight.copy_(torch.cat([take(p + "q"), take(p + "k"), take(p + "v")]))
-            if cfg.qkv_bias:
-                block.wqkv.bias.copy_(torch.cat([take(p + "q_bias"), take(p + "k_bias"), take(p + "v_bias")]))
-            block.wo.weight.copy_(take(p + "o"))
-            block.w_gate_up.weight.copy_(torch.cat([take(p + "gate"), take(p + "up")]))
-            block.w_down.weight.copy_(take(p + "down"))
+            block.attn_norm, block.ffn_norm = vector(p + "attn_norm"), vector(p + "ffn_norm")
             if cfg.qk_norm:
-                block.q_norm.copy_(take(p + "q_norm"))
-                block.k_norm.copy_(take(p + "k_norm"))
-        model.head_weight = model.output.weight  # plain rows for `logits` (kept if prepacked)
+                block.q_norm, block.k_norm = vector(p + "q_norm"), vector(p + "k_norm")
+            block.wqkv = linear([p + "q", p + "k", p + "v"], [p + "q_bias", p + "k_bias", p + "v_bias"] if cfg.qkv_bias else None)
+            block.wo = linear([p + "o"])
+            block.w_gate_up = linear([p + "gate", p + "up"])
+            block.w_down = linear([p + "down"])
+        head_name = "embed" if cfg.tie_embeddings or "output" not in names else "output"
+        model.norm = vector("norm")
+        model.embed = source.rows("embed")
+        if dtype == torch.float32:
+            weight = source.dense(head_name).to(device)
+            model.head = DenseLinear(weight)
+            if head_name == "embed" and device.type == "cpu":
+                from engine.weights import DenseRows
+
+                model.embed = DenseRows(weight)  # one float32 copy serves both
+        else:
+            weight = source.dense(head_name).to(dtype)
+            model.head = PackedLinear(weight) if use_packed else DenseLinear(weight.to(device))
+            model.head_rows = model.embed if head_name == "embed" else source.rows(head_name)
+        if isinstance(model.embed, nn.Module):
+            model.embed.to(device)
+        if isinstance(model.head_rows, nn.Module):
+            model.head_rows.to(device)
         return model.eval()
-
-    def prepack_cpu_bf16(self) -> bool:
-        """Swap every Linear for one whose bf16 weight is reordered once into oneDNN's blocked
-        layout: the same products bit for bit, but ~1.5x faster at 1-4 rows than plain F.linear,
-        which re-reads the weight in its plain layout each step. Returns False if unavailable."""
-        if self.embed.weight.device.type != "cpu" or self.embed.weight.dtype != torch.bfloat16:
-            return False
-        if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
-            return False
-        for block in self.layers:
-            for name in ("wqkv", "wo", "w_gate_up", "w_down"):
-                setattr(block, name, PackedLinear(getattr(block, name)))
-        self.output = PackedLinear(self.output)  # a packed copy; the embedding keeps the plain one
-        return True
-
-    def attach_int4(self, blocks: dict[str, Int4Blocks]) -> bool:
-        """Add int4 copies of every attention/MLP linear, built from a file's 4-bit blocks (see
-        `Int4Blocks`; loader names, HF row order), for decode steps of <= INT4_MAX_ROWS rows. The
-        dense weights stay for prefill and larger steps; embedding and output head stay dense.
-        CPU only (torch.ops.aten._weight_int4pack_mm_for_cpu); returns False where unavailable."""
-        if self.embed.weight.device.type != "cpu" or not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
-            return False
-
-        def fused(*names: str) -> Int4Blocks:
-            return Int4Blocks(*(torch.cat(parts) for parts in zip(*(blocks[n] for n in names))))
-
-        for i, block in enumerate(self.layers):
-            p = f"layers.{i}."
-            block.int4 = {
-                "wqkv": Int4Linear(fused(p + "q", p + "k", p + "v"), block.wqkv.bias),
-                "wo": Int4Linear(blocks[p + "o"]),
-                "w_gate_up": Int4Linear(fused(p + "gate", p + "up")),
-                "w_down": Int4Linear(blocks[p + "down"]),
-            }
-        return True
 
     def allocate_cache(self, num_slots: int, ctx: int) -> None:
         """One K and one V buffer per layer (a single shared buffer made writes copy it whole)."""
         cfg = self.cfg
-        device, dtype = self.embed.weight.device, self.embed.weight.dtype
         shape = (num_slots, cfg.n_kv_heads, ctx, cfg.head_dim)
         for block in self.layers:
-            block.k_cache = torch.zeros(shape, device=device, dtype=dtype)
-            block.v_cache = torch.zeros(shape, device=device, dtype=dtype)
+            block.k_cache = torch.zeros(shape, device=self.device, dtype=self.cache_dtype)
+            block.v_cache = torch.zeros(shape, device=self.device, dtype=self.cache_dtype)
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
         angles = torch.outer(torch.arange(ctx, dtype=torch.float64), inv_freq)
         angles = torch.cat([angles, angles], dim=-1)  # HF layout: the two halves share frequencies
         # Tables in float32 (angles past a few hundred lose their low bits in bf16); each step
-        # rounds the rows it uses to the model dtype, as transformers does.
-        self.cos = angles.cos().to(device=device, dtype=torch.float32)
-        self.sin = angles.sin().to(device=device, dtype=torch.float32)
+        # rounds the rows it uses to the activations' dtype, as transformers does.
+        self.cos = angles.cos().to(device=self.device, dtype=torch.float32)
+        self.sin = angles.sin().to(device=self.device, dtype=torch.float32)
         self.num_slots, self.ctx = num_slots, ctx
+
+    def kv_bytes(self) -> int:
+        return sum(b.k_cache.numel() * b.k_cache.element_size() * 2 for b in self.layers)
 
     # ---- forward --------------------------------------------------------------------------
 
-    def prefill(self, slot: int, tokens: Tensor, start: int, need_logits: bool = True) -> Tensor | None:
-        """tokens: [T] at positions [start, start+T) of `slot` -> logits [V] (float32) of the last
-        position, or None when need_logits is False (a middle chunk of a prompt)."""
-        seq = tokens.shape[0]
-        end = start + seq
-        dtype = self.embed.weight.dtype
-        x = self.embed(tokens).unsqueeze(0).float()  # [1, T, dim], the residual stream in float32
-        cos = self.cos[start:end].to(dtype).unsqueeze(0)  # [1, T, hd]
-        sin = self.sin[start:end].to(dtype).unsqueeze(0)
-        # Causal inside the chunk, everything before it visible: key j is seen by row i iff j <= start+i.
-        rows = torch.arange(start, end, device=tokens.device).unsqueeze(1)
-        cols = torch.arange(end, device=tokens.device).unsqueeze(0)
-        mask = (cols <= rows).view(1, 1, 1, seq, end)  # [1, 1, 1, T, L]
+    def forward(self, tokens: Tensor, index: CacheIndex) -> Tensor:
+        """tokens: [B, T] at index.positions of their slots -> [B, dim] float32 residual of each
+        row's last token, final norm applied (feed it to `logits`)."""
+        x = self.embed(tokens)  # [B, T, dim] float32: the residual stream
+        return self.run_layers(x, index)
+
+    def run_layers(self, x: Tensor, index: CacheIndex) -> Tensor:
+        """x: [B, T, dim] float32 embeddings -> [B, dim] normalized residual of the last token.
+        The part of a step a compiled graph covers (engine/compiled.py)."""
+        cos, sin = self.cos[index.positions], self.sin[index.positions]  # [B, T, hd]
+        mask = index.mask()
+        lo, hi, span = index.lo, index.hi, index.span
         for block in self.layers:
-            q, k, v = block.qkv(x, cos, sin)  # q [1, H, T, hd]; k, v [1, KV, T, hd]
-            block.k_cache[slot, :, start:end] = k[0]
-            block.v_cache[slot, :, start:end] = v[0]
-            keys = block.k_cache[slot : slot + 1, :, :end]  # [1, KV, L, hd], a view
-            values = block.v_cache[slot : slot + 1, :, :end]
-            x = x + block.wo(attend(q, keys, values, mask))
-            x = block.mlp(x)
-        if not need_logits:
-            return None
-        return self.logits(x[:, -1])[0]
+            x = block(x, cos, sin, block.k_cache[lo:hi, :, :span], block.v_cache[lo:hi, :, :span], index, mask)
+        return F.rms_norm(x[:, -1], (self.cfg.dim,), self.norm, self.cfg.norm_eps)
 
-    def decode(self, slots: Tensor, tokens: Tensor, positions: Tensor, span: int, slot_range: tuple[int, int] | None) -> Tensor:
-        """One step for B slots.
-        slots, tokens, positions: [B] (long) -> logits [B, V] (float32).
-        span: keys to attend to (>= max(positions)+1, bucketed by the caller).
-        slot_range: (lo, hi) when slots == lo..hi-1 in order, so the cache is sliced, not gathered."""
-        bsz = tokens.shape[0]
-        dtype = self.embed.weight.dtype
-        x = self.embed(tokens).unsqueeze(1).float()  # [B, 1, dim], the residual stream in float32
-        cos = self.cos[positions].to(dtype).unsqueeze(1)  # [B, 1, hd]
-        sin = self.sin[positions].to(dtype).unsqueeze(1)
-        cols = torch.arange(span, device=tokens.device)
-        mask = (cols.unsqueeze(0) <= positions.unsqueeze(1)).view(bsz, 1, 1, 1, span)  # [B, 1, 1, 1, L]
-        int4 = bsz <= INT4_MAX_ROWS  # used only by blocks with int4 copies attached
-        for block in self.layers:
-            q, k, v = block.qkv(x, cos, sin, int4)  # q [B, H, 1, hd]; k, v [B, KV, 1, hd]
-            block.k_cache[slots, :, positions] = k[:, :, 0]  # one index-put per buffer
-            block.v_cache[slots, :, positions] = v[:, :, 0]
-            if slot_range is not None:
-                keys = block.k_cache[slot_range[0] : slot_range[1], :, :span]  # [B, KV, L, hd], a view
-                values = block.v_cache[slot_range[0] : slot_range[1], :, :span]
-            else:
-                keys = block.k_cache[slots, :, :span]  # scattered slots: a gather (copy)
-                values = block.v_cache[slots, :, :span]
-            x = x + block.linear("wo", attend(q, keys, values, mask), int4)
-            x = block.mlp(x, int4)
-        return self.logits(x[:, 0])
+    def logits(self, h: Tensor) -> Tensor:
+        """h: [B, dim] float32 (from `forward`) -> logits [B, V] float32.
 
-    def logits(self, x: Tensor) -> Tensor:
-        """x: [B, dim] float32 residual -> logits [B, V] float32.
-
-        In bf16 the head's output is rounded to bf16: 1/8 apart at logits of 16-32, so near-ties
-        at the top collapse into exact ties that argmax breaks by token id (SmolLM2's "What is the
-        capital of France?": f32 'The' 25.33 vs 'L' 25.24 -> both 25.125 -> 'L'). The true
-        float32-accumulated value is within half a bf16 step of the rounded one, so every token
-        within one step of the maximum is recomputed exactly: greedy picks as a float32-output
-        head would, at the cost of a few dot products."""
-        dtype = self.head_weight.dtype
-        h = F.rms_norm(x, (self.cfg.dim,), self.norm, self.cfg.norm_eps).to(dtype)  # [B, dim]
-        logits = self.output(h).float()
-        if dtype == torch.float32:
+        A bf16 head rounds its output to bf16: 1/8 apart at logits of 16-32, so near-ties at the
+        top collapse into exact ties that argmax breaks by token id (SmolLM2's "What is the
+        capital of France?": f32 'The' 25.33 vs 'L' 25.24 -> both 25.125 -> 'L'). The true value
+        is within half a bf16 step of the rounded one (plus the head's own bf16 input rounding),
+        so every token within two steps of the maximum is recomputed in float32 from the file's
+        exact rows: greedy picks as the float32 model would, at the cost of a few dot products."""
+        logits = self.head(h).float()
+        if self.head_rows is None:
             return logits
         top = logits.max(dim=-1, keepdim=True).values
         step = torch.exp2(torch.floor(torch.log2(top.abs().clamp_min(1e-30))) - 7)  # bf16 ulp at top
         rows, cols = (logits >= top - 2 * step).nonzero(as_tuple=True)
-        logits[rows, cols] = (h[rows].float() * self.head_weight[cols].float()).sum(-1)
+        logits[rows, cols] = (h[rows] * self.head_rows(cols)).sum(-1)
         return logits
-
-
-class PackedLinear(nn.Module):
-    """F.linear with the weight prepacked by oneDNN (CPU, bf16)."""
-
-    def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
-        self.out_features = linear.out_features
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach())
-        self.bias = None if linear.bias is None else linear.bias.detach()
-
-    def forward(self, x: Tensor) -> Tensor:
-        # x: [..., in] -> [..., out]
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-
-
-class Int4Blocks(NamedTuple):
-    """A matrix as 4-bit groups of 32 along its input dim: w[r, c] = q[r, c] * scale[r, c // 32]
-    + offset[r, c // 32]. q: uint8 [out, in] in 0..15; scale, offset: float32 [out, in // 32]."""
-
-    q: Tensor
-    scale: Tensor
-    offset: Tensor
-
-
-class Int4Linear(nn.Module):
-    """F.linear with int4 weights via torch.ops.aten._weight_int4pack_mm_for_cpu (CPU).
-
-    That op computes w = (q - 8) * s + z per group, so s = scale, z = offset + 8 * scale. It takes
-    float32 activations too, but there it was ~50x slower than in bf16 (no vectorized kernel), so
-    activations are cast to bf16 in and the bf16 output back to the input's dtype; the op wants s
-    and z in the activations' dtype, so they are rounded to bf16 (relative error <= 2^-9, like a
-    bf16 copy of the dequantized weight). Bias, if any, is added in the input's dtype."""
-
-    def __init__(self, blocks: Int4Blocks, bias: Tensor | None = None) -> None:
-        super().__init__()
-        q, scale, offset = blocks
-        self.out_features, in_features = q.shape
-        self.group = in_features // scale.shape[1]
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
-        zero = offset.float() + 8 * scale.float()
-        self.scale_zeros = torch.stack([scale.float(), zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
-        self.bias = None if bias is None else bias.detach()
-
-    def forward(self, x: Tensor) -> Tensor:
-        # x: [..., in] -> [..., out]
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x.reshape(-1, x.shape[-1]).to(torch.bfloat16), self.packed, self.group, self.scale_zeros
-        ).to(x.dtype)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.view(*x.shape[:-1], self.out_features)
 
 
 def rotate_half(x: Tensor) -> Tensor:

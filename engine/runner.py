@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import time
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from engine.files import is_gguf, resolve_model_path, served_model_name
-from engine.model import KV_BUCKET, Int4Blocks, ModelConfig, Transformer
+from engine.files import is_gguf, resolve_model_path
+from engine.model import KV_BUCKET, CacheIndex, ModelConfig, Transformer
 from engine.protocol import SamplingParams
 from engine.sampling import SlotSampler, sample_tokens
 from engine.tokenizer import Tokenizer
+from engine.weights import DictSource, WeightSource
 
 log = logging.getLogger(__name__)
 
@@ -23,15 +26,14 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
 class TorchEngine:
     """Satisfies engine.protocol.Engine. Not thread-safe: one worker loop drives it."""
 
-    def __init__(self, model: Transformer, tokenizer: Tokenizer | None, *, model_name: str, eos_token_ids: frozenset[int]) -> None:
+    def __init__(self, model: Transformer, tokenizer: Tokenizer | None, *, eos_token_ids: frozenset[int]) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        self.model_name = model_name
         self.num_slots = model.num_slots
         self.ctx = model.ctx
         self.eos_token_ids = eos_token_ids
-        self.device = model.embed.weight.device
-        self.dtype = model.embed.weight.dtype
+        self.device = model.device
+        self.dtype = model.cache_dtype
         self._positions = [0] * self.num_slots
         self._samplers = [SlotSampler.start(SamplingParams(temperature=0.0)) for _ in range(self.num_slots)]
 
@@ -49,15 +51,19 @@ class TorchEngine:
         start = self._positions[slot]
         if len(tokens) == 0:
             raise ValueError("read() needs at least one token")
-        if start + len(tokens) > self.ctx:
+        end = start + len(tokens)
+        if end > self.ctx:
             raise ValueError(f"slot {slot}: {start} cached + {len(tokens)} new tokens exceed ctx={self.ctx}")
-        ids = torch.tensor(list(tokens), dtype=torch.long, device=self.device)
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
+        positions = torch.arange(start, end, device=self.device).unsqueeze(0)
+        index = CacheIndex.for_slots([slot], positions, span=end)
         with torch.inference_mode():
-            logits = self.model.prefill(slot, ids, start, need_logits=sample)
-        self._positions[slot] = start + len(tokens)
-        if not sample:
+            hidden = self.model(ids, index)
+            logits = self.model.logits(hidden) if sample else None
+        self._positions[slot] = end
+        if logits is None:
             return None
-        return sample_tokens(logits.unsqueeze(0), [self._samplers[slot]], self.eos_token_ids)[0]
+        return sample_tokens(logits, [self._samplers[slot]], self.eos_token_ids)[0]
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> list[int]:
         if len(slots) != len(tokens):
@@ -70,19 +76,15 @@ class TorchEngine:
             self._check_slot(slot)
             if self._positions[slot] >= self.ctx:
                 raise ValueError(f"slot {slot} is full (ctx={self.ctx})")
+        slots = list(slots)
         positions = [self._positions[s] for s in slots]
         span = min(self.ctx, -(-(max(positions) + 1) // KV_BUCKET) * KV_BUCKET)
-        lo = slots[0]
-        contiguous = list(slots) == list(range(lo, lo + len(slots)))
         dev = self.device
         with torch.inference_mode():
-            logits = self.model.decode(
-                torch.tensor(list(slots), dtype=torch.long, device=dev),
-                torch.tensor(list(tokens), dtype=torch.long, device=dev),
-                torch.tensor(positions, dtype=torch.long, device=dev),
-                span,
-                (lo, lo + len(slots)) if contiguous else None,
-            )
+            pos = torch.tensor(positions, dtype=torch.long, device=dev).unsqueeze(1)
+            index = CacheIndex.for_slots(slots, pos, span)
+            ids = torch.tensor(list(tokens), dtype=torch.long, device=dev).unsqueeze(1)
+            logits = self.model.logits(self.model(ids, index))
         for slot in slots:
             self._positions[slot] += 1
         return sample_tokens(logits, [self._samplers[s] for s in slots], self.eos_token_ids)
@@ -103,12 +105,12 @@ class TorchEngine:
             raise ValueError(f"slot {slot} out of range (num_slots={self.num_slots})")
 
 
-def default_dtype(device: torch.device) -> torch.dtype:
-    """bf16 on CUDA; float32 on the CPU. CPU bf16 (prepacked, float32 residual and attention) is
-    faster at B>=4 but its greedy top token still agreed with float32 slightly less often than
-    transformers' own bf16 on SmolLM2 (213 vs 214 of 217 positions, all near-ties; see
-    docs/engine.md), so it is opt-in there: dtype="bfloat16"."""
-    if device.type == "cuda":
+def default_dtype(device: torch.device, quantized_file: bool) -> torch.dtype:
+    """bf16 on CUDA. On the CPU, bf16 (int4 where the file has Q4 blocks, float32 residual,
+    attention and top logits) for a quantized GGUF: its weights are already coarser than bf16's
+    rounding, and greedy continuations stay as close to the float32 dequantized model as
+    llama.cpp's own (docs/engine.md). float32 for unquantized files, where exactness is the point."""
+    if device.type == "cuda" or quantized_file:
         return torch.bfloat16
     return torch.float32
 
@@ -121,13 +123,15 @@ def load_engine(
     device: str = "cpu",
     dtype: str | None = None,
     threads: int | None = None,
-    int4_decode: bool = False,
+    int4: bool = True,
+    cache_dir: str | Path | None = None,
 ) -> TorchEngine:
     """Open a GGUF file or HF folder (None: the default SmolLM2) and allocate its slots.
 
-    int4_decode: on the CPU, with a GGUF whose attention/MLP matrices are all Q4_0/Q4_1, decode
-    steps of <= 8 rows use int4 copies built from the file's blocks (see docs/engine.md); ignored
-    with a warning elsewhere (CUDA, HF folders, other quant types)."""
+    dtype None: see `default_dtype`. int4: with bf16 on the CPU, linears stored as Q4_0/Q4_1 run
+    as int4 straight from the file's blocks (the only copy kept); off, they are dequantized to
+    bf16 (more memory, faster prompt reading). cache_dir: where the converted tokenizer is kept
+    so a restart does not convert it again (seconds for a GGUF)."""
     if num_slots < 1 or ctx < 1:
         raise ValueError("num_slots and ctx must be positive")
     if threads is not None:
@@ -135,61 +139,60 @@ def load_engine(
     dev = torch.device(device)
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"unsupported device {device!r}: use 'cpu' or 'cuda:N'")
-    if dtype is None:
-        torch_dtype = default_dtype(dev)
-    elif dtype in _DTYPES:
-        torch_dtype = _DTYPES[dtype]
-    else:
+    if dtype is not None and dtype not in _DTYPES:
         raise ValueError(f"unsupported dtype {dtype!r} (use one of {sorted(_DTYPES)})")
 
+    started = time.perf_counter()
     path = resolve_model_path(model_path)
-    int4_blocks = None
+    source: WeightSource
     if is_gguf(path):
         from engine.gguf_loader import GGUFModel
 
         gguf = GGUFModel(path)
-        config, weights, file_eos = gguf.config, gguf.weights(), gguf.eos_token_ids()
-        if int4_decode and dev.type == "cpu":
-            int4_blocks = gguf.int4_blocks()
-            if int4_blocks is None:
-                log.warning("int4_decode: %s has linears that are not Q4_0/Q4_1; decoding dense", path.name)
+        config, source, file_eos, quantized = gguf.config, gguf, gguf.eos_token_ids(), gguf.is_quantized()
     else:
         from engine import hf_loader
 
-        config, weights, file_eos = hf_loader.read_config(path), hf_loader.load_weights(path), []
-    if int4_decode and dev.type != "cpu":
-        log.warning("int4_decode is CPU-only; ignored on %s", dev)
-    elif int4_decode and not is_gguf(path):
-        log.warning("int4_decode needs a Q4_0/Q4_1 GGUF file; %s is not one, decoding dense", path.name)
-    tokenizer = Tokenizer.from_model_path(path, extra_eos_ids=file_eos)
-    return build_engine(
-        config, weights, tokenizer, model_name=served_model_name(path),
-        num_slots=num_slots, ctx=ctx, device=dev, dtype=torch_dtype, int4_blocks=int4_blocks,
-    )
+        config, source, file_eos, quantized = (
+            hf_loader.read_config(path), DictSource(hf_loader.load_weights(path)), [], False)
+    torch_dtype = _DTYPES[dtype] if dtype is not None else default_dtype(dev, quantized)
+    tokenizer = Tokenizer.from_model_path(path, extra_eos_ids=file_eos, cache_dir=cache_dir)
+    engine = build_engine(config, source, tokenizer, num_slots=num_slots, ctx=ctx, device=dev,
+                          dtype=torch_dtype, int4=int4)
+    release_freed_memory()
+    log.info("loaded %s in %.1fs: %s, linears %s, KV cache %.0f MiB", path.name, time.perf_counter() - started,
+             torch_dtype, engine.model.forms, engine.model.kv_bytes() / 2**20)
+    return engine
 
 
 def build_engine(
     config: ModelConfig,
-    weights: dict[str, torch.Tensor],
+    source: WeightSource | dict[str, torch.Tensor],
     tokenizer: Tokenizer | None,
     *,
-    model_name: str,
     num_slots: int,
     ctx: int,
     device: torch.device,
     dtype: torch.dtype,
     eos_token_ids: frozenset[int] | None = None,
+    int4: bool = True,
     prepack: bool = True,
-    int4_blocks: dict[str, Int4Blocks] | None = None,
 ) -> TorchEngine:
-    """An engine from loaded parts (tests reuse one loaded file for several dtypes/slot counts).
-    int4_blocks (GGUFModel.int4_blocks()): attach int4 copies for small decode steps (CPU only)."""
-    model = Transformer.from_weights(config, weights, dtype=dtype, device=device)
-    if prepack:
-        model.prepack_cpu_bf16()  # a no-op unless CPU + bf16
-    if int4_blocks is not None and not model.attach_int4(int4_blocks):
-        log.warning("int4_decode: no CPU int4 kernel here; decoding dense")
+    """An engine from loaded parts (tests reuse one opened file for several dtypes/slot counts).
+    A plain dict of float32 tensors is a source without 4-bit blocks."""
+    if isinstance(source, dict):
+        source = DictSource(source)
+    model = Transformer.build(config, source, dtype=dtype, device=device, int4=int4, prepack=prepack)
     model.allocate_cache(num_slots, ctx)
     if eos_token_ids is None:
         eos_token_ids = tokenizer.eos_token_ids if tokenizer is not None else frozenset()
-    return TorchEngine(model, tokenizer, model_name=model_name, eos_token_ids=eos_token_ids)
+    return TorchEngine(model, tokenizer, eos_token_ids=eos_token_ids)
+
+
+def release_freed_memory() -> None:
+    """Loading frees large temporaries (dequantized float32 matrices, unpacked nibbles); glibc
+    keeps such pages in the process unless asked to hand them back."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
