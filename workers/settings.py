@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
@@ -23,7 +24,8 @@ class WorkerSettings(BaseSettings):
     model: str | None = Field(None, description="GGUF file or Hugging Face folder; default SmolLM2-135M-Instruct")
     served_model_name: str | None = Field(None, description="name clients use; default derived from the file")
     device: str = Field("cpu", description="cpu or cuda:N")
-    dtype: str | None = Field(None, description="float32 or bfloat16; default bfloat16 on CUDA, float32 on CPU (see docs/engine.md)")
+    dtype: str | None = Field(None, description="float32 or bfloat16; default bfloat16 on CUDA and for a quantized GGUF on the CPU, "
+                                                "else float32; float32 is the exact path (see docs/engine.md)")
     parallel: int = Field(4, ge=1, description="slots: requests decoded together")
     ctx: int = Field(2048, ge=16, description="tokens per slot (prompt + answer)")
     prefill_chunk: int = Field(256, ge=1, description="tokens read per chunk; a chunk boundary is where a read can stop")
@@ -34,7 +36,9 @@ class WorkerSettings(BaseSettings):
     reserve: Annotated[list[str], NoDecode] = Field(
         [], description="N:P keeps N slots for requests of priority >= P; repeat for tiers (--reserve 1:10 --reserve 1:5)")
     threads: int | None = Field(None, description="torch CPU threads; default all cores")
-    int4_decode: bool = Field(False, description="CPU + Q4_0/Q4_1 GGUF: decode steps of <= 8 rows use int4 weights from the file's blocks (see docs/engine.md)")
+    int4: bool = Field(True, description="CPU + bfloat16: linears stored as Q4_0/Q4_1 run as int4 from the file's own blocks "
+                                         "(the only copy kept); off: dequantized to bfloat16 (more memory, faster prompts)")
+    data_dir: Path = Field(Path("data"), description="where the converted tokenizer (and compiled steps) are cached")
     lease_ms: int = Field(15_000, ge=100, description="a claim not renewed for this long goes back to the queue")
     max_attempts: int = Field(3, ge=1, description="a request whose workers died this many times while running it fails (worker_lost)")
     redis_connect_s: float = Field(20.0, gt=0, description="how long to wait at start for Redis to answer")

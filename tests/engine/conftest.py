@@ -1,4 +1,4 @@
-"""Shared engine fixtures. The real SmolLM2 file is read once per session (reading it costs ~10 s)."""
+"""Shared engine fixtures. The real SmolLM2 file is opened once per session."""
 
 from __future__ import annotations
 
@@ -15,13 +15,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 class LoadedSmolLM2:
     path: object
     config: object
-    weights: dict
+    gguf: object  # engine.gguf_loader.GGUFModel: the weight source (dense, int4 blocks, rows)
     tokenizer: object
-    int4_blocks: dict  # the file's Q4_1 blocks of the attention/MLP matrices (GGUFModel.int4_blocks)
 
 
 @pytest.fixture(scope="session")
-def smollm2() -> LoadedSmolLM2:
+def smollm2(tmp_path_factory) -> LoadedSmolLM2:
     from engine.files import default_model_path
     from engine.gguf_loader import GGUFModel
     from engine.tokenizer import Tokenizer
@@ -29,18 +28,15 @@ def smollm2() -> LoadedSmolLM2:
     path = default_model_path()
     gguf = GGUFModel(path)
     tokenizer = Tokenizer.from_model_path(path, extra_eos_ids=gguf.eos_token_ids())
-    return LoadedSmolLM2(path=path, config=gguf.config, weights=gguf.weights(), tokenizer=tokenizer,
-                         int4_blocks=gguf.int4_blocks())
+    return LoadedSmolLM2(path=path, config=gguf.config, gguf=gguf, tokenizer=tokenizer)
 
 
-def make_engine(loaded: LoadedSmolLM2, dtype: torch.dtype, num_slots: int = 4, ctx: int = 512, int4: bool = False):
+def make_engine(loaded: LoadedSmolLM2, dtype: torch.dtype, num_slots: int = 4, ctx: int = 512, int4: bool = True):
+    """int4 applies to bf16 only (the file's Q4_1 blocks); float32 is the dequantized reference."""
     from engine.runner import build_engine
 
-    return build_engine(
-        loaded.config, loaded.weights, loaded.tokenizer, model_name="SmolLM2-135M-Instruct",
-        num_slots=num_slots, ctx=ctx, device=torch.device("cpu"), dtype=dtype,
-        int4_blocks=loaded.int4_blocks if int4 else None,
-    )
+    return build_engine(loaded.config, loaded.gguf, loaded.tokenizer, num_slots=num_slots, ctx=ctx,
+                        device=torch.device("cpu"), dtype=dtype, int4=int4)
 
 
 @pytest.fixture(scope="session")
@@ -49,11 +45,30 @@ def smollm2_f32(smollm2: LoadedSmolLM2):
 
 
 @pytest.fixture(scope="session")
-def smollm2_bf16(smollm2: LoadedSmolLM2):
+def smollm2_default(smollm2: LoadedSmolLM2):
+    """What `strata serve` runs on the CPU for this file: bf16 activations, int4 linears."""
     return make_engine(smollm2, torch.bfloat16)
 
 
 @pytest.fixture(scope="session")
 def new_smollm2_engine(smollm2: LoadedSmolLM2):
-    """A factory: new_smollm2_engine(dtype, num_slots=..., ctx=..., int4=...) over the session's loaded file."""
+    """A factory: new_smollm2_engine(dtype, num_slots=..., ctx=..., int4=...) over the session's file."""
     return lambda dtype, **kwargs: make_engine(smollm2, dtype, **kwargs)
+
+
+def prefill_logits(model, slot: int, ids: list[int], start: int = 0) -> torch.Tensor:
+    """Logits [V] of the last of `ids` read into `slot` at `start` (model level, no engine state)."""
+    from engine.model import CacheIndex
+
+    positions = torch.arange(start, start + len(ids)).unsqueeze(0)
+    with torch.inference_mode():
+        return model.logits(model(torch.tensor([ids]), CacheIndex.for_slots([slot], positions, start + len(ids))))[0]
+
+
+def decode_logits(model, slots: list[int], tokens: list[int], positions: list[int], span: int = 256) -> torch.Tensor:
+    """Logits [B, V] of one decode step (model level, no engine state)."""
+    from engine.model import CacheIndex
+
+    index = CacheIndex.for_slots(slots, torch.tensor(positions).unsqueeze(1), span)
+    with torch.inference_mode():
+        return model.logits(model(torch.tensor(tokens).unsqueeze(1), index))

@@ -7,6 +7,8 @@ import torch
 
 from engine import hf_loader
 from engine.model import Transformer
+from engine.weights import DictSource
+from tests.engine.conftest import decode_logits, prefill_logits
 
 ATOL = 2e-4  # float32; observed differences are ~1e-5 (different op order only)
 
@@ -46,7 +48,7 @@ def pair(request, tmp_path):
                 p.add_(torch.randn_like(p) * 0.1)
     hf.save_pretrained(tmp_path, safe_serialization=True)
     cfg = hf_loader.read_config(tmp_path)
-    ours = Transformer.from_weights(cfg, hf_loader.load_weights(tmp_path), dtype=torch.float32, device=torch.device("cpu"))
+    ours = Transformer.build(cfg, DictSource(hf_loader.load_weights(tmp_path)), dtype=torch.float32, device=torch.device("cpu"))
     ours.allocate_cache(num_slots=4, ctx=256)
     return hf, ours
 
@@ -61,11 +63,10 @@ def test_chunked_prefill_matches(pair):
     ids = torch.randint(0, 256, (70,), generator=torch.Generator().manual_seed(1)).tolist()
     ref = _hf_logits(hf, ids)
     start = 0
-    with torch.inference_mode():
-        for chunk in (16, 1, 33, 20):  # uneven chunks, one of a single token
-            logits = ours.prefill(2, torch.tensor(ids[start : start + chunk]), start)
-            start += chunk
-            torch.testing.assert_close(logits, ref[start - 1], atol=ATOL, rtol=0)
+    for chunk in (16, 1, 33, 20):  # uneven chunks, one of a single token
+        logits = prefill_logits(ours, 2, ids[start : start + chunk], start)
+        start += chunk
+        torch.testing.assert_close(logits, ref[start - 1], atol=ATOL, rtol=0)
 
 
 def test_batched_decode_in_scattered_slots_matches(pair):
@@ -74,27 +75,23 @@ def test_batched_decode_in_scattered_slots_matches(pair):
     prompts = {3: torch.randint(0, 256, (40,), generator=gen).tolist(), 1: torch.randint(0, 256, (9,), generator=gen).tolist()}
     extra = {3: torch.randint(0, 256, (5,), generator=gen).tolist(), 1: torch.randint(0, 256, (5,), generator=gen).tolist()}
     refs = {s: _hf_logits(hf, prompts[s] + extra[s]) for s in prompts}
-    with torch.inference_mode():
-        for slot, ids in prompts.items():
-            ours.prefill(slot, torch.tensor(ids), 0)
-        slots = [3, 1]  # not in order, not contiguous: the gathered path
-        for step in range(5):
-            positions = [len(prompts[s]) + step for s in slots]
-            logits = ours.decode(
-                torch.tensor(slots), torch.tensor([extra[s][step] for s in slots]), torch.tensor(positions), 256, None
-            )
-            for row, slot in enumerate(slots):
-                torch.testing.assert_close(logits[row], refs[slot][positions[row]], atol=ATOL, rtol=0)
+    for slot, ids in prompts.items():
+        prefill_logits(ours, slot, ids)
+    slots = [3, 1]  # not in order, not contiguous: the gathered path
+    for step in range(5):
+        positions = [len(prompts[s]) + step for s in slots]
+        logits = decode_logits(ours, slots, [extra[s][step] for s in slots], positions)
+        for row, slot in enumerate(slots):
+            torch.testing.assert_close(logits[row], refs[slot][positions[row]], atol=ATOL, rtol=0)
 
 
 def test_contiguous_slots_take_the_sliced_path(pair):
     hf, ours = pair
     prompts = {0: list(range(10, 30)), 1: list(range(50, 53))}
     refs = {s: _hf_logits(hf, prompts[s] + [7]) for s in prompts}
-    with torch.inference_mode():
-        for slot, ids in prompts.items():
-            ours.prefill(slot, torch.tensor(ids), 0)
-        positions = [20, 3]
-        logits = ours.decode(torch.tensor([0, 1]), torch.tensor([7, 7]), torch.tensor(positions), 256, (0, 2))
+    for slot, ids in prompts.items():
+        prefill_logits(ours, slot, ids)
+    positions = [20, 3]
+    logits = decode_logits(ours, [0, 1], [7, 7], positions)
     for row, slot in enumerate((0, 1)):
         torch.testing.assert_close(logits[row], refs[slot][positions[row]], atol=ATOL, rtol=0)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from engine.protocol import SamplingParams
+from tests.engine.conftest import prefill_logits
 
 pytestmark = pytest.mark.smollm2
 
@@ -53,8 +54,7 @@ def test_logits_match_transformers_gguf_load(smollm2, new_smollm2_engine):
     ids = smollm2.tokenizer.encode("The quick brown fox jumps over the lazy dog because")
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0, -1].float()
-    with torch.inference_mode():
-        ours = engine.model.prefill(0, torch.tensor(ids), 0)
+    ours = prefill_logits(engine.model, 0, ids)
     # Same dequantized weights in float32: only the order of operations differs.
     torch.testing.assert_close(ours, ref, atol=1e-3, rtol=0)
     assert int(ours.argmax()) == int(ref.argmax())
@@ -95,9 +95,10 @@ def _generate_in_batch(engine, ids: list[int], slot: int) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-def test_greedy_is_identical_alone_and_beside_others(smollm2, dtype, request):
-    engine = request.getfixturevalue("smollm2_f32" if dtype == torch.float32 else "smollm2_bf16")
+def test_greedy_is_identical_alone_and_beside_others(smollm2_f32):
+    # float32: bf16 products may depend on the batch's shape in oneDNN; the default's int4 kernel
+    # is row by row and has its own batch-vs-solo test (test_int4.py).
+    engine = smollm2_f32
     ids = engine.tokenizer.encode_chat(TARGET)
     solo = _generate_solo(engine, ids, slot=2)
     batched = _generate_in_batch(engine, ids, slot=2)
