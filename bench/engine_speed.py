@@ -1,48 +1,83 @@
-"""SmolLM2 engine speed: decode tok/s at 1 and 4 slots, prompt tok/s, time to first token, RSS.
+"""Engine speed on the default SmolLM2 file: decode tok/s per batch size, prompt tok/s, time to
+first token, load time and memory, for several engine variants in one run.
 
-    .venv/bin/python -m bench.engine_speed [--dtypes float32 bfloat16 float32+int4 bfloat16+int4] [--steps 64]
+    .venv/bin/python -m bench.engine_speed [--variants default float32 ...] [--baseline REF]
 
-Each variant runs in its own process so its resident memory is its own. "+int4" loads with
-int4_decode=True: decode steps of <= 8 rows use int4 weights from the file's Q4_1 blocks."""
+A variant is `default` (what `strata serve` runs), `float32`, `bfloat16`, with `+noint4`
+(bf16 linears dequantized instead of int4 from the file's blocks) or `+compile` appended.
+`--baseline REF` adds the engine of a git commit (e.g. `main`) run from a temporary worktree, as
+`REF:VARIANT` (`--baseline-variants`), so old and new are measured in the same run. Each variant
+runs in its own process, so its memory is its own, and the variants are measured in turns, round
+by round (median shown): the 2 cores are shared with whatever else runs, so compare ratios within
+one run, not numbers across runs."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 DECODE_CONTEXT = 200
 PREFILL_TOKENS = 2000
 PREFILL_CHUNK = 512
 TTFT_TOKENS = 100
+CTX = 2048 + 64
 
 
-def _rss_mib() -> float:
+def _status_mib(key: str) -> float:
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) / 1024
     return float("nan")
 
 
-def measure(variant: str, steps: int, threads: int | None) -> dict[str, float]:
-    from engine.protocol import SamplingParams
+def _load(variant: str, num_slots: int, threads: int | None, legacy: bool):
+    """The engine for a variant; `legacy` speaks the options of the engine before int4 became the
+    default (dtype float32 on CPU, int4 only as `int4_decode`)."""
     from engine.runner import load_engine
 
-    dtype, _, extra = variant.partition("+")
-    engine = load_engine(None, num_slots=4, ctx=2048 + 64, dtype=dtype, threads=threads, int4_decode=extra == "int4")
-    filler = engine.tokenizer.encode("The history of the lighthouse keepers of the northern coast. " * 400)
-    greedy = SamplingParams(temperature=0.0)
+    name, *flags = variant.split("+")
+    dtype = None if name == "default" else name
+    kwargs: dict = {}
+    if legacy:
+        kwargs["int4_decode"] = "int4" in flags
+    else:
+        kwargs["int4"] = "noint4" not in flags
+        kwargs["cache_dir"] = Path(tempfile.gettempdir()) / "strata-bench-cache"
+        if "compile" in flags:
+            kwargs["compile"] = True
+    return load_engine(None, num_slots=num_slots, ctx=CTX, dtype=dtype, threads=threads, **kwargs)
 
-    def decode_rate(num_slots: int) -> float:
-        slots = list(range(num_slots))
-        last = {}
+
+class Probe:
+    """One variant's engine in its own process, measured on command (`serve_commands`) so the
+    parent can interleave variants round by round: the shared cores' load then hits all of them
+    alike, and the median of the rounds is compared."""
+
+    def __init__(self, variant: str, num_slots: int, threads: int | None, legacy: bool) -> None:
+        from engine.protocol import SamplingParams
+
+        self.rss_start = _status_mib("VmRSS")
+        started = time.perf_counter()
+        self.engine = _load(variant, num_slots, threads, legacy)
+        self.load_s = time.perf_counter() - started
+        self.rss_loaded = _status_mib("VmRSS")
+        self.filler = self.engine.tokenizer.encode("The history of the lighthouse keepers of the northern coast. " * 400)
+        self.greedy = SamplingParams(temperature=0.0)
+
+    def decode(self, num_slots: int, steps: int) -> float:
+        engine, slots, last = self.engine, list(range(num_slots)), {}
         for s in slots:
-            engine.begin(s, greedy)
-            last[s] = engine.read(s, filler[s : s + DECODE_CONTEXT], sample=True)
-        for _ in range(4):  # warm-up
+            engine.begin(s, self.greedy)
+            last[s] = engine.read(s, self.filler[s : s + DECODE_CONTEXT], sample=True)
+        for _ in range(2):  # warm-up
             for s, t in zip(slots, engine.decode(slots, [last[s] for s in slots])):
                 last[s] = t
         start = time.perf_counter()
@@ -51,62 +86,152 @@ def measure(variant: str, steps: int, threads: int | None) -> dict[str, float]:
                 last[s] = t
         return steps * num_slots / (time.perf_counter() - start)
 
-    def prefill_rate() -> float:
-        engine.begin(0, greedy)
-        ids = filler[:PREFILL_TOKENS]
+    def prefill(self) -> float:
+        engine, ids = self.engine, self.filler[:PREFILL_TOKENS]
+        engine.begin(0, self.greedy)
         start = time.perf_counter()
         for i in range(0, len(ids), PREFILL_CHUNK):
             engine.read(0, ids[i : i + PREFILL_CHUNK], sample=i + PREFILL_CHUNK >= len(ids))
         return len(ids) / (time.perf_counter() - start)
 
-    def ttft_ms() -> float:
-        best = float("inf")
-        for attempt in range(3):
-            engine.begin(1, greedy)
-            start = time.perf_counter()
-            engine.read(1, filler[attempt : attempt + TTFT_TOKENS], sample=True)
-            best = min(best, time.perf_counter() - start)
-        return best * 1000
+    def ttft_ms(self) -> float:
+        self.engine.begin(1, self.greedy)
+        start = time.perf_counter()
+        self.engine.read(1, self.filler[:TTFT_TOKENS], sample=True)
+        return (time.perf_counter() - start) * 1000
 
-    decode_rate(1)  # warm the allocator and kernels
-    return {
-        "decode_b1": decode_rate(1),
-        "decode_b4": decode_rate(4),
-        "prefill": prefill_rate(),
-        "ttft_ms": ttft_ms(),
-        "rss_mib": _rss_mib(),
-    }
+    def stats(self) -> dict[str, float]:
+        model = self.engine.model
+        kv = model.kv_bytes() / 2**20 if hasattr(model, "kv_bytes") else float("nan")
+        return {"load_s": self.load_s, "rss_start_mib": self.rss_start, "rss_loaded_mib": self.rss_loaded,
+                "rss_peak_mib": _status_mib("VmHWM"), "kv_mib": kv}
+
+    def serve_commands(self, steps: int) -> None:
+        print(json.dumps({"ready": True}), flush=True)
+        for line in sys.stdin:
+            op, _, arg = line.strip().partition(" ")
+            if op == "decode":
+                value: object = self.decode(int(arg), steps)
+            elif op == "prefill":
+                value = self.prefill()
+            elif op == "ttft":
+                value = self.ttft_ms()
+            elif op == "stats":
+                value = self.stats()
+            else:
+                return
+            print(json.dumps(value), flush=True)
+
+
+class Child:
+    def __init__(self, name: str, variant: str, args: argparse.Namespace, tree: Path | None) -> None:
+        self.name = name
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--variants", variant,
+               "--steps", str(args.steps), "--slots", str(max(args.batches))]
+        if args.threads:
+            cmd += ["--threads", str(args.threads)]
+        if tree is not None:
+            cmd.append("--legacy")
+        root = tree or Path(__file__).resolve().parent.parent
+        env = {**os.environ, "PYTHONPATH": str(root)}  # that tree's engine package comes first
+        self.process = subprocess.Popen(cmd, cwd=root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.ask_line()  # ready: loaded
+
+    def ask_line(self, command: str | None = None) -> object:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        if command is not None:
+            self.process.stdin.write(command + "\n")
+            self.process.stdin.flush()
+        while True:
+            line = self.process.stdout.readline()
+            if not line:
+                raise RuntimeError(f"{self.name} exited")
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a library's stray print
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            assert self.process.stdin is not None
+            self.process.stdin.write("quit\n")
+            self.process.stdin.flush()
+            self.process.wait(timeout=60)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16", "float32+int4", "bfloat16+int4"])
-    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--variants", nargs="+", default=["default", "bfloat16+noint4", "float32"])
+    parser.add_argument("--baseline", default=None, help="a git ref whose engine runs too (e.g. main)")
+    parser.add_argument("--baseline-variants", nargs="+", default=["float32", "bfloat16+int4"])
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 4, 8, 16])
+    parser.add_argument("--steps", type=int, default=16, help="decode steps per sample")
+    parser.add_argument("--rounds", type=int, default=3, help="samples per measurement; the median is shown")
+    parser.add_argument("--slots", type=int, default=16, help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--legacy", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.child:
-        print(json.dumps(measure(args.dtypes[0], args.steps, args.threads)))
+        Probe(args.variants[0], args.slots, args.threads, args.legacy).serve_commands(args.steps)
         return
 
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"SmolLM2-135M Q4_1 (dequantized; +int4: int4 decode weights), decode at ~{DECODE_CONTEXT} tokens of context")
-    table.add_column("dtype", no_wrap=True)
-    for column in ("decode B=1 tok/s", "decode B=4 tok/s (total)", f"prompt tok/s ({PREFILL_TOKENS}, chunks of {PREFILL_CHUNK})", f"TTFT {TTFT_TOKENS} tok (ms)", "RSS (MiB)"):
-        table.add_column(column, justify="right")
-    for dtype in args.dtypes:
-        cmd = [sys.executable, "-m", "bench.engine_speed", "--child", "--dtypes", dtype, "--steps", str(args.steps)]
-        if args.threads:
-            cmd += ["--threads", str(args.threads)]
-        result = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
-        table.add_row(
-            dtype, f"{result['decode_b1']:.1f}", f"{result['decode_b4']:.1f}", f"{result['prefill']:.0f}",
-            f"{result['ttft_ms']:.0f}", f"{result['rss_mib']:.0f}",
-        )
-    Console().print(table)
+    children: list[Child] = []
+    worktree = None
+    try:
+        if args.baseline:
+            repo = Path(__file__).resolve().parent.parent
+            worktree = Path(tempfile.mkdtemp(prefix="strata-baseline-"))
+            subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", str(worktree), args.baseline],
+                           check=True, capture_output=True)
+            for variant in args.baseline_variants:
+                children.append(Child(f"{args.baseline}:{variant}", variant, args, worktree))
+        for variant in args.variants:
+            children.append(Child(variant, variant, args, None))
+        samples: dict[str, dict[str, list[float]]] = {c.name: {} for c in children}
+        commands = [(f"decode_b{b}", f"decode {b}") for b in args.batches] + [("prefill", "prefill"), ("ttft_ms", "ttft")]
+        for round_ in range(args.rounds):
+            for key, command in commands:
+                for child in children if round_ % 2 == 0 else children[::-1]:
+                    samples[child.name].setdefault(key, []).append(float(child.ask_line(command)))  # type: ignore[arg-type]
+            print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+        runs = []
+        for child in children:
+            result = {key: statistics.median(values) for key, values in samples[child.name].items()}
+            result.update(child.ask_line("stats"))  # type: ignore[arg-type]
+            runs.append((child.name, result))
+            print(child.name, json.dumps(result), file=sys.stderr, flush=True)
+    finally:
+        for child in children:
+            child.close()
+        if worktree is not None:
+            subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=Path(__file__).resolve().parent,
+                           capture_output=True)
+
+    base_name, base = runs[0]
+    table = Table(title=f"SmolLM2-135M-Instruct Q4_1, decode at ~{DECODE_CONTEXT} tokens of context; median of "
+                        f"{args.rounds} interleaved rounds; (×) = ratio to {base_name}, same run")
+    table.add_column("variant", no_wrap=True)
+    columns = [(f"decode_b{b}", f"decode B={b} tok/s") for b in args.batches]
+    columns += [("prefill", f"prompt tok/s ({PREFILL_TOKENS} in {PREFILL_CHUNK}s)"),
+                ("ttft_ms", f"TTFT {TTFT_TOKENS} tok ms"), ("load_s", "load s"),
+                ("rss_loaded_mib", "RSS loaded MiB"), ("rss_peak_mib", "RSS peak MiB"), ("kv_mib", "KV MiB")]
+    for _, title in columns:
+        table.add_column(title, justify="right")
+    for name, result in runs:
+        cells = []
+        for key, _ in columns:
+            value = result[key]
+            text = f"{value:.2f}" if key == "load_s" else f"{value:.0f}"
+            if key.startswith("decode") or key == "prefill":
+                text += f" ({value / base[key]:.2f}×)"
+            cells.append(text)
+        table.add_row(name, *cells)
+    Console(width=220).print(table)
 
 
 if __name__ == "__main__":

@@ -222,7 +222,9 @@ class Transformer(nn.Module):
     def allocate_cache(self, num_slots: int, ctx: int) -> None:
         """One K and one V buffer per layer (a single shared buffer made writes copy it whole)."""
         cfg = self.cfg
-        shape = (num_slots, cfg.n_kv_heads, ctx, cfg.head_dim)
+        # One spare position: a step's span (<= ctx) is then never the buffer's whole length,
+        # which a compiled graph would otherwise specialize on (a contiguous gather) and rebuild.
+        shape = (num_slots, cfg.n_kv_heads, ctx + 1, cfg.head_dim)
         for block in self.layers:
             block.k_cache = torch.zeros(shape, device=self.device, dtype=self.cache_dtype)
             block.v_cache = torch.zeros(shape, device=self.device, dtype=self.cache_dtype)
@@ -253,7 +255,9 @@ class Transformer(nn.Module):
         mask = index.mask()
         lo, hi, span = index.lo, index.hi, index.span
         for block in self.layers:
-            x = block(x, cos, sin, block.k_cache[lo:hi, :, :span], block.v_cache[lo:hi, :, :span], index, mask)
+            # narrow, not [:span]: a slice end equal to the size would pin a compiled graph's span
+            keys, values = block.k_cache[lo:hi].narrow(2, 0, span), block.v_cache[lo:hi].narrow(2, 0, span)
+            x = block(x, cos, sin, keys, values, index, mask)
         return F.rms_norm(x[:, -1], (self.cfg.dim,), self.norm, self.cfg.norm_eps)
 
     def logits(self, h: Tensor) -> Tensor:

@@ -6,7 +6,7 @@ import ctypes
 import logging
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
@@ -16,6 +16,9 @@ from engine.protocol import SamplingParams
 from engine.sampling import SlotSampler, sample_tokens
 from engine.tokenizer import Tokenizer
 from engine.weights import DictSource, WeightSource
+
+if TYPE_CHECKING:
+    from engine.compiled import CompiledDecode
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +39,17 @@ class TorchEngine:
         self.dtype = model.cache_dtype
         self._positions = [0] * self.num_slots
         self._samplers = [SlotSampler.start(SamplingParams(temperature=0.0)) for _ in range(self.num_slots)]
+        self.compiled: CompiledDecode | None = None
+
+    def compile_decode(self, warm: bool = True) -> float:
+        """Decode through torch.compile from now on (engine/compiled.py); with `warm`, build the
+        graphs now. Returns the seconds spent warming."""
+        from engine.compiled import CompiledDecode
+
+        self.compiled = CompiledDecode(self.model)
+        if not warm:
+            return 0.0
+        return self.compiled.warm(sorted({1, min(2, self.num_slots), self.num_slots}), min(self.ctx, KV_BUCKET))
 
     @property
     def config(self) -> ModelConfig:
@@ -81,10 +95,13 @@ class TorchEngine:
         span = min(self.ctx, -(-(max(positions) + 1) // KV_BUCKET) * KV_BUCKET)
         dev = self.device
         with torch.inference_mode():
-            pos = torch.tensor(positions, dtype=torch.long, device=dev).unsqueeze(1)
-            index = CacheIndex.for_slots(slots, pos, span)
-            ids = torch.tensor(list(tokens), dtype=torch.long, device=dev).unsqueeze(1)
-            logits = self.model.logits(self.model(ids, index))
+            pos = torch.tensor(positions, dtype=torch.long, device=dev)
+            ids = torch.tensor(list(tokens), dtype=torch.long, device=dev)
+            if self.compiled is not None:
+                hidden = self.compiled(ids, torch.tensor(slots, dtype=torch.long, device=dev), pos, span)
+            else:
+                hidden = self.model(ids.unsqueeze(1), CacheIndex.for_slots(slots, pos.unsqueeze(1), span))
+            logits = self.model.logits(hidden)
         for slot in slots:
             self._positions[slot] += 1
         return sample_tokens(logits, [self._samplers[s] for s in slots], self.eos_token_ids)
@@ -125,13 +142,15 @@ def load_engine(
     threads: int | None = None,
     int4: bool = True,
     cache_dir: str | Path | None = None,
+    compile: bool = False,
 ) -> TorchEngine:
     """Open a GGUF file or HF folder (None: the default SmolLM2) and allocate its slots.
 
     dtype None: see `default_dtype`. int4: with bf16 on the CPU, linears stored as Q4_0/Q4_1 run
     as int4 straight from the file's blocks (the only copy kept); off, they are dequantized to
     bf16 (more memory, faster prompt reading). cache_dir: where the converted tokenizer is kept
-    so a restart does not convert it again (seconds for a GGUF)."""
+    so a restart does not convert it again (seconds for a GGUF), and inductor's generated code.
+    compile: decode through torch.compile (engine/compiled.py), graphs built here."""
     if num_slots < 1 or ctx < 1:
         raise ValueError("num_slots and ctx must be positive")
     if threads is not None:
@@ -160,6 +179,11 @@ def load_engine(
     engine = build_engine(config, source, tokenizer, num_slots=num_slots, ctx=ctx, device=dev,
                           dtype=torch_dtype, int4=int4)
     release_freed_memory()
+    if compile:
+        from engine.compiled import use_cache_dir
+
+        use_cache_dir(cache_dir)
+        engine.compile_decode(warm=True)
     log.info("loaded %s in %.1fs: %s, linears %s, KV cache %.0f MiB", path.name, time.perf_counter() - started,
              torch_dtype, engine.model.forms, engine.model.kv_bytes() / 2**20)
     return engine

@@ -1,0 +1,220 @@
+"""Strata and llama.cpp's server on the same GGUF, through HTTP, with the same streaming client.
+
+    .venv/bin/python -m bench.side_by_side [--model FILE] [--parallel 8] [-- extra strata serve flags]
+    LLAMA_SERVER=/path/to/llama-server .venv/bin/python -m bench.side_by_side
+
+Each server is started in turn (never both at once: they share the cores), then:
+- decode: 1, 2, 4, 8 concurrent streaming chat clients, `ignore_eos`, 128 tokens each; total
+  completion tokens / wall time;
+- prompt: one ~2000-token prompt with max_tokens=1; prompt tokens / time to the first token;
+- alert during a battery (DESIGN.md): 4 slots busy with 300-token answers and 8 more queued at a
+  low priority; a short request at a high priority 2 s later; its time to first token (llama.cpp
+  ignores `priority`: plain FIFO, which is what it offers).
+Prints one table with Strata / llama.cpp ratios. Without LLAMA_SERVER only Strata runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+TOKENS = 128
+BATTERY_TOKENS = 300
+SCENARIO_SLOTS = 4
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    name: str
+    argv: list[str]
+    port: int
+    ready_path: str
+    model: str = ""
+    process: subprocess.Popen | None = None
+    log: Path = field(default_factory=lambda: Path(tempfile.mkstemp(suffix=".log")[1]))
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> "Server":
+        self.process = subprocess.Popen(self.argv, stdout=self.log.open("wb"), stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        started = time.monotonic()
+        while time.monotonic() - started < 600:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited; see {self.log}")
+            try:
+                response = httpx.get(self.url + self.ready_path, timeout=2)
+                if response.status_code == 200 and (self.ready_path != "/v1/models" or response.json().get("data")):
+                    data = httpx.get(self.url + "/v1/models", timeout=2).json().get("data") or [{}]
+                    self.model = data[0].get("id", "")
+                    self.start_s = time.monotonic() - started
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"{self.name} did not become ready; see {self.log}")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, 15)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, 9)
+
+
+async def chat(client: httpx.AsyncClient, server: Server, content: str, max_tokens: int,
+               priority: int | None = None) -> dict[str, float]:
+    """One streaming request: time to first token, completion and prompt tokens (from usage)."""
+    body: dict = {"model": server.model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+                  "stream": True, "ignore_eos": True, "temperature": 0, "stream_options": {"include_usage": True}}
+    if priority is not None:
+        body["priority"] = priority
+    sent = time.monotonic()
+    first = None
+    chunks = 0
+    usage: dict = {}
+    async with client.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=900) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if event.get("usage"):
+                usage = event["usage"]
+            for choice in event.get("choices") or []:
+                if (choice.get("delta") or {}).get("content"):
+                    chunks += 1
+                    if first is None:
+                        first = time.monotonic()
+    done = time.monotonic()
+    return {"sent": sent, "ttft_s": (first or done) - sent, "done": done,
+            "completion_tokens": usage.get("completion_tokens", chunks), "prompt_tokens": usage.get("prompt_tokens", 0)}
+
+
+def words(seed: int, count: int) -> str:
+    """Distinct filler text per request (no shared prefix for a conversation cache to reuse)."""
+    vocab = ["harbour", "lantern", "granite", "tide", "keeper", "signal", "northern", "storm", "beacon", "gull",
+             "rope", "ledger", "island", "fog", "engine", "winter", "copper", "anchor", "channel", "reef"]
+    return " ".join(vocab[(seed * 7 + i * (seed % 5 + 3)) % len(vocab)] + str((seed + i) % 97) for i in range(count))
+
+
+async def decode_rate(server: Server, clients: int, round_: int) -> float:
+    async with httpx.AsyncClient() as client:
+        started = time.monotonic()
+        results = await asyncio.gather(*(
+            chat(client, server, f"Story {round_}-{i}: " + words(100 * round_ + i, 20), TOKENS) for i in range(clients)))
+        return sum(r["completion_tokens"] for r in results) / (time.monotonic() - started)
+
+
+async def prompt_rate(server: Server, prompt_words: int) -> float:
+    best = 0.0
+    async with httpx.AsyncClient() as client:
+        for attempt in range(2):
+            r = await chat(client, server, words(1000 + attempt, prompt_words), 1)
+            best = max(best, r["prompt_tokens"] / r["ttft_s"])
+    return best
+
+
+async def alert_during_battery(server: Server) -> float:
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=64)) as client:
+        battery = [asyncio.create_task(chat(client, server, f"Battery {i}: " + words(500 + i, 12), BATTERY_TOKENS, -5))
+                   for i in range(3 * SCENARIO_SLOTS)]
+        await asyncio.sleep(2.0)
+        alert = await chat(client, server, "Alert: disk full on host 7. Summarize in one line.", 8, 10)
+        await asyncio.gather(*battery)
+        return alert["ttft_s"]
+
+
+def strata_server(args: argparse.Namespace, parallel: int, extra: list[str]) -> Server:
+    port = _free_port()
+    argv = [sys.executable, "-m", "strata", "serve", "--port", str(port), "--parallel", str(parallel),
+            "--data-dir", str(args.data_dir)]
+    if args.model:
+        argv += ["--model", args.model]
+    return Server("strata", argv + extra, port, "/v1/models")
+
+
+def llama_server(args: argparse.Namespace, parallel: int, binary: str) -> Server:
+    from engine.files import resolve_model_path
+
+    port = _free_port()
+    argv = [binary, "-m", str(resolve_model_path(args.model)), "--port", str(port), "-np", str(parallel),
+            "-c", str(parallel * 2048), "--host", "127.0.0.1"]
+    return Server("llama.cpp", argv, port, "/health")
+
+
+def measure(make, args: argparse.Namespace) -> dict[str, float]:
+    out: dict[str, float] = {}
+    with make(args.parallel) as server:
+        out["start_s"] = server.start_s
+        asyncio.run(decode_rate(server, 1, 0))  # warm-up
+        for clients in args.clients:
+            rates = [asyncio.run(decode_rate(server, clients, r + 1)) for r in range(args.rounds)]
+            out[f"clients_{clients}"] = sorted(rates)[len(rates) // 2]
+        out["prompt"] = asyncio.run(prompt_rate(server, args.prompt_words))
+    with make(SCENARIO_SLOTS) as server:
+        asyncio.run(decode_rate(server, 1, 0))
+        out["alert_ttft_s"] = asyncio.run(alert_during_battery(server))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="GGUF file (default: SmolLM2-135M-Instruct Q4_1)")
+    parser.add_argument("--parallel", type=int, default=8)
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--rounds", type=int, default=3, help="runs per client count (median)")
+    parser.add_argument("--prompt-words", type=int, default=1000, help="~2 tokens a word with this filler")
+    parser.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "strata-side-by-side")
+    parser.add_argument("strata_args", nargs="*", help="extra `strata serve` flags (after --)")
+    args = parser.parse_args()
+
+    from rich.console import Console
+    from rich.table import Table
+
+    results = {"strata": measure(lambda n: strata_server(args, n, args.strata_args), args)}
+    print("strata", json.dumps(results["strata"]), flush=True)
+    binary = os.environ.get("LLAMA_SERVER")
+    if binary:
+        results["llama.cpp"] = measure(lambda n: llama_server(args, n, binary), args)
+        print("llama.cpp", json.dumps(results["llama.cpp"]), flush=True)
+
+    table = Table(title="Same GGUF, same streaming client, one server after the other")
+    table.add_column("measure")
+    for name in results:
+        table.add_column(name, justify="right")
+    if len(results) == 2:
+        table.add_column("strata / llama.cpp", justify="right")
+    rows = [(f"clients_{c}", f"decode tok/s, {c} client{'s' if c > 1 else ''}") for c in args.clients]
+    rows += [("prompt", "prompt tok/s (one ~2000-token prompt)"), ("alert_ttft_s", "alert during a battery: TTFT s"),
+             ("start_s", "start until ready, s")]
+    for key, title in rows:
+        cells = [f"{r[key]:.1f}" for r in results.values()]
+        if len(results) == 2:
+            cells.append(f"{results['strata'][key] / results['llama.cpp'][key]:.2f}×")
+        table.add_row(title, *cells)
+    Console(width=160).print(table)
+
+
+if __name__ == "__main__":
+    main()
