@@ -45,7 +45,7 @@ def run_worker(settings: WorkerSettings) -> None:
     name = settings.served_model_name or served_model_name(path)
     engine = load_engine(path, num_slots=settings.parallel, ctx=settings.ctx, device=settings.device,
                          dtype=settings.dtype, threads=settings.threads, int4=settings.int4,
-                         cache_dir=settings.data_dir / "cache")
+                         cache_dir=settings.data_dir / "cache", compile=settings.compile)
     worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}-{settings.device}"
     claims = Claims(connect(settings.redis_url, within_s=settings.redis_connect_s), name, worker_id,
                     lease_ms=settings.lease_ms, retention_s=settings.retention_s, max_attempts=settings.max_attempts)

@@ -38,7 +38,9 @@ class WorkerSettings(BaseSettings):
     threads: int | None = Field(None, description="torch CPU threads; default all cores")
     int4: bool = Field(True, description="CPU + bfloat16: linears stored as Q4_0/Q4_1 run as int4 from the file's own blocks "
                                          "(the only copy kept); off: dequantized to bfloat16 (more memory, faster prompts)")
-    data_dir: Path = Field(Path("data"), description="where the converted tokenizer (and compiled steps) are cached")
+    compile: bool = Field(False, description="decode through torch.compile (built at start, tens of seconds; "
+                                             "cached under --data-dir); off: eager (docs/engine.md)")
+    data_dir: Path = Field(Path("data"), description="where the converted tokenizer and compiled code are cached")
     lease_ms: int = Field(15_000, ge=100, description="a claim not renewed for this long goes back to the queue")
     max_attempts: int = Field(3, ge=1, description="a request whose workers died this many times while running it fails (worker_lost)")
     redis_connect_s: float = Field(20.0, gt=0, description="how long to wait at start for Redis to answer")

@@ -1,0 +1,53 @@
+"""The compiled decode step (engine/compiled.py) on a tiny random model: the only test that
+compiles (tens of seconds on 2 cores). The real model's compiled speed is measured by
+bench/engine_speed.py (`default+compile`), never here."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.model import ModelConfig, Transformer
+from engine.protocol import SamplingParams
+from engine.runner import TorchEngine
+from engine.weights import DictSource
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def _tiny_engine() -> TorchEngine:
+    torch.manual_seed(0)
+    cfg = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=128, vocab_size=256,
+                      tie_embeddings=True)
+    weights = {"embed": torch.randn(256, 64) * 0.5, "norm": torch.ones(64)}
+    shapes = {"q": (64, 64), "k": (32, 64), "v": (32, 64), "o": (64, 64), "gate": (128, 64), "up": (128, 64),
+              "down": (64, 128)}
+    for i in range(cfg.n_layers):
+        weights[f"layers.{i}.attn_norm"] = weights[f"layers.{i}.ffn_norm"] = torch.ones(64)
+        for name, shape in shapes.items():
+            weights[f"layers.{i}.{name}"] = torch.randn(shape) * 0.2
+    model = Transformer.build(cfg, DictSource(weights), dtype=torch.float32, device=torch.device("cpu"))
+    model.allocate_cache(num_slots=4, ctx=400)
+    return TorchEngine(model, None, eos_token_ids=frozenset())
+
+
+def _run(engine: TorchEngine) -> list[list[int]]:
+    """Four slots with prompts of different lengths; decode steps alternate all four in order
+    (sliced when eager) and two scattered ones, and cross the 256-token attention bucket."""
+    out = []
+    for slot in range(4):
+        engine.begin(slot, GREEDY)
+        out.append([engine.read(slot, [(7 * slot + i) % 256 for i in range(10 + 60 * slot)], sample=True)])
+    for step in range(120):
+        active = [0, 1, 2, 3] if step % 3 else [3, 1]
+        for slot, token in zip(active, engine.decode(active, [out[s][-1] for s in active])):
+            out[slot].append(token)
+    return out
+
+
+def test_compiled_decode_gives_eager_tokens_without_recompiling():
+    engine = _tiny_engine()
+    eager = _run(engine)
+    engine.compile_decode(warm=True)  # two graphs: one row, and 2+ rows with dynamic batch and span
+    with torch._dynamo.config.patch(error_on_recompile=True):  # new batch sizes and spans reuse them
+        compiled = _run(engine)
+    assert compiled == eager
