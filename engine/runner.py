@@ -36,7 +36,7 @@ class TorchEngine:
         self.ctx = model.ctx
         self.eos_token_ids = eos_token_ids
         self.device = model.device
-        self.dtype = model.cache_dtype
+        self.dtype = model.dtype
         self._positions = [0] * self.num_slots
         self._samplers = [SlotSampler.start(SamplingParams(temperature=0.0)) for _ in range(self.num_slots)]
         self.compiled: CompiledDecode | None = None
