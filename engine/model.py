@@ -259,7 +259,8 @@ class Transformer(nn.Module):
     def run_layers(self, x: Tensor, index: CacheIndex) -> Tensor:
         """x: [B, T, dim] float32 embeddings -> [B, dim] normalized residual of the last token.
         The part of a step a compiled graph covers (engine/compiled.py)."""
-        cos, sin = self.cos[index.positions], self.sin[index.positions]  # [B, T, hd]
+        # Rounded once per step to the activations' dtype (as transformers does), not per layer.
+        cos, sin = self.cos[index.positions].to(self.dtype), self.sin[index.positions].to(self.dtype)  # [B, T, hd]
         mask = index.mask()
         lo, hi, span = index.lo, index.hi, index.span
         for block in self.layers:
