@@ -178,6 +178,19 @@ def test_hostile_paths_and_queries_never_get_a_5xx(client):
     assert_a_normal_request_is_answered(client)
 
 
+HEADERS = [{"x-strata-queue-timeout": v} for v in ("nan", "inf", "1e400", "-1", "0", "x", b"\xff", b"\xed\xa0\x80")] + [
+    {"authorization": v} for v in ("Bearer", b"Bearer \xff", "Basic x", "Bearer " + "k" * 10_000)] + [
+    {"content-type": v} for v in ("application/json; charset=latin-1", "text/plain", "application/x+json")]
+
+
+def test_hostile_headers_never_get_a_5xx(client):
+    for headers in HEADERS:
+        response = client.post("/v1/chat/completions", headers=headers,
+                               content=b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}')
+        assert_answered_or_refused_cleanly(response, headers)
+    assert_a_normal_request_is_answered(client)
+
+
 def multipart(purpose: bytes, filename: bytes, content: bytes) -> bytes:
     """A multipart body written by hand: a client can put any bytes in it, valid UTF-8 or not."""
     return (b"--B\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\n" + purpose + b"\r\n"
