@@ -171,9 +171,9 @@ def _hf_name(ours: str) -> str:
     return f"model.layers.{i}.{sub}.weight"
 
 
-def test_own_parser_reads_what_gguf_reader_reads(hf_model, tmp_path):
-    # engine.gguf_file replaces gguf's GGUFReader (seconds on a real vocabulary): same metadata,
-    # same shapes, same tensor bytes, on a file with every value kind the writer emits.
+def test_the_file_view_gives_what_gguf_reader_reads(hf_model, tmp_path):
+    # engine.gguf_file adapts gguf's GGUFReader to the loader (torch-order shapes, raw bytes):
+    # same metadata, same shapes, same tensor bytes, on a file with every value kind the writer emits.
     from engine.gguf_file import GGUFFile
 
     path = tmp_path / "tiny-mixed.gguf"
