@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 from fastapi import Depends, FastAPI
 
 from api.cancels import Cancels
+from api.fit import Fit
 from api.deps import Services, get_api_key
 from api.errors import BodyLimit, CatchAll, install_error_handlers
 from api.batch_deps import BatchServices
@@ -59,7 +60,8 @@ def create_app(
                 # Starlette hands this dict to every request as request.state: the one place the
                 # built objects live (see api.deps).
                 rules = Rules(name, tok, settings.ctx, settings.default_max_tokens)
-                yield {"services": Services(settings, client, intake, rules, int(time.time()), cancels,
+                fit = Fit(client, name, settings.ctx, int(settings.worker_live_s * 1000), intake.clock)
+                yield {"services": Services(settings, client, intake, rules, int(time.time()), cancels, fit,
                                             keys=keys, started_ms=intake.clock()),
                        "batch_services": batch_services}
                 background.cancel_scope.cancel()

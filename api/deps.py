@@ -3,13 +3,14 @@ dependencies. Nothing else is shared between requests."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated
 
 import redis.asyncio as aioredis
 from fastapi import Depends, Request
 
 from api.cancels import Cancels
+from api.fit import Fit
 from api.keys import ApiKey, KeyRing, bearer_token
 from api.settings import ApiSettings
 from queues.intake import Intake
@@ -22,15 +23,20 @@ class Services:
     settings: ApiSettings
     redis: aioredis.Redis
     intake: Intake
-    rules: Rules  # the served model, its tokenizer and context: what a body is checked against
+    rules: Rules  # the served model, its tokenizer and --ctx: what a body is checked against
     started_s: int
     cancels: Cancels  # a client gone: its request is cancelled, later if Redis is away
+    fit: Fit  # the ctx the live workers publish (--ctx until one has)
     keys: KeyRing | None = None  # None: no keys file, the server is open
     started_ms: int = 0  # on the intake's clock: /health's reference before any worker beat
 
     @property
     def model_name(self) -> str:
         return self.rules.model_name
+
+    async def rules_now(self) -> Rules:
+        """The rules with the context the workers serve now."""
+        return replace(self.rules, ctx=await self.fit.ctx())
 
 
 def get_services(request: Request) -> Services:

@@ -59,7 +59,8 @@ async def generate(
     check_key_may_use(services, key)
     prompt = await anyio.to_thread.run_sync(services.rules.prompt, body)
     priority = resolve_priority(body.priority, services.settings.priority_min, services.settings.priority_max, key)
-    queued = services.rules.queued(new_request_id(endpoint.id_prefix), body, prompt, priority.value)
+    rules = await services.rules_now()
+    queued = rules.queued(new_request_id(endpoint.id_prefix), body, prompt, priority.value)
     return await answer(request, services, queued, endpoint.shape, body, priority, key)
 
 

@@ -161,5 +161,19 @@ async def live_workers(client: aioredis.Redis, model: str, now_ms: int, within_m
     return int(await client.zcount(Keys(model).workers, now_ms - within_ms, "+inf"))
 
 
+async def live_ctx(client: aioredis.Redis, model: str, now_ms: int, within_ms: int) -> int | None:
+    """The smallest ctx (tokens per slot) a live worker of `model` publishes; None when no live
+    worker has said. What fits on every worker fits wherever the request lands."""
+    k = Keys(model)
+    ids = await client.zrangebyscore(k.workers, now_ms - within_ms, "+inf")
+    if not ids:
+        return None
+    pipe = client.pipeline(transaction=False)
+    for wid in ids:
+        pipe.hget(k.worker(text(wid)), "ctx")
+    found = [int(c) for c in await pipe.execute() if c and text(c).isdigit() and int(c) > 0]
+    return min(found, default=None)
+
+
 def _score(value: float) -> str | float:
     return "-inf" if value == -math.inf else "+inf" if value == math.inf else value

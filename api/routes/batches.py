@@ -51,10 +51,11 @@ async def create_batch(body: BatchCreate, services: ServicesDep, batch: BatchSer
     # rule 1 with the caller's key: its maximum caps every line of the batch
     priority = resolve_priority(raw, settings.priority_min, settings.priority_max, key).value
     batch_id = f"batch_{uuid.uuid4().hex}"
+    rules = await services.rules_now()
 
     def prepare() -> list[str]:
         parsed = lines.parse_file(content, body.endpoint, settings.batch_max_lines)
-        return lines.prepare(parsed, body.endpoint, services.rules, batch_id)
+        return lines.prepare(parsed, body.endpoint, rules, batch_id)
 
     prepared = await anyio.to_thread.run_sync(prepare)
     now = int(time.time())

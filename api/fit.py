@@ -1,0 +1,32 @@
+"""What fits: the API plans a request's answer length against the context the workers publish
+(their `ctx` field), so the API and the workers cannot disagree about what fits. Read at most
+every `ttl_ms` (not once per request); `--ctx` until a live worker has said."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import redis.asyncio as aioredis
+
+from queues import metrics
+
+
+class Fit:
+    def __init__(self, client: aioredis.Redis, model: str, fallback: int, live_within_ms: int,
+                 clock: Callable[[], int], ttl_ms: int = 2000) -> None:
+        self.client = client
+        self.model = model
+        self.fallback = fallback
+        self.live_within_ms = live_within_ms
+        self.clock = clock
+        self.ttl_ms = ttl_ms
+        self._ctx = fallback
+        self._read_ms: int | None = None
+
+    async def ctx(self) -> int:
+        now = self.clock()
+        if self._read_ms is None or now - self._read_ms >= self.ttl_ms:
+            published = await metrics.live_ctx(self.client, self.model, now, self.live_within_ms)
+            self._ctx = published or self.fallback
+            self._read_ms = now
+        return self._ctx

@@ -1,0 +1,47 @@
+"""The API plans what fits against the ctx the live workers publish, not only its own --ctx."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+
+from queues.claims import Claims
+from queues.records import Done
+from queues.worker_state import WorkerState
+from tests.api.conftest import MODEL
+
+
+def ask(base: str, prompt: str, max_tokens: int | None = None) -> httpx.Response:
+    body = {"prompt": prompt, **({"max_tokens": max_tokens} if max_tokens else {})}
+    return httpx.post(f"{base}/v1/completions", json=body, timeout=10)
+
+
+def test_a_prompt_that_fits_the_api_but_not_the_live_workers_is_refused(start_api, redis_client, worker):
+    Claims(redis_client, MODEL, "small").heartbeat(WorkerState(ctx=32), int(time.time() * 1000), ttl_s=30)
+    base = start_api(ctx=64)
+    r = ask(base, "x" * 40)  # 40 tokens: room under --ctx 64, none on a worker of 32
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == "context_length_exceeded" and "context is 32 tokens" in error["message"]
+
+
+def test_the_answer_is_cut_to_what_the_workers_can_hold(start_api, redis_client, worker):
+    Claims(redis_client, MODEL, "small").heartbeat(WorkerState(ctx=32), int(time.time() * 1000), ttl_s=30)
+    base = start_api(ctx=64)
+    answers: list[httpx.Response] = []
+    asking = threading.Thread(target=lambda: answers.append(ask(base, "x" * 20, max_tokens=30)))
+    asking.start()
+    (rid,) = worker.wait_for(1)
+    assert json.loads(worker.record(rid)["params"])["max_tokens"] == 12  # 32 - 20, not 64 - 20
+    worker.publish(rid, Done("length", 20, 0))
+    asking.join(10)
+    assert answers[0].status_code == 200
+
+
+def test_without_a_live_worker_the_api_uses_its_own_ctx(start_api, worker):
+    base = start_api(ctx=64)
+    r = ask(base, "x" * 70)
+    assert r.status_code == 400 and "context is 64 tokens" in r.json()["error"]["message"]
