@@ -88,7 +88,11 @@ async def answer(
         # Start the generator now: from here on, however the response ends, its guard cancels.
         first = await anext(events)
         return EventSourceResponse(_prepend(first, events), headers=headers)
-    result = await collect(request, services, queued.id, deadline_ms)
+    try:
+        result = await collect(request, services, queued.id, deadline_ms)
+    except ApiError as error:  # accepted, then failed (e.g. 408): the client still learns its id
+        error.headers = {**headers, **error.headers}
+        raise
     return JSONResponse(shape.whole(job, result).model_dump(mode="json"), headers=headers)
 
 

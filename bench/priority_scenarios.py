@@ -43,6 +43,7 @@ class Run:
         self.client.flushdb()
         self.worker = Worker(self.engine, Claims(self.client, self.model, "bench"), self.engine.tokenizer,
                              prefill_chunk=self.chunk, policy=self.policy, idle_wait_s=0.01)
+        self.worker.announce(int(time.time() * 1000))  # aging is in Redis before the first enqueue
         self.thread = threading.Thread(target=self.worker.run, daemon=True)
         self.thread.start()
         return self
@@ -131,6 +132,7 @@ def reserved_slot(run: Run, tokens: list[int], scale: float) -> dict[str, float]
     records = [run.record(r) for r in battery]
     span_ms = max(int(r["finished_ms"]) for r in records) - min(int(r["claimed_ms"]) for r in records)
     return {"ttft_s": (int(alert["first_token_ms"]) - sent) / 1000,
+            "claim_s": (int(alert["claimed_ms"]) - sent) / 1000,
             "battery_tok_s": sum(int(r["completion_tokens"]) for r in records) / (span_ms / 1000)}
 
 
@@ -154,8 +156,55 @@ def reserve_rows(table: Table, server_url: str, model: str, engine: object, chun
         table.add_row("--reserve 1:10: alert's TTFT during a battery", str(p), f"{kept['ttft_s']:.2f} s",
                       f"{plain['ttft_s']:.2f} s (priority, no reserve)", f"alone {alone:.2f} s "
                       f"(x{kept['ttft_s'] / alone:.2f})",
+                      f"claimed after {kept['claim_s']:.2f} s; "
                       f"battery {kept['battery_tok_s']:.1f} tok/s vs {plain['battery_tok_s']:.1f} "
                       f"({100 * (kept['battery_tok_s'] / plain['battery_tok_s'] - 1):+.0f}%)")
+
+
+def starvation(run: Run, tokens: list[int], flood_s: float, clients: int = 12) -> dict[str, float]:
+    """`clients` closed-loop clients at priority 5 (each sends its next request when its last
+    one ends) for flood_s; a priority-0 request arrives 2 s in. Its wait for a slot, with the
+    worker's policy (aging or not)."""
+    stop = time.monotonic() + flood_s
+    sent_high: list[str] = []
+
+    def client(c: int) -> None:
+        n = 0
+        while time.monotonic() < stop:
+            rid = f"high-{c}-{n}"
+            start = 100 + (37 * (c * 1000 + n)) % (len(tokens) - 200)
+            run.submit(rid, 5, tokens[start:start + 40], 16)
+            sent_high.append(rid)
+            run.wait([rid])
+            n += 1
+
+    threads = [threading.Thread(target=client, args=(c,), daemon=True) for c in range(clients)]
+    for t in threads:
+        t.start()
+    time.sleep(2.0)
+    sent = run.submit("low", 0, tokens[:30], 8)
+    for t in threads:
+        t.join()
+    run.wait(["low"])
+    low = run.record("low")
+    claimed = int(low["claimed_ms"])
+    before = sum(int(run.record(r).get("claimed_ms") or 0) < claimed for r in sent_high)
+    return {"wait_s": (claimed - sent) / 1000, "ttft_s": (int(low["first_token_ms"]) - sent) / 1000,
+            "high_before": before, "high_total": len(sent_high)}
+
+
+def aging_rows(table: Table, server_url: str, model: str, engine: object, chunk: int, tokens: list[int],
+               aging_s: float, flood_s: float) -> None:
+    with Run(server_url, model, engine, chunk, Policy(aging_s=aging_s)) as run:
+        aged = starvation(run, tokens, flood_s)
+    with Run(server_url, model, engine, chunk) as run:
+        plain = starvation(run, tokens, flood_s)
+    bound = (5 - 0) * aging_s
+    table.add_row(f"aging: priority 0 under 12 clients at 5 for {flood_s:g} s: its wait for a slot", "1",
+                  f"{aged['wait_s']:.2f} s (--aging-s {aging_s:g})", f"{plain['wait_s']:.2f} s (no aging)",
+                  f"(q-p)*S = {bound:g} s + service",
+                  f"high requests served before it: {aged['high_before']}/{aged['high_total']} vs "
+                  f"{plain['high_before']}/{plain['high_total']}")
 
 
 def main() -> None:
@@ -164,10 +213,12 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="answer and prompt lengths")
     parser.add_argument("--parallel", type=int, default=4)
     parser.add_argument("--chunk", type=int, default=256)
-    parser.add_argument("--only", choices=["alert", "long", "reserve"], default=None, help="one scenario")
+    parser.add_argument("--only", choices=["alert", "long", "reserve", "aging"], default=None, help="one scenario")
+    parser.add_argument("--aging-s", type=float, default=2.0)
+    parser.add_argument("--flood-s", type=float, default=60.0, help="how long the aging scenario's flood lasts")
     parser.add_argument("--passes", type=int, default=2)
     args = parser.parse_args()
-    wanted = {args.only} if args.only else {"alert", "long", "reserve"}
+    wanted = {args.only} if args.only else {"alert", "long", "reserve", "aging"}
     path = resolve_model_path(None)
     model = served_model_name(path)
     engine = load_engine(path, num_slots=args.parallel, ctx=2048, dtype=args.dtype)
@@ -202,6 +253,8 @@ def main() -> None:
                           f"yields {res[True]['yields']}")
         if "reserve" in wanted:
             reserve_rows(table, server.url, model, engine, args.chunk, args.scale, tokens, args.passes)
+        if "aging" in wanted:
+            aging_rows(table, server.url, model, engine, args.chunk, tokens, args.aging_s, args.flood_s)
         console.print(table)
     finally:
         server.stop()

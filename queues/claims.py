@@ -89,8 +89,28 @@ class Claims:
         self._scripts = scripts.register(client)
 
     def head(self, count: int = 1) -> list[Waiting]:
-        entries = self.client.zrange(self.keys.waiting, 0, count - 1, withscores=True)
-        return [_waiting(text(member), score) for member, score in entries]
+        """The first `count` waiting requests in service order. Their priority comes from their
+        hashes: with aging the score no longer says it."""
+        members = [text(m) for m in self.client.zrange(self.keys.waiting, 0, count - 1)]
+        if not members:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for member in members:
+            pipe.hget(self.keys.req(member.partition(":")[2]), "priority")
+        return [_waiting(member, priority) for member, priority in zip(members, pipe.execute())]
+
+    def set_aging(self, aging_s: float | None, now_ms: int) -> float | None:
+        """Publish this worker's --aging-s for enqueue.lua (None: no aging); the epoch (the zero
+        of aged scores) is set once and kept, so scores stay comparable across restarts. Returns
+        the value there before (workers of one model should agree)."""
+        key = self.keys.policy
+        before = self.client.hget(key, "aging_s")
+        if aging_s is None:
+            self.client.hdel(key, "aging_s")
+        else:
+            self.client.hsetnx(key, "aging_epoch_ms", now_ms)
+            self.client.hset(key, "aging_s", repr(float(aging_s)))
+        return float(before) if before else None
 
     def claim(self, waiting: Waiting, now_ms: int) -> Claimed | None:
         """None when another worker took it first, or when its queue deadline had passed (it
@@ -236,9 +256,9 @@ class Claims:
         self.client.blpop([self.keys.wake], timeout=timeout_s)
 
 
-def _waiting(member: str, score: float) -> Waiting:
+def _waiting(member: str, priority: str | bytes | None) -> Waiting:
     seq, _, request_id = member.partition(":")
-    return Waiting(member, request_id, int(-score), int(seq))
+    return Waiting(member, request_id, int(priority or 0), int(seq))
 
 
 def expire(registered: dict, keys: Keys, request_id: str, now_ms: int, retention_s: int):  # noqa: ANN201

@@ -51,14 +51,14 @@ def model_view(client: redis.Redis, model: str, now_ms: int, limit: int = 50) ->
     members = [(text(m), s) for m, s in head]
     pipe = client.pipeline(transaction=False)
     for member, _score in members:
-        pipe.hmget(k.req(member.partition(":")[2]), "enqueued_ms", "prompt_tokens", "key_name")
+        pipe.hmget(k.req(member.partition(":")[2]), "enqueued_ms", "prompt_tokens", "key_name", "priority")
     for worker in workers:
         pipe.hgetall(k.worker(text(worker)))
     replies = pipe.execute()
-    for (member, score), (enqueued, prompt_tokens, key_name) in zip(members, replies[: len(members)]):
+    for (member, _score), (enqueued, prompt_tokens, key_name, priority) in zip(members, replies[: len(members)]):
         seq, _, rid = member.partition(":")
         view.waiting.append(WaitingView(
-            rid, int(-score), int(seq), (now_ms - int(enqueued or now_ms)) / 1000,
+            rid, int(priority or 0), int(seq), (now_ms - int(enqueued or now_ms)) / 1000,
             int(prompt_tokens or 0), text(key_name) if key_name else ""))
     for worker, h in zip(workers, replies[len(members):]):
         if h:  # else its hash expired: the worker is gone

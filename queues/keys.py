@@ -24,8 +24,16 @@ class Keys:
 
     @property
     def waiting(self) -> str:
-        """Sorted set of `<seq>:<id>` members, score = -priority: ZRANGE lists service order."""
+        """Sorted set of `<seq>:<id>` members, score = -priority (with aging:
+        (enqueued - epoch)/aging_s - priority): ZRANGE lists service order."""
         return f"{self.base}:waiting"
+
+    @property
+    def policy(self) -> str:
+        """Hash of the queue's own policy, written by the workers: aging_s (absent: no aging) and
+        aging_epoch_ms (the zero of aged scores). enqueue.lua reads it, so every API replica and
+        batch job scores the same way."""
+        return f"{self.base}:policy"
 
     @property
     def deadlines(self) -> str:

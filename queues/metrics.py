@@ -115,14 +115,20 @@ async def view(
     """Read one model's state. `ranges` are inclusive priority intervals (±math.inf allowed);
     workers are those with a heartbeat in the last `live_within_ms` whose hash still exists."""
     k = Keys(model)
+    aged = await client.hexists(k.policy, "aging_s")
     pipe = client.pipeline(transaction=False)
-    for lo, hi in ranges:  # score = -priority
-        pipe.zcount(k.waiting, _score(-hi), _score(-lo))
+    if aged:  # the score mixes priority and arrival: read each waiting request's priority
+        pipe.zrange(k.waiting, 0, -1)
+    else:
+        for lo, hi in ranges:  # score = -priority
+            pipe.zcount(k.waiting, _score(-hi), _score(-lo))
     pipe.zrange(k.running, 0, -1)
     pipe.zrangebyscore(k.workers, now_ms - live_within_ms, "+inf")
     pipe.zscore(models_key(), model)
     pipe.hgetall(k.metrics)
     *waiting, running_ids, worker_ids, last_beat, metrics = await pipe.execute()
+    if aged:
+        waiting = await _waiting_by_range(client, k, [text(m) for m in waiting[0]], ranges)
 
     pipe = client.pipeline(transaction=False)
     for rid in running_ids:
@@ -173,6 +179,21 @@ async def live_ctx(client: aioredis.Redis, model: str, now_ms: int, within_ms: i
         pipe.hget(k.worker(text(wid)), "ctx")
     found = [int(c) for c in await pipe.execute() if c and text(c).isdigit() and int(c) > 0]
     return min(found, default=None)
+
+
+async def _waiting_by_range(client: aioredis.Redis, k: Keys, members: list[str],
+                            ranges: list[tuple[float, float]]) -> list[int]:
+    pipe = client.pipeline(transaction=False)
+    for member in members:
+        pipe.hget(k.req(member.partition(":")[2]), "priority")
+    counts = [0] * len(ranges)
+    for priority in await pipe.execute():
+        p = int(priority or 0)
+        for i, (lo, hi) in enumerate(ranges):
+            if lo <= p <= hi:
+                counts[i] += 1
+                break
+    return counts
 
 
 def _score(value: float) -> str | float:

@@ -54,7 +54,7 @@ def enqueue_call(keys, request, now_ms: int, max_waiting: int, hard_limit: int, 
     prompt = "[" + ",".join(map(str, request.prompt)) + "]"
     deadline = "" if queue_timeout_ms is None else now_ms + queue_timeout_ms
     return {
-        "keys": [keys.seq, keys.waiting, keys.req(request.id), keys.wake, keys.deadlines],
+        "keys": [keys.seq, keys.waiting, keys.req(request.id), keys.wake, keys.deadlines, keys.policy],
         "args": [request.id, request.priority, prompt, len(request.prompt), request.params_json(),
                  now_ms, max_waiting, hard_limit, deadline, *extra],
     }

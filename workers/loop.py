@@ -20,6 +20,8 @@ from workers.text import Decoder, TextStream
 
 log = logging.getLogger("strata.worker")
 
+RESERVED_LOOKAHEAD = 64  # with aging: how far down the queue a free reserved slot looks for its tier
+
 
 def wall_ms() -> int:
     return int(time.time() * 1000)
@@ -80,11 +82,22 @@ class Worker:
     def run(self) -> None:
         log.info("worker %s serving %d slots", self.claims.worker_id, len(self.slots))
         try:
+            self.announce(self.clock())
+        except UNAVAILABLE as error:
+            log.warning("could not publish the aging policy (%s); enqueues score by what Redis holds", error)
+        try:
             while not self.stopping:
                 if not self.turn():
                     self._wait()
         finally:
             self.stop()
+
+    def announce(self, now: int) -> None:
+        """The queue's order is the workers' policy: publish --aging-s for enqueue.lua."""
+        before = self.claims.set_aging(self.policy.aging_s, now)
+        if before is not None and before != self.policy.aging_s:
+            log.warning("aging %s s -> %s for every new request of this model (another worker had set it); "
+                        "requests already waiting keep their places", before, self.policy.aging_s)
 
     def turn(self) -> bool:
         """A step that survives Redis going away, and anything else: no request takes the worker
@@ -265,11 +278,20 @@ class Worker:
             head = self.claims.head()
             if not head:
                 return
-            if not scheduler.can_admit(self.slots, head[0].priority):
-                return  # only reserved slots are free, and the head (so everyone behind it) is below them
+            pick = head[0]
+            if not scheduler.can_admit(self.slots, pick.priority):
+                # only reserved slots are free and the head is below them. Without aging the head
+                # has the highest priority: nobody behind qualifies. With aging an older, lower
+                # request may lead a higher one that a reserved slot admits: look further.
+                if self.policy.aging_s is None:
+                    return
+                pick = next((w for w in self.claims.head(RESERVED_LOOKAHEAD)
+                             if scheduler.can_admit(self.slots, w.priority)), None)
+                if pick is None:
+                    return
             if not scheduler.admit_here(not self._lines_free(), self._idle_elsewhere(now)):
                 return  # an idle worker takes it: nobody here gives way or waits for the lines
-            claimed = self.claims.claim(head[0], now)
+            claimed = self.claims.claim(pick, now)
             if claimed:
                 slot = scheduler.free_slot(self.slots, claimed.request.prompt, self.policy, claimed.request.priority)
                 self.blame = slot

@@ -51,7 +51,7 @@ def run_worker(settings: WorkerSettings) -> None:
                     lease_ms=settings.lease_ms, retention_s=settings.retention_s, max_attempts=settings.max_attempts)
     policy = Policy(prefill_preempt=settings.prefill_preempt, yields_max=settings.yields_max,
                     batch_groups=settings.batch_groups, slot_low_first=settings.slot_low_first,
-                    reserve=settings.reserve_tiers())
+                    reserve=settings.reserve_tiers(), aging_s=settings.aging_s)
     worker = Worker(engine, claims, engine.tokenizer, prefill_chunk=settings.prefill_chunk, policy=policy,
                     device=settings.device, heartbeat_ms=int(settings.heartbeat_s * 1000),
                     idle_wait_s=settings.idle_wait_s, is_dead=dead_on_this_host)

@@ -36,6 +36,7 @@ class Policy:
     batch_groups: int = 1  # 1: no groups
     slot_low_first: bool = True
     reserve: tuple[Reserve, ...] = ()
+    aging_s: float | None = None  # a waiting request's priority rises by 1 every aging_s (in Redis's order)
 
 
 def slot_floors(num_slots: int, reserve: Sequence[Reserve]) -> list[int | None]:

@@ -35,6 +35,9 @@ class WorkerSettings(BaseSettings):
     slot_low_first: bool = Field(True, description="within a group, the lowest free slot first; off: least recently used")
     reserve: Annotated[list[str], NoDecode] = Field(
         [], description="N:P keeps N slots for requests of priority >= P; repeat for tiers (--reserve 1:10 --reserve 1:5)")
+    aging_s: float | None = Field(
+        None, gt=0, description="a waiting request's priority rises by 1 every this many seconds (off: none); "
+                                "published in Redis for every enqueue of the model")
     threads: int | None = Field(None, description="torch CPU threads; default all cores")
     int4: bool = Field(True, description="CPU + bfloat16: linears stored as Q4_0/Q4_1 run as int4 from the file's own blocks "
                                          "(the only copy kept); off: dequantized to bfloat16 (more memory, faster prompts)")

@@ -1,5 +1,6 @@
---[[ requeue: a claimed request goes back to waiting in its original place (same member, so same
-sequence number and priority), and whoever claims it next resumes after what its stream holds.
+--[[ requeue: a claimed request goes back to waiting in its original place (same member and the
+score it was enqueued with: same sequence number, priority and, with aging, arrival), and
+whoever claims it next resumes after what its stream holds.
 Moves: running -> waiting, running -> failed, running -> cancelled
 Three callers: any worker, for a claim whose lease ran out (its worker died or froze); a worker
 stopping cleanly, for its own claims; a worker that knows another on its host died (dead pid).
@@ -49,5 +50,6 @@ end
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[3], 'status', 'waiting', 'worker', '', 'slot', '', 'requeued_ms', ARGV[2])
 redis.call('HINCRBY', KEYS[3], 'requeues', 1)
-redis.call('ZADD', KEYS[2], -tonumber(redis.call('HGET', KEYS[3], 'priority')), redis.call('HGET', KEYS[3], 'member'))
+local place = redis.call('HMGET', KEYS[3], 'score', 'priority', 'member')
+redis.call('ZADD', KEYS[2], place[1] or -tonumber(place[2]), place[3])
 return 1

@@ -152,3 +152,16 @@ def test_reserved_slots_total_and_busy_per_worker(start_api, redis_url, redis_cl
     live = metric_samples(http)
     assert value(live, "strata_worker_reserved_slots_busy", worker="w1") == 1
     assert value(live, "strata_worker_slots_busy", worker="w1") == 4 - 1
+
+
+def test_waiting_by_priority_with_aging_reads_the_priorities_not_the_scores(start_api, redis_url, redis_client, clock):
+    from queues.claims import Claims
+
+    http = start_api(clock=clock)
+    Claims(redis_client, MODEL, "w1").set_aging(1.0, clock())
+    for rid, priority in [("a", 0), ("b", 5), ("c", -3)]:
+        enqueue(redis_url, clock, rid, priority=priority)
+        clock.advance(4000)  # scores 0, -1, 11: nothing like -priority
+    live = metric_samples(http)
+    waiting = {label: value(live, "strata_requests_waiting", priority=label) for label in LABELS.labels}
+    assert waiting == {**dict.fromkeys(LABELS.labels, 0), "0": 1, "5": 1, "-9..-1": 1}

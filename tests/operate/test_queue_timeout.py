@@ -59,7 +59,7 @@ def test_nobody_claims_it_in_time_408_and_counted(start_api, redis_client, clock
     assert response.status_code == 408
     error = response.json()["error"]
     assert (error["code"], error["type"], error["param"]) == ("queue_timeout", "timeout_error", "queue_timeout")
-    assert "2 s" in error["message"]
+    assert "2 s" in error["message"] and response.headers["x-request-id"] == rid
     assert redis_client.hget(K.req(rid), "status") == "expired" and waiting_ids(redis_client) == []
     samples = metric_samples(http)
     assert samples[("strata_requests_ended_total", frozenset({"model": MODEL, "priority": "5", "status": "expired"}.items()))] == 1

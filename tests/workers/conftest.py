@@ -13,6 +13,7 @@ def make_worker(redis_client, *, slots: int = 2, chunk: int = 8, worker_id: str 
     engine = FakeEngine(num_slots=slots, **engine_kw)
     claims = Claims(redis_client, MODEL, worker_id, lease_ms=1000)
     worker = Worker(engine, claims, engine.tokenizer, prefill_chunk=chunk, policy=policy, clock=engine.clock)
+    worker.announce(engine.clock())  # as run() does: the queue's aging policy, for enqueues from now on
     spy_on_reads(worker)
     return worker
 
