@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import aclosing, asynccontextmanager
 
 import anyio
@@ -32,7 +32,7 @@ from queues.scripts import QueueError, QueueRefused
 from shapes.answers import Answer, Endpoint, Job, Shape
 from shapes.errors import ApiError, ErrorBody, failure
 from shapes.requests import GenerationBody
-from shapes.responses import Usage
+from shapes.responses import RequestObject, Usage
 
 log = logging.getLogger("strata.api")
 
@@ -61,21 +61,36 @@ async def generate(
     priority = resolve_priority(body.priority, services.settings.priority_min, services.settings.priority_max, key)
     rules = await services.rules_now()
     queued = rules.queued(new_request_id(endpoint.id_prefix), body, prompt, priority.value)
-    return await answer(request, services, queued, endpoint.shape, body, priority, key)
+    return await answer(request, services, queued, endpoint, body, priority, key)
+
+
+DETACH_HEADER = "x-strata-detach"
+
+
+def wants_detach(request: Request, body: GenerationBody) -> bool:
+    """The request keeps running when its client leaves: background, the header, or stream_options."""
+    header = request.headers.get(DETACH_HEADER, "").strip().lower() in ("1", "true", "yes")
+    return body.background or header or bool(body.stream_options and body.stream_options.detach)
 
 
 async def answer(
-    request: Request, services: Services, queued: QueuedRequest, shape: Shape, body: GenerationBody,
+    request: Request, services: Services, queued: QueuedRequest, endpoint: Endpoint, body: GenerationBody,
     priority: Resolved, key: ApiKey | None = None,
 ) -> Response:
-    """Enqueue, then answer whole or stream."""
+    """Enqueue, then answer whole or stream, or (background) only say it was accepted."""
     settings = services.settings
     timeout = resolve_queue_timeout(body.queue_timeout, request.headers.get(QUEUE_TIMEOUT_HEADER), key)
-    await enqueue(services.intake, queued, settings, key, timeout)
+    job = Job(queued.id, int(time.time()), services.model_name, queued.priority, body.include_usage)
+    detach = wants_detach(request, body)
+    # what a reader by id needs to word the answer as this endpoint did (api/routes/requests.py)
+    fields = {"endpoint": endpoint.path, "created": str(job.created), "include_usage": str(int(job.include_usage)),
+              "detach": str(int(detach))}
+    if key is not None:  # only the key's name goes to Redis, never the key
+        fields["key_name"] = key.name
+    await enqueue(services.intake, queued, settings, fields, timeout)
     # the script stored its own deadline (from the same clock, a moment earlier): asking from
     # here on is never early
     deadline_ms = services.intake.clock() + timeout.ms if timeout else None
-    job = Job(queued.id, int(time.time()), services.model_name, queued.priority, body.include_usage)
     headers = {"x-request-id": queued.id, "x-strata-priority": str(queued.priority)}
     if priority.lowered:  # the key's maximum lowered it: say so (asked->used)
         headers["x-strata-priority-lowered"] = f"{priority.asked}->{priority.value}"
@@ -84,24 +99,28 @@ async def answer(
         if timeout.lowered:
             headers["x-strata-queue-timeout-lowered"] = f"{timeout.asked:g}->{timeout.seconds:g}"
     if body.stream:
-        events = stream_events(request, services, job, shape, deadline_ms)
+        events = stream_events(request, services, job, endpoint.shape, deadline_ms, cancel_on_leave=not detach)
         # Start the generator now: from here on, however the response ends, its guard cancels.
         first = await anext(events)
         return EventSourceResponse(_prepend(first, events), headers=headers)
+    if body.background:
+        headers["location"] = f"/v1/requests/{queued.id}"
+        accepted = RequestObject(id=queued.id, endpoint=endpoint.path, model=job.model, created=job.created,
+                                 priority=job.priority, status="waiting")
+        return JSONResponse(accepted.model_dump(mode="json"), status_code=202, headers=headers)
     try:
         result = await collect(request, services, queued.id, deadline_ms)
     except ApiError as error:  # accepted, then failed (e.g. 408): the client still learns its id
         error.headers = {**headers, **error.headers}
         raise
-    return JSONResponse(shape.whole(job, result).model_dump(mode="json"), headers=headers)
+    return JSONResponse(endpoint.shape.whole(job, result).model_dump(mode="json"), headers=headers)
 
 
-async def enqueue(intake: Intake, queued: QueuedRequest, settings: ApiSettings, key: ApiKey | None = None,
+async def enqueue(intake: Intake, queued: QueuedRequest, settings: ApiSettings, fields: dict[str, str],
                   timeout: QueueTimeout | None = None) -> int:
-    """Only the key's name goes to Redis (request hash field key_name), never the key."""
+    """`fields` go onto the request hash beside what the queue writes (README's Redis table)."""
     try:
-        return await intake.enqueue(queued, {"key_name": key.name} if key is not None else None,
-                                    timeout.ms if timeout else None)
+        return await intake.enqueue(queued, fields, timeout.ms if timeout else None)
     except QueueRefused as refused:
         if refused.code is QueueError.QUEUE_FULL:
             raise ApiError(
@@ -121,27 +140,30 @@ class _Progress:
 
 
 @asynccontextmanager
-async def _cancel_unless_finished(services: Services, request_id: str) -> AsyncIterator[_Progress]:
+async def _cancel_unless_finished(services: Services, request_id: str, enabled: bool = True,
+                                  ) -> AsyncIterator[_Progress]:
+    """Disabled for a detached request and for a reader that re-attached: their leaving cancels nothing."""
     progress = _Progress()
     try:
         yield progress
     finally:
-        if not progress.finished:
+        if enabled and not progress.finished:
             with anyio.CancelScope(shield=True):
                 await services.cancels.cancel(request_id)
 
 
 async def _follow(
     request: Request, services: Services, request_id: str, progress: _Progress, deadline_ms: int | None = None,
+    after: str = "0-0",
 ) -> AsyncIterator[list[tuple[str | None, Event]]]:
     """Batches of output events (empty when none came within read_block_ms) up to and including
     the last one (Done or Failed). Stops early, unfinished, when the client has gone. Redis
     going away is waited out for redis_wait_s (the stream is in Redis: nothing is lost); past
     that the answer ends with an `unavailable` error event (its entry id None: not from Redis).
     Past its queue deadline with nothing read yet, it asks Redis once to expire the request
-    (a no-op if a worker claimed it): workers sweep too, but none need be alive."""
+    (a no-op if a worker claimed it): workers sweep too, but none need be alive. `after`: the
+    entry id to read from (a client re-attaching with its Last-Event-ID)."""
     settings = services.settings
-    after = "0-0"
     down_since: float | None = None
     while True:
         if deadline_ms is not None and after == "0-0" and services.intake.clock() >= deadline_ms:
@@ -180,26 +202,37 @@ async def collect(request: Request, services: Services, request_id: str, deadlin
     async with _cancel_unless_finished(services, request_id) as progress:
         async with aclosing(_follow(request, services, request_id, progress, deadline_ms)) as batches:
             async for batch in batches:
-                for _entry_id, event in batch:
-                    if isinstance(event, Token):
-                        parts.append(event.text)
-                    elif isinstance(event, Done):
-                        usage = Usage.of(event.prompt_tokens, event.completion_tokens)
-                        return Answer("".join(parts), event.finish_reason, usage)
-                    else:
-                        raise failure(event)
+                found = assemble(parts, (event for _entry_id, event in batch))
+                if found is not None:
+                    return found
     raise ApiError(499, "The client closed the request.", code="client_closed")
 
 
+def assemble(parts: list[str], events: Iterable[Event]) -> Answer | None:
+    """Adds the events' text to `parts`; the whole answer at the end event (None before it).
+    Raises the request's failure (ApiError) at an error event."""
+    for event in events:
+        if isinstance(event, Token):
+            parts.append(event.text)
+        elif isinstance(event, Done):
+            return Answer("".join(parts), event.finish_reason, Usage.of(event.prompt_tokens, event.completion_tokens))
+        else:
+            raise failure(event)
+    return None
+
+
 async def stream_events(request: Request, services: Services, job: Job, shape: Shape,
-                        deadline_ms: int | None = None) -> AsyncIterator[bytes]:
+                        deadline_ms: int | None = None, *, cancel_on_leave: bool = True,
+                        after: str = "0-0") -> AsyncIterator[bytes]:
     """SSE bytes: the opening chunk, one chunk per token event (id = its Redis stream entry id,
-    so a client can resume), the finish chunk, the usage chunk when asked, then [DONE]."""
-    async with _cancel_unless_finished(services, job.id) as progress:
-        opening = shape.opening(job)
+    so a client can resume), the finish chunk, the usage chunk when asked, then [DONE]. From
+    `after` (a re-attach) it starts with the first event after that entry; the opening chunk,
+    which has no id, comes only with the whole stream."""
+    async with _cancel_unless_finished(services, job.id, cancel_on_leave) as progress:
+        opening = shape.opening(job) if after == "0-0" else None
         yield _sse(opening) if opening is not None else b": accepted\n\n"
         quiet_since = time.monotonic()
-        async with aclosing(_follow(request, services, job.id, progress, deadline_ms)) as batches:
+        async with aclosing(_follow(request, services, job.id, progress, deadline_ms, after)) as batches:
             async for batch in batches:
                 if not batch:
                     if time.monotonic() - quiet_since >= KEEPALIVE_S:

@@ -166,10 +166,12 @@ class Claims:
 
     def finish(self, request_id: str, claim_seq: int, event: Event | None, status: RequestStatus,
                completion_tokens: int, now_ms: int) -> bool:
-        """End a request: `event` is its last stream entry (None for a cancel). False when this
+        """End a request: `event` is its last stream entry (None for a cancel: a `cancelled` error). False when this
         worker no longer holds that claim: nothing was written. Counted in the model's metrics
         hash in the same script (queues/metrics.py)."""
         k = self.keys
+        if event is None:  # a reader that re-attached (or the client that asked) learns it ended
+            event = Failed("cancelled", RequestStatus.CANCELLED.value)
         if isinstance(event, Done):
             reason = event.finish_reason
         else:

@@ -78,6 +78,17 @@ class Intake:
             ]
         return found
 
+    async def record(self, request_id: str) -> dict[str, str] | None:
+        """The request's hash (None: unknown, or expired past its retention)."""
+        found = await self.client.hgetall(self.keys.req(request_id))
+        return {text(a): text(b) for a, b in found.items()} if found else None
+
+    async def events(self, request_id: str, after: str = "0-0", count: int | None = None) -> list[tuple[str, Event]]:
+        """The output events already in the stream after entry id `after`, without waiting."""
+        entries = await self.client.xrange(self.keys.out(request_id), min=f"({after}", count=count)
+        return [(text(entry_id), parse_event({text(a): text(b) for a, b in fields.items()}))
+                for entry_id, fields in entries]
+
     async def cancel(self, request_id: str) -> str:
         k = self.keys
         status = await self._scripts["cancel"](

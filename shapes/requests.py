@@ -43,6 +43,7 @@ class ChatMessage(_Lenient):
 
 class StreamOptions(_Lenient):
     include_usage: bool = False
+    detach: bool = False  # keep running after the client leaves (re-attach by id)
 
 
 class GenerationBody(_Lenient):
@@ -65,6 +66,8 @@ class GenerationBody(_Lenient):
     priority: Any = None  # never a validation error: see api.priority
     # seconds it may wait for a slot (api/queue_timeout.py); unlike priority a bad value is a 400
     queue_timeout: float | None = Field(None, gt=0, le=7 * 24 * 3600, allow_inf_nan=False)
+    # answer 202 at once; the request runs with nobody listening (GET /v1/requests/{id})
+    background: bool = False
 
     @model_validator(mode="before")
     @classmethod

@@ -98,3 +98,19 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class RequestObject(BaseModel):
+    """A request looked up by id (GET /v1/requests/{id}; the 202 of a background request):
+    its status and, once finished, the whole answer as its endpoint words it; once failed,
+    cancelled or expired, the error its endpoint would have answered."""
+
+    id: str
+    object: Literal["strata.request"] = "strata.request"
+    endpoint: str  # /v1/chat/completions or /v1/completions
+    model: str
+    created: int
+    priority: int
+    status: str  # waiting, running, finished, failed, cancelled, expired (queues/lifecycle.py)
+    response: ChatCompletion | TextCompletion | None = None
+    error: dict | None = None  # {"message", "type", "param", "code"}
