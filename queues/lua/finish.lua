@@ -6,7 +6,7 @@ ARGV[4] final status (finished|failed|cancelled)   ARGV[5] now (ms)
 ARGV[6] retention (s) of the hash and stream after the end
 ARGV[7] completion tokens   ARGV[8] finish reason
 ARGV[9] histogram bucket upper bounds in ms, comma-separated, ascending (queues/metrics.py)
-ARGV[10..] the last stream event as field, value pairs (none for a cancel)
+ARGV[10..] the last stream event as field, value pairs (a cancel: type error, code cancelled)
 Returns 1, or 0 when this worker no longer holds that claim (its lease ran out and the request
 was requeued, maybe claimed again): then nothing is written, so a request never ends twice and
 is counted once.
