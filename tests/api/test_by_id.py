@@ -12,7 +12,7 @@ import pytest
 
 from queues.claims import Claims, Held
 from queues.lifecycle import RequestStatus
-from queues.records import Done, Failed, Token
+from queues.records import Done, Token
 from tests.api.test_answers import CHAT, HI, sse_events
 
 WORDS = [f" w{i}" for i in range(12)]

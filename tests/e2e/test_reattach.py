@@ -1,0 +1,134 @@
+"""Re-attaching to a stream with the real SmolLM2 file (float32, greedy: answers are exact): a
+client that drops its connection at a random point, and one whose API process is killed
+mid-stream and replaced, each carry on with Last-Event-ID and end with every token once, in
+order, the text of an undisturbed run."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+import redis
+
+from queues.keys import Keys, models_key
+from queues.server import EmbeddedRedis, free_port
+from tests.e2e.conftest import MODEL, healthy, start, stop, wait_until
+
+pytestmark = pytest.mark.smollm2
+
+K = Keys(MODEL)
+TOKENS = 32
+BODY = {"model": MODEL, "temperature": 0, "max_tokens": TOKENS, "ignore_eos": True}
+
+
+@dataclass
+class Replicas:
+    """A worker and an API process that the test may kill and start again on the same port."""
+
+    base_url: str
+    env: dict[str, str]
+    redis: redis.Redis
+    api: subprocess.Popen
+
+    def restart_api(self) -> None:
+        self.api.send_signal(signal.SIGKILL)  # no clean shutdown: nothing the old API held survives
+        self.api.wait()
+        self.api = start("api", self.env)
+        wait_until(lambda: healthy(self.base_url), "the new API")
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
+    server = EmbeddedRedis(tmp_path_factory.mktemp("reattach-redis"), appendonly=False).start()
+    port = free_port()
+    env = {**os.environ, "STRATA_REDIS_URL": server.url, "STRATA_PORT": str(port), "STRATA_PARALLEL": "1",
+           "STRATA_DTYPE": "float32", "STRATA_CTX": "2048", "STRATA_THREADS": "2"}
+    env.pop("REDIS_URL", None)
+    worker = start("worker", env)
+    client = redis.Redis.from_url(server.url, decode_responses=True)
+    r = Replicas(f"http://127.0.0.1:{port}", env, client, start("api", env))
+    try:
+        wait_until(lambda: client.zscore(models_key(), MODEL) is not None, "the worker's heartbeat")
+        wait_until(lambda: healthy(r.base_url), "the API")
+        yield r
+    finally:
+        stop(r.api)
+        stop(worker)
+        client.close()
+        server.stop()
+
+
+def sse(lines) -> Iterator[dict]:
+    current: dict = {}
+    for line in lines:
+        if line == "":
+            if current:
+                yield current
+            current = {}
+        elif not line.startswith(":"):
+            name, _, value = line.partition(": ")
+            current[name] = value
+
+
+def content(event: dict) -> str:
+    if event["data"] == "[DONE]":
+        return ""
+    return "".join(c["delta"].get("content") or "" for c in json.loads(event["data"])["choices"])
+
+
+def undisturbed(base_url: str, prompt: str) -> str:
+    body = {**BODY, "messages": [{"role": "user", "content": prompt}]}
+    return httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=300).json()["choices"][0]["message"]["content"]
+
+
+def interrupted(r: Replicas, prompt: str, seen: int, between=None) -> tuple[str, list[dict], list[dict]]:
+    """A detached stream read for `seen` text events, dropped, `between()` run, then re-attached
+    with the last event id: the request id and the events before and after."""
+    body = {**BODY, "messages": [{"role": "user", "content": prompt}], "stream": True}
+    before: list[dict] = []
+    with httpx.stream("POST", f"{r.base_url}/v1/chat/completions", json=body, timeout=300,
+                      headers={"x-strata-detach": "true"}) as response:
+        request_id = response.headers["x-request-id"]
+        for event in sse(response.iter_lines()):
+            before.append(event)
+            if sum(1 for e in before if content(e)) == seen:
+                break
+    if between:
+        between()
+    with httpx.stream("GET", f"{r.base_url}/v1/requests/{request_id}/events", timeout=300,
+                      headers={"Last-Event-ID": before[-1]["id"]}) as again:
+        assert again.status_code == 200
+        after = list(sse(again.iter_lines()))
+    return request_id, before, after
+
+
+def assert_exactly_once(r: Replicas, request_id: str, before: list[dict], after: list[dict], reference: str) -> None:
+    assert after[-1] == {"data": "[DONE]"}
+    ids = [e["id"] for e in before + after if "id" in e]
+    assert len(ids) == len(set(ids)) and ids == sorted(ids, key=lambda i: tuple(map(int, i.split("-"))))
+    assert "".join(map(content, before)) + "".join(map(content, after)) == reference
+    entries = [f for _, f in r.redis.xrange(K.out(request_id))]
+    assert sum(len(f["ids"].split(",")) for f in entries if f["type"] == "token") == TOKENS
+    assert r.redis.hget(K.req(request_id), "status") == "finished"
+
+
+def test_a_dropped_connection_reattaches_at_a_random_point(replicas: Replicas):
+    prompt = "Name three rivers of Europe and say one thing about each."
+    reference = undisturbed(replicas.base_url, prompt)
+    seen = random.Random(12).randint(1, TOKENS // 2)
+    request_id, before, after = interrupted(replicas, prompt, seen)
+    assert_exactly_once(replicas, request_id, before, after, reference)
+
+
+def test_an_api_killed_mid_stream_and_replaced_loses_nothing(replicas: Replicas):
+    prompt = "Describe a lighthouse at night in a few sentences."
+    reference = undisturbed(replicas.base_url, prompt)
+    request_id, before, after = interrupted(replicas, prompt, 4, between=replicas.restart_api)
+    assert_exactly_once(replicas, request_id, before, after, reference)
