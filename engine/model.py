@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.weights import (
-    DenseLinear, Int4Linear, PackedLinear, RowTable, WeightSource, can_prepack, fuse_int4, int4_available,
+    DenseLinear, DenseRows, Int4Linear, PackedLinear, RowTable, WeightSource, can_prepack, fuse_int4, int4_available,
     int4_shape_ok,
 )
 
@@ -189,14 +189,16 @@ class Transformer(nn.Module):
                 blocks = [source.int4(n) for n in parts]
                 fused = fuse_int4(blocks) if all(x is not None for x in blocks) else None  # type: ignore[arg-type]
                 if fused is not None and int4_shape_ok(fused):
-                    model.forms["int4"] = model.forms.get("int4", 0) + 1
-                    return Int4Linear(fused, b)
+                    return counted("int4", Int4Linear(fused, b))
             weight = torch.cat([source.dense(n) for n in parts]).to(dtype)
             if use_packed:
-                model.forms["bf16-packed"] = model.forms.get("bf16-packed", 0) + 1
-                return PackedLinear(weight, b)
-            model.forms[f"{str(dtype)[6:]}-dense"] = model.forms.get(f"{str(dtype)[6:]}-dense", 0) + 1
-            return DenseLinear(weight.to(device), None if b is None else b.to(dtype))
+                return counted("bf16-packed", PackedLinear(weight, b))
+            return counted(f"{str(dtype).removeprefix('torch.')}-dense",
+                           DenseLinear(weight.to(device), None if b is None else b.to(dtype)))
+
+        def counted(form: str, module: nn.Module) -> nn.Module:
+            model.forms[form] = model.forms.get(form, 0) + 1
+            return module
 
         for i, block in enumerate(model.layers):
             p = f"layers.{i}."
@@ -214,8 +216,6 @@ class Transformer(nn.Module):
             weight = source.dense(head_name).to(device)
             model.head = DenseLinear(weight)
             if head_name == "embed" and device.type == "cpu":
-                from engine.weights import DenseRows
-
                 model.embed = DenseRows(weight)  # one float32 copy serves both
         else:
             weight = source.dense(head_name).to(dtype)
