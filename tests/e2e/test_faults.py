@@ -210,3 +210,67 @@ def test_the_embedded_redis_killed_under_load_comes_back_and_nothing_is_lost(ser
     got = ask_all(serve.base, prompts, during=kill_redis)
     assert_ended_exactly_once_as_undisturbed(serve, got, reference)
     assert "embedded Redis exited; restarting it" in serve.log.read_text()
+
+
+def sse(lines) -> Iterator[dict]:  # noqa: ANN001 - httpx's line iterator
+    """Each SSE event as {"id": ..., "data": ...}; comments skipped."""
+    current: dict = {}
+    for line in lines:
+        if line == "":
+            if current:
+                yield current
+            current = {}
+        elif not line.startswith(":"):
+            name, _, value = line.partition(": ")
+            current[name] = value
+
+
+def api_pid(serve: Serve) -> int | None:
+    """The `strata api` child of this serve (serve restarts it under a new pid)."""
+    parent = serve.process.pid
+    children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+    for pid in children:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except FileNotFoundError:
+            continue
+        if argv[-3:-1] == [b"strata", b"api"]:  # python -m strata api, NUL-terminated
+            return int(pid)
+    return None
+
+
+@pytest.mark.parametrize("with_worker", [False, True], ids=["api", "api-and-worker"])
+def test_a_detached_stream_survives_its_api_killed_and_reattaches(serve: Serve, with_worker: bool):
+    """The client re-attaches to the restarted API with its last event id and gets the rest once."""
+    prompt = f"Reattach ({with_worker}): tell a short story about a lost key."
+    reference = references(serve, [prompt])[prompt]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "temperature": 0,
+            "max_tokens": ANSWER_TOKENS, "ignore_eos": True, "stream": True, "stream_options": {"detach": True}}
+    events: list[dict] = []
+    with httpx.stream("POST", f"{serve.base}/v1/chat/completions", json=body, timeout=300) as r:
+        request_id = r.headers["x-request-id"]
+        for event in sse(r.iter_lines()):
+            events.append(event)
+            if sum("id" in e for e in events) == 5:
+                break
+        old_api = api_pid(serve)
+        assert old_api is not None
+        if with_worker:
+            os.kill(owner_pid(serve, request_id), signal.SIGKILL)
+        os.kill(old_api, signal.SIGKILL)  # mid-stream; serve restarts it
+    wait_until(lambda: api_pid(serve) not in (None, old_api) and healthy(serve.base), "a new API", 120)
+    with httpx.stream("GET", f"{serve.base}/v1/requests/{request_id}/events", timeout=300,
+                      headers={"Last-Event-ID": events[-1]["id"]}) as again:
+        assert again.status_code == 200
+        rest = list(sse(again.iter_lines()))
+    assert rest[-1] == {"data": "[DONE]"}
+    text = "".join(c["delta"].get("content") or "" for e in events + rest[:-1]
+                   for c in json.loads(e["data"])["choices"])
+    assert text == reference  # every token once, in order
+    client = serve.redis()
+    try:
+        entries = [f for _, f in client.xrange(K.out(request_id))]
+        assert sum(len(f["ids"].split(",")) for f in entries if f["type"] == "token") == ANSWER_TOKENS
+        assert client.hget(K.req(request_id), "status") == "finished"
+    finally:
+        client.close()
