@@ -1,6 +1,7 @@
 """What fits: the API plans a request's answer length against the context the workers publish
-(their `ctx` field), so the API and the workers cannot disagree about what fits. Read at most
-every `ttl_ms` (not once per request); `--ctx` until a live worker has said."""
+(their `ctx` field) as well as its own `--ctx`, the smaller of the two, so it never accepts what
+a worker cannot hold. Read at most every `ttl_ms` (not once per request); `--ctx` alone until a
+live worker has said."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ class Fit:
                  clock: Callable[[], int], ttl_ms: int = 2000) -> None:
         self.client = client
         self.model = model
-        self.fallback = fallback
+        self.fallback = fallback  # --ctx: also a cap
         self.live_within_ms = live_within_ms
         self.clock = clock
         self.ttl_ms = ttl_ms
@@ -27,6 +28,6 @@ class Fit:
         now = self.clock()
         if self._read_ms is None or now - self._read_ms >= self.ttl_ms:
             published = await metrics.live_ctx(self.client, self.model, now, self.live_within_ms)
-            self._ctx = published or self.fallback
+            self._ctx = min(published or self.fallback, self.fallback)
             self._read_ms = now
         return self._ctx

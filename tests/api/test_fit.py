@@ -45,3 +45,10 @@ def test_without_a_live_worker_the_api_uses_its_own_ctx(start_api, worker):
     base = start_api(ctx=64)
     r = ask(base, "x" * 70)
     assert r.status_code == 400 and "context is 64 tokens" in r.json()["error"]["message"]
+
+
+def test_the_api_ctx_stays_a_cap_beside_larger_workers(start_api, redis_client, worker):
+    Claims(redis_client, MODEL, "big").heartbeat(WorkerState(ctx=4096), int(time.time() * 1000), ttl_s=30)
+    base = start_api(ctx=64)
+    r = ask(base, "x" * 70)
+    assert r.status_code == 400 and "context is 64 tokens" in r.json()["error"]["message"]
