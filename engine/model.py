@@ -262,7 +262,7 @@ class Transformer(nn.Module):
         # Rounded once per step to the activations' dtype (as transformers does), not per layer.
         cos, sin = self.cos[index.positions].to(self.dtype), self.sin[index.positions].to(self.dtype)  # [B, T, hd]
         mask = index.mask()
-        lo, hi, span = index.lo, index.hi, index.span
+        lo, hi = index.lo, index.hi
         for block in self.layers:
             x = block(x, cos, sin, block.k_cache[lo:hi], block.v_cache[lo:hi], index, mask)
         return F.rms_norm(x[:, -1], (self.cfg.dim,), self.norm, self.cfg.norm_eps)
