@@ -184,7 +184,7 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=8)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--rounds", type=int, default=3, help="runs per client count (median)")
-    parser.add_argument("--prompt-words", type=int, default=1000, help="~2 tokens a word with this filler")
+    parser.add_argument("--prompt-words", type=int, default=680, help="~3 tokens a word with this filler (SmolLM2)")
     parser.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "strata-side-by-side")
     parser.add_argument("strata_args", nargs="*", help="extra `strata serve` flags (after --)")
     args = parser.parse_args()
