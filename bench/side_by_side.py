@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,15 +28,11 @@ from pathlib import Path
 
 import httpx
 
+from queues.server import free_port
+
 TOKENS = 128
 BATTERY_TOKENS = 300
 SCENARIO_SLOTS = 4
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -146,7 +141,7 @@ async def alert_during_battery(server: Server) -> float:
 
 
 def strata_server(args: argparse.Namespace, parallel: int, extra: list[str]) -> Server:
-    port = _free_port()
+    port = free_port()
     argv = [sys.executable, "-m", "strata", "serve", "--port", str(port), "--parallel", str(parallel),
             "--data-dir", str(args.data_dir)]
     if args.model:
@@ -157,7 +152,7 @@ def strata_server(args: argparse.Namespace, parallel: int, extra: list[str]) -> 
 def llama_server(args: argparse.Namespace, parallel: int, binary: str) -> Server:
     from engine.files import resolve_model_path
 
-    port = _free_port()
+    port = free_port()
     argv = [binary, "-m", str(resolve_model_path(args.model)), "--port", str(port), "-np", str(parallel),
             "-c", str(parallel * 2048), "--host", "127.0.0.1"]
     return Server("llama.cpp", argv, port, "/health")

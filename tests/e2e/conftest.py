@@ -82,3 +82,16 @@ def healthy(base_url: str) -> bool:
         return httpx.get(f"{base_url}/health", timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def sse(lines) -> Iterator[dict]:  # noqa: ANN001 - httpx's line iterator
+    """Each SSE event a client reads, as {"id": ..., "data": ...}; comments skipped."""
+    current: dict = {}
+    for line in lines:
+        if line == "":
+            if current:
+                yield current
+            current = {}
+        elif not line.startswith(":"):
+            name, _, value = line.partition(": ")
+            current[name] = value

@@ -22,7 +22,7 @@ import redis
 
 from queues.keys import Keys
 from queues.server import free_port
-from tests.e2e.conftest import MODEL, healthy, wait_until
+from tests.e2e.conftest import MODEL, healthy, sse, wait_until
 
 pytestmark = pytest.mark.smollm2
 
@@ -210,19 +210,6 @@ def test_the_embedded_redis_killed_under_load_comes_back_and_nothing_is_lost(ser
     got = ask_all(serve.base, prompts, during=kill_redis)
     assert_ended_exactly_once_as_undisturbed(serve, got, reference)
     assert "embedded Redis exited; restarting it" in serve.log.read_text()
-
-
-def sse(lines) -> Iterator[dict]:  # noqa: ANN001 - httpx's line iterator
-    """Each SSE event as {"id": ..., "data": ...}; comments skipped."""
-    current: dict = {}
-    for line in lines:
-        if line == "":
-            if current:
-                yield current
-            current = {}
-        elif not line.startswith(":"):
-            name, _, value = line.partition(": ")
-            current[name] = value
 
 
 def api_pid(serve: Serve) -> int | None:

@@ -20,7 +20,7 @@ import redis
 
 from queues.keys import Keys, models_key
 from queues.server import EmbeddedRedis, free_port
-from tests.e2e.conftest import MODEL, healthy, start, stop, wait_until
+from tests.e2e.conftest import MODEL, healthy, sse, start, stop, wait_until
 
 pytestmark = pytest.mark.smollm2
 
@@ -65,18 +65,6 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
         stop(worker)
         client.close()
         server.stop()
-
-
-def sse(lines) -> Iterator[dict]:
-    current: dict = {}
-    for line in lines:
-        if line == "":
-            if current:
-                yield current
-            current = {}
-        elif not line.startswith(":"):
-            name, _, value = line.partition(": ")
-            current[name] = value
 
 
 def content(event: dict) -> str:
