@@ -59,7 +59,8 @@ def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
         process = subprocess.Popen(
             [sys.executable, "-m", "strata", "serve", "--port", str(port), "--data-dir", str(folder / "data"),
              "--devices", "cpu,cpu", "--parallel", "2", "--threads", "1", "--dtype", "float32",
-             "--lease-ms", "3000", "--heartbeat-s", "0.5", "--restart-delay-s", "0.5", "--prefill-chunk", "64"],
+             "--lease-ms", "3000", "--heartbeat-s", "0.5", "--restart-delay-s", "0.5", "--prefill-chunk", "64",
+             "--max-attempts", "10"],  # three kills may all hit one request: no poison
             env=env, stdout=out, stderr=subprocess.STDOUT)
     s = Serve(f"http://127.0.0.1:{port}", folder / "data", log, process)
     try:
