@@ -118,3 +118,16 @@ def serve_app(app) -> Iterator[str]:  # noqa: ANN001 - a FastAPI app
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def sse(lines) -> Iterator[dict]:  # noqa: ANN001 - httpx's line iterator
+    """Each SSE event a client reads, as {"id": ..., "data": ...}, read lazily; comments skipped."""
+    current: dict = {}
+    for line in lines:
+        if line == "":
+            if current:
+                yield current
+            current = {}
+        elif not line.startswith(":"):
+            name, _, value = line.partition(": ")
+            current[name] = value

@@ -8,6 +8,7 @@ import httpx
 
 from queues.claims import Claims
 from queues.records import Done, Failed, Token
+from tests.conftest import sse
 
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "hi"}]
@@ -15,20 +16,7 @@ HI = [{"role": "user", "content": "hi"}]
 
 def sse_events(response: httpx.Response) -> list[dict]:
     """Each SSE event as {"id": ..., "data": ...}; comments skipped."""
-    events, current = [], {}
-    for line in response.iter_lines():
-        if line == "":
-            if current:
-                events.append(current)
-            current = {}
-        elif line.startswith(":"):
-            continue
-        else:
-            name, _, value = line.partition(": ")
-            current[name] = value
-    if current:
-        events.append(current)
-    return events
+    return list(sse(response.iter_lines()))
 
 
 def test_whole_chat_answer_with_usage(http, worker):

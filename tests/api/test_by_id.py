@@ -3,6 +3,7 @@ disconnect), background requests, lookup and cancel by id, and who may see them.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import time
@@ -14,6 +15,7 @@ from queues.claims import Claims, Held
 from queues.lifecycle import RequestStatus
 from queues.records import Done, Token
 from tests.api.test_answers import CHAT, HI, sse_events
+from tests.conftest import sse
 
 WORDS = [f" w{i}" for i in range(12)]
 
@@ -24,17 +26,7 @@ def now_ms() -> int:
 
 def events_until(lines, count: int) -> list[dict]:
     """The next `count` SSE events that carry an id (comments and the opening chunk skipped)."""
-    found, current = [], {}
-    while len(found) < count:
-        line = next(lines)
-        if line == "":
-            if "id" in current:
-                found.append(current)
-            current = {}
-        elif not line.startswith(":"):
-            name, _, value = line.partition(": ")
-            current[name] = value
-    return found
+    return list(itertools.islice((e for e in sse(lines) if "id" in e), count))
 
 
 def chat_text(events: list[dict]) -> str:
@@ -64,7 +56,7 @@ def test_reattach_after_a_disconnect_gets_every_token_once_in_order(http, worker
         # the rest arrives live, after the re-attach
         ids += worker.publish(request_id, *(Token(w, [i]) for i, w in enumerate(WORDS[before:], before)),
                               Done("length", 3, len(WORDS)))
-        rest = replayed + [e for e in sse_events_of(lines)]
+        rest = replayed + [e for e in list(sse(lines))]
     assert rest[-1] == {"data": "[DONE]"}
     assert [e["id"] for e in first + rest[:-1]] == ids  # every entry once, in order
     assert chat_text(first) + chat_text(rest) == "".join(WORDS)
@@ -73,19 +65,6 @@ def test_reattach_after_a_disconnect_gets_every_token_once_in_order(http, worker
     assert finish["choices"][0]["finish_reason"] == "length"
     # the disconnect cancelled nothing: a cancel would have ended the stream with an error
     assert worker.record(request_id)["status"] == "waiting"
-
-
-def sse_events_of(lines) -> list[dict]:
-    events, current = [], {}
-    for line in lines:
-        if line == "":
-            if current:
-                events.append(current)
-            current = {}
-        elif not line.startswith(":"):
-            name, _, value = line.partition(": ")
-            current[name] = value
-    return events
 
 
 def test_reattach_to_a_text_completion_with_after_uses_its_chunks(http, worker):
@@ -228,7 +207,7 @@ def test_cancel_a_running_request_ends_the_stream_of_a_reader(http, worker, redi
         verdict = claims.report([Held(request_id, claimed.claim_seq, 0, generated=1)], now_ms())
         assert verdict.cancelled == {request_id}
         assert claims.finish(request_id, claimed.claim_seq, None, RequestStatus.CANCELLED, 1, now_ms())
-        rest = sse_events_of(lines)
+        rest = list(sse(lines))
     assert json.loads(rest[-2]["data"])["error"]["code"] == "cancelled"
     assert rest[-1] == {"data": "[DONE]"}
     assert http.get(f"/v1/requests/{request_id}").json()["status"] == "cancelled"

@@ -17,6 +17,7 @@ import redis
 from engine.files import resolve_model_path, served_model_name
 from queues.keys import Keys, models_key
 from queues.server import EmbeddedRedis, free_port
+from tests.conftest import sse  # noqa: F401 - the e2e tests take it from here
 
 MODEL = served_model_name(resolve_model_path(None))
 
@@ -82,16 +83,3 @@ def healthy(base_url: str) -> bool:
         return httpx.get(f"{base_url}/health", timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
-
-
-def sse(lines) -> Iterator[dict]:  # noqa: ANN001 - httpx's line iterator
-    """Each SSE event a client reads, as {"id": ..., "data": ...}; comments skipped."""
-    current: dict = {}
-    for line in lines:
-        if line == "":
-            if current:
-                yield current
-            current = {}
-        elif not line.startswith(":"):
-            name, _, value = line.partition(": ")
-            current[name] = value
