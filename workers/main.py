@@ -6,7 +6,9 @@ import logging
 import os
 import signal
 import socket
+from pathlib import Path
 
+from engine.protocol import Engine
 from queues.claims import Claims
 from queues.connect import connect
 from workers.loop import Worker
@@ -35,17 +37,29 @@ def dead_on_this_host(worker_id: str) -> bool:
     return False
 
 
-def run_worker(settings: WorkerSettings) -> None:
+def build_engine(settings: WorkerSettings, path: Path) -> Engine:
+    """The real engine from the model's weights, or (--engine fake) the fake on the wall clock:
+    then the file only names the model, and nothing of it is read."""
+    if settings.engine == "fake":
+        from engine.fake_live import live_fake_engine
+
+        return live_fake_engine(settings.parallel, settings.ctx, settings.fake_read_ms_per_token,
+                                settings.fake_decode_ms_per_step)
     from engine import load_engine
+
+    return load_engine(path, num_slots=settings.parallel, ctx=settings.ctx, device=settings.device,
+                       dtype=settings.dtype, threads=settings.threads, int4=settings.int4,
+                       cache_dir=settings.data_dir / "cache", compile=settings.compile)
+
+
+def run_worker(settings: WorkerSettings) -> None:
     from engine.files import resolve_model_path, served_model_name
 
     # the pid names the process: serve's workers share one log, and worker ids carry it too
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
     path = resolve_model_path(settings.model)
     name = settings.served_model_name or served_model_name(path)
-    engine = load_engine(path, num_slots=settings.parallel, ctx=settings.ctx, device=settings.device,
-                         dtype=settings.dtype, threads=settings.threads, int4=settings.int4,
-                         cache_dir=settings.data_dir / "cache", compile=settings.compile)
+    engine = build_engine(settings, path)
     worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}-{settings.device}"
     claims = Claims(connect(settings.redis_url, within_s=settings.redis_connect_s), name, worker_id,
                     lease_ms=settings.lease_ms, retention_s=settings.retention_s, max_attempts=settings.max_attempts)
@@ -61,5 +75,6 @@ def run_worker(settings: WorkerSettings) -> None:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    log.info("model %s from %s on %s", name, path, settings.device)
+    log.info("model %s from %s on %s%s", name, path, settings.device,
+             " (fake engine: no weights loaded)" if settings.engine == "fake" else "")
     worker.run()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -22,6 +22,11 @@ class WorkerSettings(BaseSettings):
         description="Redis the worker pulls requests from",
     )
     model: str | None = Field(None, description="GGUF file or Hugging Face folder; default SmolLM2-135M-Instruct")
+    engine: Literal["torch", "fake"] = Field(
+        "torch", description="torch: the model's weights; fake: no weights, deterministic tokens (' t7' per token) "
+                             "that take --fake-read-ms-per-token and --fake-decode-ms-per-step of real time (load tests)")
+    fake_read_ms_per_token: float = Field(0.05, ge=0, description="--engine fake: wall time per prompt token read")
+    fake_decode_ms_per_step: float = Field(10.0, ge=0, description="--engine fake: wall time per decode step (all slots)")
     served_model_name: str | None = Field(None, description="name clients use; default derived from the file")
     device: str = Field("cpu", description="cpu or cuda:N")
     dtype: str | None = Field(None, description="float32 or bfloat16; default bfloat16 on CUDA and for a quantized GGUF on the CPU, "
