@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -62,7 +64,8 @@ def create_app(
                 rules = Rules(name, tok, settings.ctx, settings.default_max_tokens)
                 fit = Fit(client, name, settings.ctx, int(settings.worker_live_s * 1000), intake.clock)
                 yield {"services": Services(settings, client, intake, rules, int(time.time()), cancels, fit,
-                                            keys=keys, started_ms=intake.clock()),
+                                            keys=keys, started_ms=intake.clock(),
+                                            replica=f"{socket.gethostname()}-{os.getpid()}"),
                        "batch_services": batch_services}
                 background.cancel_scope.cancel()
         finally:
@@ -97,7 +100,12 @@ def load_model_facts(settings: ApiSettings, tokenizer: TokenizerLike | None) -> 
 
 
 def run(settings: ApiSettings) -> None:
-    """Serve the API with uvicorn until interrupted (the CLI calls this)."""
+    """Serve the API with uvicorn until interrupted (the CLI calls this): on host:port, or on the
+    listening socket a supervisor handed over (--fd), which several replicas then share."""
     import uvicorn
 
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+    if settings.fd is None:
+        uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+        return
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level="info"))
+    server.run(sockets=[socket.socket(fileno=settings.fd)])  # family and type read from the socket itself

@@ -17,6 +17,8 @@ from queues.intake import Intake
 from shapes.errors import ApiError
 from shapes.rules import Rules
 
+REPLICA_HEADER = "x-strata-replica"  # which API process answered: replicas may share one port
+
 
 @dataclass(frozen=True)
 class Services:
@@ -29,6 +31,7 @@ class Services:
     fit: Fit  # the ctx the live workers publish (--ctx until one has)
     keys: KeyRing | None = None  # None: no keys file, the server is open
     started_ms: int = 0  # on the intake's clock: /health's reference before any worker beat
+    replica: str = ""  # this API process, <host>-<pid>: answers name it (x-strata-replica) when several share a port
 
     @property
     def model_name(self) -> str:

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse, format_sse_event
 from pydantic import BaseModel
 
-from api.deps import Services
+from api.deps import REPLICA_HEADER, Services
 from api.keys import ApiKey
 from api.priority import Resolved, resolve_priority
 from api.queue_timeout import HEADER as QUEUE_TIMEOUT_HEADER
@@ -91,7 +91,8 @@ async def answer(
     # the script stored its own deadline (from the same clock, a moment earlier): asking from
     # here on is never early
     deadline_ms = services.intake.clock() + timeout.ms if timeout else None
-    headers = {"x-request-id": queued.id, "x-strata-priority": str(queued.priority)}
+    headers = {"x-request-id": queued.id, "x-strata-priority": str(queued.priority),
+               REPLICA_HEADER: services.replica}
     if priority.lowered:  # the key's maximum lowered it: say so (asked->used)
         headers["x-strata-priority-lowered"] = f"{priority.asked}->{priority.value}"
     if timeout:

@@ -24,6 +24,11 @@ class ApiSettings(BaseSettings):
     )
     host: str = Field("127.0.0.1", description="Address the HTTP server binds.")
     port: int = Field(8000, ge=0, le=65535, description="Port the HTTP server binds.")
+    fd: int | None = Field(
+        None, ge=0,
+        description="Accept on this listening socket, inherited from a supervisor (`strata serve --api-workers N` "
+        "hands one to each replica), instead of binding host:port.",
+    )
     ctx: int = Field(2048, ge=2, description="Tokens per slot: prompt + answer must fit.")
     priority_min: int = Field(-100, description="Lowest priority; lower values are raised to it.")
     priority_max: int = Field(100, description="Highest priority; higher values are lowered to it.")

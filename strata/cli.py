@@ -27,6 +27,8 @@ class ServeCommand(WorkerSettings, ApiSettings):
     )
     data_dir: Path = Field(Path("data"), description="embedded Redis's append-only files and address")
     restart_delay_s: float = Field(2.0, ge=0, description="wait before restarting a child that exited")
+    api_workers: int = Field(1, ge=1, description="API processes answering on --port: serve binds the port once and "
+                                                   "each replica accepts on that socket (more cores for HTTP)")
     devices: str = Field("auto", description="one worker per device: auto (every CUDA device, else cpu), cpu, "
                                              "or a list such as cuda:0,cuda:1")
 

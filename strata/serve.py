@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,16 +19,19 @@ from queues.server import EmbeddedRedis
 
 log = logging.getLogger("strata.serve")
 
+LISTEN_BACKLOG = 2048  # uvicorn's own default
+
 
 @dataclass
 class Child:
     name: str
     argv: list[str]
     env: dict[str, str]
+    pass_fds: tuple[int, ...] = ()
     process: subprocess.Popen | None = None
 
     def start(self) -> None:
-        self.process = subprocess.Popen(self.argv, env=self.env)
+        self.process = subprocess.Popen(self.argv, env=self.env, pass_fds=self.pass_fds)
 
     def exited(self) -> int | None:
         return None if self.process is None else self.process.poll()
@@ -43,6 +47,14 @@ def child_env(settings, redis_url: str) -> dict[str, str]:  # noqa: ANN001 - a S
     return env
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """The API's port, bound here once: every API replica accepts on this one socket (the kernel
+    hands each connection to one of them), and it stays open while a replica restarts, so
+    connections wait in its backlog instead of being refused or reset."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
+
+
 def serve(settings) -> int:  # noqa: ANN001 - a ServeCommand
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     stopping = False
@@ -53,6 +65,7 @@ def serve(settings) -> int:  # noqa: ANN001 - a ServeCommand
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    listener = listen(settings.host, settings.port)  # first: a port in use stops us before anything started
     redis_server = None
     url = settings.redis_url
     if not url:
@@ -65,7 +78,9 @@ def serve(settings) -> int:  # noqa: ANN001 - a ServeCommand
         Child(f"worker {device}", [python, "-m", "strata", "worker"], {**env, "STRATA_DEVICE": device})
         for device in parse_devices(settings.devices)
     ]
-    children.append(Child("api", [python, "-m", "strata", "api"], env))
+    fd = listener.fileno()
+    children += [Child(f"api {n}" if settings.api_workers > 1 else "api", [python, "-m", "strata", "api"],
+                       {**env, "STRATA_FD": str(fd)}, pass_fds=(fd,)) for n in range(settings.api_workers)]
     children.append(Child("batch-worker", [python, "-m", "strata", "batch-worker"], env))  # runs batches (RQ)
     try:
         for child in children:
@@ -98,6 +113,7 @@ def serve(settings) -> int:  # noqa: ANN001 - a ServeCommand
                 except subprocess.TimeoutExpired:
                     child.process.kill()
                     child.process.wait()
+        listener.close()
         if redis_server:
             redis_server.stop()
         log.info("stopped")

@@ -17,7 +17,7 @@ import redis.exceptions
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from api.deps import ServicesDep
+from api.deps import REPLICA_HEADER, ServicesDep
 from queues.metrics import queue_health
 
 router = APIRouter(tags=["health"])
@@ -38,7 +38,7 @@ async def health(services: ServicesDep) -> JSONResponse:
             f"stalled: {waiting} requests waiting and no worker of {services.model_name} "
             f"has made progress for {since_ms / 1000:.1f} s (health_stall_s={services.settings.health_stall_s:g})"
         )
-    return JSONResponse({"status": "ok"})
+    return JSONResponse({"status": "ok"}, headers={REPLICA_HEADER: services.replica})
 
 
 def unavailable(reason: str) -> JSONResponse:

@@ -1,6 +1,8 @@
-"""`strata serve --engine fake`: workers that load no weights and answer with the fake engine's
-deterministic tokens on the wall clock, behind the real API (which tokenizes with the default
-model's tokenizer), Redis and batch worker. What load tests (bench/load.py) run against."""
+"""`strata serve --engine fake --api-workers 2`: workers that load no weights and answer with the
+fake engine's deterministic tokens on the wall clock, behind two real API replicas sharing one
+port (they tokenize with the default model's tokenizer), Redis and the batch worker. What load
+tests (bench/load.py) run against. A stream held by one replica is cancelled through the other,
+and /metrics reads the same from both."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from engine.files import default_model_path
 from engine.protocol import SamplingParams
 from engine.tokenizer import Tokenizer
 from queues.server import free_port
-from tests.e2e.conftest import MODEL, healthy, wait_until
+from tests.e2e.conftest import MODEL, healthy, sse, wait_until
 
 MESSAGES = [{"role": "user", "content": "Say hello."}]
 
@@ -40,7 +42,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     serve = subprocess.Popen(
         [sys.executable, "-m", "strata", "serve", "--engine", "fake", "--port", str(port),
          "--data-dir", str(tmp_path_factory.mktemp("fake-serve")), "--parallel", "2",
-         "--fake-decode-ms-per-step", "2"],
+         "--fake-decode-ms-per-step", "2", "--api-workers", "2"],
         env=env,
     )
     base = f"http://127.0.0.1:{port}"
@@ -62,3 +64,60 @@ def test_a_chat_request_gets_the_fake_engines_deterministic_answer(served):
     assert body["choices"][0]["message"]["content"] == fake_answer(prompt, 6, seed=3)
     assert body["choices"][0]["finish_reason"] == "length"
     assert body["usage"] == {"prompt_tokens": len(prompt), "completion_tokens": 6, "total_tokens": len(prompt) + 6}
+
+
+def replica_of(client: httpx.Client) -> str:
+    """Which API process holds this client's (kept-alive) connection."""
+    r = client.get("/health")
+    assert r.status_code == 200, r.text
+    return r.headers["x-strata-replica"]
+
+
+@pytest.fixture
+def one_client_per_replica(served) -> Iterator[dict[str, httpx.Client]]:
+    """Fresh connections until each replica holds one: the kernel hands each connection to
+    whichever replica accepts it first."""
+    clients: dict[str, httpx.Client] = {}
+    spare: list[httpx.Client] = []
+    try:
+        for _ in range(200):
+            client = httpx.Client(base_url=served, timeout=30)
+            replica = replica_of(client)
+            if replica in clients:
+                spare.append(client)
+            else:
+                clients[replica] = client
+            if len(clients) == 2:
+                break
+        assert len(clients) == 2, f"200 connections all went to {set(clients)}"
+        yield clients
+    finally:
+        for client in [*clients.values(), *spare]:
+            client.close()
+
+
+def metric_lines(client: httpx.Client, prefix: str) -> list[str]:
+    return sorted(line for line in client.get("/metrics").text.splitlines() if line.startswith(prefix))
+
+
+def test_a_stream_on_one_replica_is_cancelled_through_the_other_and_both_count_it(one_client_per_replica):
+    (holder, a), (other, b) = one_client_per_replica.items()
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 1500, "stream": True}
+    with a.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200 and r.headers["x-strata-replica"] == holder
+        request_id = r.headers["x-request-id"]
+        events = sse(r.iter_lines())
+        assert "role" in next(events)["data"]  # the opening chunk
+        assert '"content"' in next(events)["data"]  # a token: it runs on the worker
+        cancelled = b.post(f"/v1/requests/{request_id}/cancel")
+        assert cancelled.status_code == 200, cancelled.text
+        rest = [e["data"] for e in events]
+    assert rest[-1] == "[DONE]" and '"cancelled"' in rest[-2], rest[-3:]
+    assert len(rest) < 1500  # it stopped early
+    status = b.get(f"/v1/requests/{request_id}").json()["status"]
+    assert status == "cancelled"
+    # /metrics reads Redis: both replicas answer the same numbers, the cancel counted once
+    wait_until(lambda: metric_lines(a, "strata_requests_ended") == metric_lines(b, "strata_requests_ended"),
+               "the same metrics from both replicas", 10)
+    ended = metric_lines(a, "strata_requests_ended")
+    assert any('status="cancelled"' in line and line.endswith(" 1.0") for line in ended), ended
