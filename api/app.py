@@ -43,7 +43,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[dict]:
-        client = redis_client or connect_async(settings.redis_url)
+        client = redis_client or connect_async(settings.redis_url, cluster=settings.redis_cluster)
         await wait_until_up(client, settings.redis_connect_s)
         tok, name = await anyio.to_thread.run_sync(load_model_facts, settings, tokenizer)
         intake = Intake(
@@ -54,7 +54,7 @@ def create_app(
             clock=clock or now_ms,
         )
         log.info("serving %s; queue at %s", name, settings.redis_url)
-        batch_services = BatchServices.connect(settings.redis_url)
+        batch_services = BatchServices.connect(settings)
         cancels = Cancels(intake)
         try:
             async with anyio.create_task_group() as background:
@@ -69,7 +69,7 @@ def create_app(
                        "batch_services": batch_services}
                 background.cancel_scope.cancel()
         finally:
-            batch_services.redis.close()
+            batch_services.close()
             if redis_client is None:
                 await client.aclose()
 

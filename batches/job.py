@@ -92,7 +92,7 @@ class BatchRun:
         self.endpoint, self.model = batch["endpoint"], batch["model"]
         self.fields = {"key_name": batch["key_name"]} if batch.get("key_name") else None  # who asked, for operators
         priority, expires_at = int(batch["priority"]), int(batch["expires_at"])
-        client = connect_async(s.redis_url)
+        client = connect_async(s.redis_url, cluster=s.redis_cluster)
         queue = Intake(client, self.model, max_waiting=s.max_waiting, hard_limit=s.queue_hard_limit,
                        retention_s=s.retention_s)
         try:
@@ -249,7 +249,7 @@ class BatchRun:
 def run_batch(batch_id: str) -> str:
     """The RQ job (queues.batches.JOB_FUNCTION). Settings come from STRATA_ variables."""
     settings = BatchWorkerSettings()
-    client = connect(settings.redis_url, decode_responses=False)
+    client = connect(settings.redis_url, cluster=settings.redis_cluster, decode_responses=False)
     try:
         status = BatchRun(client, batch_id, settings).run()
         log.info("batch %s: %s", batch_id, status)

@@ -14,7 +14,15 @@ class BatchWorkerSettings(BaseSettings):
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0",
         validation_alias=REDIS_URL_ALIASES,
-        description="Redis holding the queues, the batches and the RQ queue",
+        description="Redis holding the queues and the batches (and the RQ queue unless --rq-redis-url)",
+    )
+    redis_cluster: bool = Field(
+        False, description="the Redis is a Redis Cluster (implied when the URL lists several nodes: "
+        "redis://host1:port1,host2:port2); see docs/operations.md",
+    )
+    rq_redis_url: str | None = Field(
+        None, description="a plain (non-cluster) Redis for RQ's batch job queue; unset: the queues' Redis, "
+        "which must then not be a cluster (RQ cannot run on one)",
     )
     batch_inflight: int = Field(16, ge=1, description="most lines of one batch queued or running at once")
     batch_lease_ms: int = Field(

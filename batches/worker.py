@@ -10,25 +10,30 @@ import time
 import redis
 
 from batches.settings import BatchWorkerSettings
-from queues.batches import RQ_QUEUE, BatchStatus, BatchStore, job_waiting, submit_job
+from queues.batches import RQ_QUEUE, BatchStatus, BatchStore, job_waiting, rq_url, submit_job
 from queues.connect import connect
 
 log = logging.getLogger("strata.batch")
 
 
-def sweep(client: redis.Redis) -> list[str]:
+def sweep(client: redis.Redis, rq: redis.Redis | None = None) -> list[str]:
     """Enqueue a job for every unfinished batch that nobody runs (no lease) and whose job is not
-    waiting in the RQ queue: its worker died, or the API stopped between storing it and queueing
-    its job. Returns the batch ids taken up."""
+    waiting in the RQ queue: its worker died, the API stopped between storing it and queueing
+    its job, or RQ's Redis lost it. Returns the batch ids taken up. `client`: the queues' Redis;
+    `rq`: RQ's (None: the same)."""
+    rq = client if rq is None else rq
     store = BatchStore(client)
     taken = []
     for batch_id in store.active():
         batch = store.get(batch_id)
-        if batch is None or BatchStatus(batch["status"]).is_final or store.is_leased(batch_id):
+        if batch is None or BatchStatus(batch["status"]).is_final:
+            store.forget(batch_id)  # it ended (or expired away) after its last state change
             continue
-        if job_waiting(client, batch.get("rq_job_id")):
+        if store.is_leased(batch_id):
             continue
-        store.update(batch_id, {"rq_job_id": submit_job(client, batch_id)})
+        if job_waiting(rq, batch.get("rq_job_id")):
+            continue
+        store.update(batch_id, {"rq_job_id": submit_job(rq, batch_id)})
         taken.append(batch_id)
     return taken
 
@@ -37,13 +42,18 @@ def run_batch_worker(settings: BatchWorkerSettings) -> None:
     from rq import Queue, Worker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    client = connect(settings.redis_url, decode_responses=False)  # RQ stores pickles
+    try:
+        rq_redis = rq_url(settings.redis_url, settings.redis_cluster, settings.rq_redis_url)
+    except ValueError as error:
+        raise SystemExit(f"strata batch-worker: {error}") from None
+    client = connect(rq_redis, decode_responses=False)  # RQ stores pickles
 
     def sweeping() -> None:
-        sweeper = connect(settings.redis_url, decode_responses=False)
+        sweeper = connect(settings.redis_url, cluster=settings.redis_cluster, decode_responses=False)
+        rq = connect(rq_redis, decode_responses=False)
         while True:
             try:
-                for batch_id in sweep(sweeper):
+                for batch_id in sweep(sweeper, rq):
                     log.info("batch %s had no live job: enqueued a new one", batch_id)
             except redis.exceptions.RedisError:
                 log.warning("sweep failed", exc_info=True)

@@ -16,6 +16,7 @@ import redis
 import redis.exceptions
 
 from queues import scripts
+from queues.connect import is_cluster
 from queues.keys import batch_key, batch_lease_key, batch_lines_key, batch_results_key, batches_active_key, batches_key
 from queues.records import text
 
@@ -105,15 +106,16 @@ class BatchStore:
             raise ValueError(f"not a move a batch makes: {', '.join(unlisted)}")
         now_s = int(time.time()) if now_s is None else now_s
         try:
-            status = self._scripts["batch_advance"](
-                keys=[batch_key(batch_id), batches_active_key()],
-                args=[batch_id, " ".join(from_statuses), to, stamp, now_s, int(to.is_final)],
-            )
+            status = BatchStatus(text(self._scripts["batch_advance"](
+                keys=[batch_key(batch_id)], args=[batch_id, " ".join(from_statuses), to, stamp, now_s],
+            )))
         except redis.exceptions.ResponseError as error:
             if str(error).startswith("NOT_FOUND"):
                 raise BatchNotFound(batch_id) from None
             raise
-        return BatchStatus(text(status))
+        if status.is_final:
+            self.forget(batch_id)
+        return status
 
     def list(self, limit: int = 20, after: str | None = None) -> tuple[list[dict[str, str]], bool]:
         """Newest first, starting after the batch id `after`; and whether more remain."""
@@ -127,6 +129,10 @@ class BatchStore:
 
     def active(self) -> list[str]:
         return sorted(text(i) for i in self.client.smembers(batches_active_key()))
+
+    def forget(self, batch_id: str) -> None:
+        """An ended batch leaves the set of active ones (what the sweep looks at)."""
+        self.client.srem(batches_active_key(), batch_id)
 
     # -- lines and results ---------------------------------------------------------------------
     def lines(self, batch_id: str, numbers: list[int]) -> list[str]:
@@ -164,6 +170,20 @@ class BatchStore:
 
 
 # ---- the RQ job of a batch ---------------------------------------------------------------------
+
+
+def rq_url(redis_url: str, cluster: bool, rq_redis_url: str | None) -> str:
+    """RQ's Redis: --rq-redis-url, else the queues' own. RQ cannot use a Redis Cluster: its
+    worker wants a single server's connection pool, its keys (`rq:job:<id>`, `rq:queues`, ...)
+    share no hash tag, and its MULTI/EXEC pipelines span them. Only job hand-off lives there:
+    batches, lines and results stay in the queues' Redis, and a lost RQ job is re-queued by the
+    batch worker's sweep, so RQ's Redis needs no persistence of its own."""
+    if rq_redis_url:
+        return rq_redis_url
+    if is_cluster(redis_url, cluster):
+        raise ValueError("the queues' Redis is a cluster, where RQ cannot run: give RQ a plain Redis with "
+                         "--rq-redis-url (STRATA_RQ_REDIS_URL)")
+    return redis_url
 
 
 def submit_job(client: redis.Redis, batch_id: str, timeout_s: int = 26 * 3600) -> str:

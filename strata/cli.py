@@ -65,6 +65,10 @@ class QueuesCommand(BaseSettings):
         None, validation_alias=REDIS_URL_ALIASES,
         description="default: the embedded Redis of a running `strata serve` (see --data-dir)",
     )
+    redis_cluster: bool = Field(
+        False, description="the Redis is a Redis Cluster (implied when the URL lists several nodes: "
+        "redis://host1:port1,host2:port2); see docs/operations.md",
+    )
     data_dir: Path = Field(Path("data"), description="where a running `strata serve` recorded its Redis")
     watch: bool = Field(False, description="refresh until Ctrl-C")
     interval_s: float = Field(1.0, gt=0, description="refresh period with --watch")
@@ -73,7 +77,8 @@ class QueuesCommand(BaseSettings):
     def cli_cmd(self) -> None:
         from strata.queues_view import show
 
-        show(self.redis_url, self.data_dir, watch=self.watch, interval_s=self.interval_s, limit=self.limit)
+        show(self.redis_url, self.data_dir, watch=self.watch, interval_s=self.interval_s, limit=self.limit,
+             cluster=self.redis_cluster)
 
 
 class Strata(BaseSettings):

@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import redis
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from queues.connect import connect
 from queues.inspect import ModelView, snapshot
 from queues.server import recorded_url
 
@@ -49,8 +49,8 @@ def render(views: list[ModelView]) -> Group:
 
 
 def show(redis_url: str | None, data_dir: Path, *, watch: bool, interval_s: float, limit: int,
-         console: Console | None = None) -> None:
-    client = redis.Redis.from_url(find_redis(redis_url, data_dir), decode_responses=True)
+         cluster: bool = False, console: Console | None = None) -> None:
+    client = connect(find_redis(redis_url, data_dir), cluster=cluster, within_s=0)
     console = console or Console()
 
     def frame() -> Group:

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 from engine.devices import parse_devices
+from queues.connect import is_cluster
 from queues.server import EmbeddedRedis
 
 log = logging.getLogger("strata.serve")
@@ -73,6 +74,13 @@ def serve(settings) -> int:  # noqa: ANN001 - a ServeCommand
         url = redis_server.url
         log.info("embedded Redis at %s, data in %s", url, settings.data_dir.resolve())
     env = child_env(settings, url)
+    rq_server = None
+    if is_cluster(url, settings.redis_cluster) and not settings.rq_redis_url:
+        # RQ cannot run on a cluster (queues/batches.py rq_url): its job hand-off gets a plain
+        # Redis of its own; the batches themselves stay in the cluster
+        rq_server = EmbeddedRedis(settings.data_dir / "rq").start()
+        env["STRATA_RQ_REDIS_URL"] = rq_server.url
+        log.info("Redis Cluster at %s; RQ's jobs in an embedded Redis at %s", url, rq_server.url)
     python = sys.executable
     children = [
         Child(f"worker {device}", [python, "-m", "strata", "worker"], {**env, "STRATA_DEVICE": device})
@@ -88,14 +96,15 @@ def serve(settings) -> int:  # noqa: ANN001 - a ServeCommand
         log.info("serving on http://%s:%d (Redis %s); Ctrl-C stops", settings.host, settings.port, url)
         while not stopping:
             time.sleep(0.2)
-            if redis_server and redis_server.exited() and not stopping:
-                log.warning("embedded Redis exited; restarting it on the same port and data in %.1fs",
-                            settings.restart_delay_s)
-                time.sleep(settings.restart_delay_s)
-                try:
-                    redis_server.start()  # same port, same append-only files: the queues come back
-                except RuntimeError:
-                    log.exception("embedded Redis did not restart; trying again")
+            for server in (redis_server, rq_server):
+                if server and server.exited() and not stopping:
+                    log.warning("embedded Redis exited; restarting it on the same port and data in %.1fs",
+                                settings.restart_delay_s)
+                    time.sleep(settings.restart_delay_s)
+                    try:
+                        server.start()  # same port, same append-only files: the queues come back
+                    except RuntimeError:
+                        log.exception("embedded Redis did not restart; trying again")
             for child in children:
                 code = child.exited()
                 if code is not None and not stopping:
@@ -114,7 +123,8 @@ def serve(settings) -> int:  # noqa: ANN001 - a ServeCommand
                     child.process.kill()
                     child.process.wait()
         listener.close()
-        if redis_server:
-            redis_server.stop()
+        for server in (redis_server, rq_server):
+            if server:
+                server.stop()
         log.info("stopped")
     return 0

@@ -61,7 +61,7 @@ def run_worker(settings: WorkerSettings) -> None:
     name = settings.served_model_name or served_model_name(path)
     engine = build_engine(settings, path)
     worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}-{settings.device}"
-    claims = Claims(connect(settings.redis_url, within_s=settings.redis_connect_s), name, worker_id,
+    claims = Claims(connect(settings.redis_url, cluster=settings.redis_cluster, within_s=settings.redis_connect_s), name, worker_id,
                     lease_ms=settings.lease_ms, retention_s=settings.retention_s, max_attempts=settings.max_attempts)
     policy = Policy(prefill_preempt=settings.prefill_preempt, yields_max=settings.yields_max,
                     batch_groups=settings.batch_groups, slot_low_first=settings.slot_low_first,

@@ -21,6 +21,10 @@ class WorkerSettings(BaseSettings):
         validation_alias=REDIS_URL_ALIASES,
         description="Redis the worker pulls requests from",
     )
+    redis_cluster: bool = Field(
+        False, description="the Redis is a Redis Cluster (implied when the URL lists several nodes: "
+        "redis://host1:port1,host2:port2); see docs/operations.md",
+    )
     model: str | None = Field(None, description="GGUF file or Hugging Face folder; default SmolLM2-135M-Instruct")
     engine: Literal["torch", "fake"] = Field(
         "torch", description="torch: the model's weights; fake: no weights, deterministic tokens (' t7' per token) "

@@ -70,7 +70,7 @@ async def create_batch(body: BatchCreate, services: ServicesDep, batch: BatchSer
 
     def store() -> dict[str, str] | None:
         batch.batches.create(record, prepared)
-        batch.batches.update(batch_id, {"rq_job_id": submit_job(batch.redis, batch_id)})
+        batch.batches.update(batch_id, {"rq_job_id": submit_job(batch.rq, batch_id)})
         return batch.batches.get(batch_id)
 
     return Batch.from_record(await anyio.to_thread.run_sync(store))
