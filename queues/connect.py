@@ -37,7 +37,7 @@ def _options(retry: type) -> dict:
 
 def is_cluster(url: str, cluster: bool = False) -> bool:
     """The flag, or a URL listing several nodes."""
-    return cluster or "," in url.partition("://")[2].partition("/")[0]
+    return cluster or "," in url.partition("://")[2].partition("/")[0].rpartition("@")[2]
 
 
 def cluster_nodes(url: str) -> tuple[str, list[redis.cluster.ClusterNode]]:

@@ -50,3 +50,18 @@ def test_the_docs_table_lists_exactly_the_moves_a_batch_makes():
     rows = [line.split("|")[1:3] for line in table]
     assert {(S(was.strip(" `")), S(to.strip(" `"))) for was, to in rows} == TRANSITIONS
     assert len(rows) == len(TRANSITIONS)
+
+
+def test_a_batch_that_ended_but_stayed_in_the_active_set_is_dropped_by_the_sweep(redis_client):
+    """The active set is another Cluster slot than the batch, so it changes after the status: a
+    process that died in between leaves an ended batch listed, and the sweep drops it unrun."""
+    from batches.worker import sweep
+    from queues.keys import batches_active_key
+
+    store = new_batch(redis_client)
+    store.advance("batch_1", (S.VALIDATING,), S.CANCELLING)
+    store.advance("batch_1", (S.CANCELLING,), S.CANCELLED)
+    redis_client.sadd(batches_active_key(), "batch_1")  # as if the SREM never ran
+    assert store.active() == ["batch_1"]
+    assert sweep(redis_client) == []
+    assert store.active() == [] and store.status("batch_1") is S.CANCELLED
