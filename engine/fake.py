@@ -1,24 +1,32 @@
 """A fake engine with the real engine's interface, deterministic tokens and a virtual clock.
 It serves scheduler tests and simulations: the worker loop runs over it unchanged, and time
-passes only when it reads or decodes (a cost per prompt token and per decode step)."""
+passes only when it reads or decodes: a flat cost per prompt token and per decode step, or, given
+a measured cost profile (engine/cost_profile.py, `strata calibrate`), the real engine's cost by
+context, chunk length and batch size."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from engine.cost_profile import CostProfile
 from engine.protocol import SamplingParams
 
 
 @dataclass
 class VirtualClock:
     now_ms: int = 0
+    carry_ms: float = 0.0  # the fraction of a ms not yet shown: measured costs are not whole ms
 
     def __call__(self) -> int:
         return self.now_ms
 
     def advance(self, ms: float) -> None:
-        self.now_ms += int(round(ms))
+        exact = self.carry_ms + ms
+        whole = math.floor(exact + 1e-9)
+        self.carry_ms = exact - whole
+        self.now_ms += whole
 
 
 @dataclass
@@ -49,6 +57,7 @@ class FakeEngine:
     clock: VirtualClock = field(default_factory=VirtualClock)
     calls: list[Call] = field(default_factory=list)
     tokenizer: FakeDecoder = field(default_factory=FakeDecoder)
+    profile: CostProfile | None = None  # set: costs as measured (the flat costs above are ignored)
 
     def __post_init__(self) -> None:
         self._cache: list[list[int]] = [[] for _ in range(self.num_slots)]
@@ -67,17 +76,28 @@ class FakeEngine:
     def read(self, slot: int, tokens: Sequence[int], sample: bool) -> int | None:
         if len(self._cache[slot]) + len(tokens) > self.ctx:
             raise ValueError("chunk does not fit the slot's context")
+        self.clock.advance(self.read_cost_ms(len(self._cache[slot]), len(tokens)))
         self._cache[slot].extend(tokens)
-        self.clock.advance(self.read_ms_per_token * len(tokens))
         self.calls.append(Call("read", (slot,), len(tokens), self.clock.now_ms))
         return self._next(slot) if sample else None
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> list[int]:
+        self.clock.advance(self.decode_cost_ms(len(slots), max(len(self._cache[s]) for s in slots) + 1))
         for slot, token in zip(slots, tokens):
             self._cache[slot].append(token)
-        self.clock.advance(self.decode_ms_per_step)
         self.calls.append(Call("decode", tuple(slots), len(slots), self.clock.now_ms))
         return [self._next(slot) for slot in slots]
+
+    def read_cost_ms(self, cached: int, tokens: int) -> float:
+        if self.profile is None:
+            return self.read_ms_per_token * tokens
+        return self.profile.read_ms(cached, tokens)
+
+    def decode_cost_ms(self, rows: int, context: int) -> float:
+        """`context`: the longest row's, this step's token included (what attention spans)."""
+        if self.profile is None:
+            return self.decode_ms_per_step
+        return self.profile.decode_ms(rows, context)
 
     def position(self, slot: int) -> int:
         return len(self._cache[slot])

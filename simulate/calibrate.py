@@ -1,0 +1,120 @@
+"""`strata calibrate`: time the real engine on this machine through its public interface
+(Engine.begin / read / decode / truncate, exactly what a worker calls) and write a cost profile
+(engine/cost_profile.py) for the simulator's fake engine.
+
+Read: one slot holds `cached` tokens (truncate back to it between tries), a chunk of `tokens` is
+read and timed. Decode: every slot holds `context` tokens and the first `rows` of them take one
+step together. Each point is the median of a few tries, after a warm-up, so one hiccup of a
+shared machine does not move it."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from engine.cost_profile import CostGrid, CostProfile
+from engine.protocol import Engine, SamplingParams
+
+log = logging.getLogger("strata.calibrate")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where to measure. Grids are clipped to the engine's ctx."""
+
+    # Prompts dominate the time calibrating takes (on the CPU with int4 weights a few tens of
+    # tokens/s, and every slot must be filled to the longest decode context), so few points:
+    # costs are close to linear in between, and interpolation fills in.
+    read_cached: tuple[int, ...] = (0, 256, 1024)
+    read_tokens: tuple[int, ...] = (16, 64, 256)
+    decode_contexts: tuple[int, ...] = (64, 256, 1024)
+    decode_rows: tuple[int, ...] | None = None  # None: 1, 2, 3, ... up to the engine's slots (8 points at most)
+    tries: int = 2
+
+    @classmethod
+    def quick(cls) -> "Plan":
+        """Seconds, not a minute: for tests and a first look."""
+        return cls(read_cached=(0, 64), read_tokens=(8, 32), decode_contexts=(16, 64), decode_rows=(1, 2), tries=1)
+
+
+def rows_for(slots: int, wanted: Sequence[int] | None) -> list[int]:
+    if wanted:
+        return sorted({r for r in wanted if 1 <= r <= slots} | {1})
+    if slots <= 8:
+        return list(range(1, slots + 1))
+    step = slots / 7
+    return sorted({1, slots, *(round(1 + i * step) for i in range(1, 7))})
+
+
+def measure(engine: Engine, tokens: Sequence[int], plan: Plan,
+            clock: Callable[[], float] = time.perf_counter) -> tuple[CostGrid, CostGrid]:
+    """The two grids, timed with `clock` (seconds). `tokens`: at least ctx prompt ids."""
+    ctx = engine.ctx
+    cached = sorted({c for c in plan.read_cached if c + min(plan.read_tokens) <= ctx})
+    chunks = sorted({t for t in plan.read_tokens if t <= ctx})
+    contexts = sorted({c for c in plan.decode_contexts if c + plan.tries + 1 < ctx})
+    rows = rows_for(engine.num_slots, plan.decode_rows)
+    greedy = SamplingParams(temperature=0.0)
+
+    def timed(call: Callable[[], object]) -> float:
+        start = clock()
+        call()
+        return (clock() - start) * 1000
+
+    def hold(slot: int, length: int) -> None:
+        """Make the slot hold exactly the first `length` tokens (truncate, or read what is missing)."""
+        engine.truncate(slot, min(length, engine.position(slot)))
+        for at in range(engine.position(slot), length, 256):
+            engine.read(slot, tokens[at:min(length, at + 256)], sample=False)
+
+    # warm-up: the first calls of a fresh engine pay for allocation and lazy set-up
+    for slot in range(engine.num_slots):
+        engine.begin(slot, greedy)
+    hold(0, min(ctx - 2, 64))
+    engine.decode([0], [tokens[0]])
+    read_ms = []
+    for c in cached:
+        row = []
+        for t in chunks:
+            t = min(t, ctx - c)  # noqa: PLW2901 - a chunk clipped to what fits
+            tries = []
+            for _ in range(plan.tries):
+                hold(0, c)
+                tries.append(timed(lambda: engine.read(0, tokens[c:c + t], sample=True)))
+            row.append(statistics.median(tries))
+        read_ms.append(row)
+        log.info("read with %d cached: %s ms", c, ", ".join(f"{t}: {ms:.1f}" for t, ms in zip(chunks, row)))
+    by_context: dict[int, list[float]] = {}
+    for c in contexts:
+        for slot in range(engine.num_slots):
+            hold(slot, c)
+        for r in rows:
+            tries = []
+            for _ in range(plan.tries):
+                tries.append(timed(lambda: engine.decode(list(range(r)), list(tokens[:r]))))
+            for slot in range(r):
+                hold(slot, c)
+            by_context.setdefault(r, []).append(statistics.median(tries))
+        log.info("decode at context %d: %s ms", c, ", ".join(f"{r} rows: {by_context[r][-1]:.1f}" for r in rows))
+    read = CostGrid(rows=cached, columns=chunks, ms=[[round(v, 3) for v in row] for row in read_ms])
+    decode = CostGrid(rows=rows, columns=contexts, ms=[[round(v, 3) for v in by_context[r]] for r in rows])
+    return read, decode
+
+
+def calibrate(engine: Engine, tokens: Sequence[int], plan: Plan, machine: dict[str, str]) -> CostProfile:
+    started = time.perf_counter()
+    read, decode = measure(engine, tokens, plan)
+    stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return CostProfile(read, decode, {**machine, "measured_at": stamp,
+                                      "measured_s": f"{time.perf_counter() - started:.1f}"})
+
+
+def prompt_tokens(engine: Engine, length: int) -> list[int]:
+    """Real text's ids (any ids cost the same; these look like a prompt), repeated to `length`."""
+    ids = engine.tokenizer.encode(Path(__file__).read_text())
+    return (ids * (length // len(ids) + 1))[:length]
