@@ -110,3 +110,53 @@ def recorded_url(data_dir: Path) -> str | None:
 
 # Every process reads its Redis from --redis-url, STRATA_REDIS_URL or the plain REDIS_URL.
 REDIS_URL_ALIASES = AliasChoices("redis_url", "STRATA_REDIS_URL", "REDIS_URL")
+
+
+@dataclass
+class ScratchRedis:
+    """A throwaway Redis for one simulation: a unix socket in a temporary folder (no network, no
+    port to race for), nothing persisted, gone when stopped. The same server, so the same Lua
+    engine and semantics, as production."""
+
+    folder: Path
+    process: subprocess.Popen | None = None
+
+    @property
+    def socket_path(self) -> Path:
+        return self.folder / "redis.sock"
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket_path}"
+
+    def start(self, timeout_s: float = 15.0) -> "ScratchRedis":
+        self.folder.mkdir(parents=True, exist_ok=True)
+        args = [server_binary(), "--port", "0", "--unixsocket", str(self.socket_path), "--unixsocketperm", "700",
+                "--dir", str(self.folder.resolve()), "--appendonly", "no", "--save", ""]
+        with open(self.folder / "redis.log", "ab") as log:
+            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        client = redis.Redis(unix_socket_path=str(self.socket_path))
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline and self.process.poll() is None:
+                try:
+                    if client.ping():
+                        return self
+                except (redis.exceptions.ConnectionError, FileNotFoundError):
+                    time.sleep(0.02)
+        finally:
+            client.close()
+        self.stop()
+        raise RuntimeError(f"Redis did not start; see {self.folder / 'redis.log'}")
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(unix_socket_path=str(self.socket_path), decode_responses=True)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()

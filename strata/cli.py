@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings, CliApp, CliSubCommand, SettingsConfi
 
 from api.settings import ApiSettings
 from queues.server import REDIS_URL_ALIASES
+from simulate.settings import CalibrateSettings, SimulateSettings
 from strata.batch import BatchCommand, BatchWorkerCommand
 from workers.settings import WorkerSettings
 
@@ -81,6 +82,31 @@ class QueuesCommand(BaseSettings):
              cluster=self.redis_cluster)
 
 
+class CalibrateCommand(CalibrateSettings):
+    """Time the real engine here (prefill by context and chunk, decode by batch and context)
+    and write the cost profile `strata simulate` runs on."""
+
+    def cli_cmd(self) -> None:
+        from simulate.main import calibrate
+
+        calibrate(self)
+
+
+class SimulateCommand(SimulateSettings):
+    """Replay a workload through the real worker loop and Lua scripts over the calibrated fake
+    engine, on a virtual clock: per-priority waiting times, throughput, plots."""
+
+    def cli_cmd(self) -> None:
+        from engine.cost_profile import ProfileError
+        from simulate.main import simulate
+        from simulate.workload import WorkloadError
+
+        try:
+            simulate(self)
+        except (WorkloadError, ProfileError) as error:
+            sys.exit(f"strata simulate: {error}")
+
+
 class Strata(BaseSettings):
     model_config = SettingsConfigDict(cli_prog_name="strata", cli_kebab_case=True, cli_implicit_flags=True)
 
@@ -90,6 +116,8 @@ class Strata(BaseSettings):
     batch_worker: CliSubCommand[BatchWorkerCommand]
     batch: CliSubCommand[BatchCommand]
     queues: CliSubCommand[QueuesCommand]
+    calibrate: CliSubCommand[CalibrateCommand]
+    simulate: CliSubCommand[SimulateCommand]
 
     def cli_cmd(self) -> None:
         CliApp.run_subcommand(self)

@@ -12,7 +12,6 @@ from engine.protocol import Engine
 from queues.claims import Claims
 from queues.connect import connect
 from workers.loop import Worker
-from workers.scheduler import Policy
 from workers.settings import WorkerSettings
 
 log = logging.getLogger("strata.worker")
@@ -63,10 +62,7 @@ def run_worker(settings: WorkerSettings) -> None:
     worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}-{settings.device}"
     claims = Claims(connect(settings.redis_url, cluster=settings.redis_cluster, within_s=settings.redis_connect_s), name, worker_id,
                     lease_ms=settings.lease_ms, retention_s=settings.retention_s, max_attempts=settings.max_attempts)
-    policy = Policy(prefill_preempt=settings.prefill_preempt, yields_max=settings.yields_max,
-                    batch_groups=settings.batch_groups, slot_low_first=settings.slot_low_first,
-                    reserve=settings.reserve_tiers(), aging_s=settings.aging_s)
-    worker = Worker(engine, claims, engine.tokenizer, prefill_chunk=settings.prefill_chunk, policy=policy,
+    worker = Worker(engine, claims, engine.tokenizer, prefill_chunk=settings.prefill_chunk, policy=settings.policy(),
                     device=settings.device, heartbeat_ms=int(settings.heartbeat_s * 1000),
                     idle_wait_s=settings.idle_wait_s, is_dead=dead_on_this_host)
 

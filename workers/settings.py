@@ -10,7 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from queues.server import REDIS_URL_ALIASES
-from workers.scheduler import Reserve
+from workers.scheduler import Policy, Reserve
 
 
 class WorkerSettings(BaseSettings):
@@ -86,6 +86,12 @@ class WorkerSettings(BaseSettings):
 
     def reserve_tiers(self) -> tuple[Reserve, ...]:
         return parse_reserve(self.reserve)
+
+    def policy(self) -> Policy:
+        """The scheduling flags, as workers/scheduler.py takes them."""
+        return Policy(prefill_preempt=self.prefill_preempt, yields_max=self.yields_max,
+                      batch_groups=self.batch_groups, slot_low_first=self.slot_low_first,
+                      reserve=self.reserve_tiers(), aging_s=self.aging_s)
 
 
 def parse_reserve(tiers: list[str]) -> tuple[Reserve, ...]:

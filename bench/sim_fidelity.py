@@ -1,0 +1,117 @@
+"""How close `strata simulate` comes to the real thing: the acceptance scenarios of
+bench/priority_scenarios.py (alert during a battery, with and without priority; long read gives
+way, with and without; the alert with a reserved slot) run on the real engine, each one's
+requests recorded from their hashes (arrival time, priority, prompt and answer lengths) and
+replayed through the simulator with a cost profile calibrated on the same engine just before.
+Compares the time to first token of the request each scenario is about.
+
+    .venv/bin/python -m bench.sim_fidelity [--profile data/cost-profile.json] [--no-calibrate] [--scale 1.0]
+        [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from bench.priority_scenarios import Run, alert_during_battery, long_read_gives_way, reserved_slot
+from engine import load_engine
+from engine.cost_profile import CostProfile
+from engine.files import resolve_model_path, served_model_name
+from queues.server import EmbeddedRedis, ScratchRedis
+from simulate import fleet
+from simulate.calibrate import Plan, calibrate, prompt_tokens
+from simulate.workload import Arrival
+from workers.scheduler import Policy, Reserve
+from workers.settings import WorkerSettings
+
+
+def recorded(run: Run, rids: list[str]) -> list[Arrival]:
+    """The scenario's requests as the simulator replays them: times relative to the first."""
+    records = {rid: run.record(rid) for rid in rids}
+    start = min(int(r["enqueued_ms"]) for r in records.values())
+    arrivals = [Arrival(rid, int(r["enqueued_ms"]) - start, int(r["priority"]), int(r["prompt_tokens"]),
+                        int(r["completion_tokens"]), None, rid.split("-")[0]) for rid, r in records.items()]
+    return sorted(arrivals, key=lambda a: int(records[a.id]["member"].partition(":")[0]))  # enqueue order
+
+
+def ttft_ms(record: dict[str, str]) -> int:
+    return int(record["first_token_ms"]) - int(record["enqueued_ms"])
+
+
+def replay(arrivals: list[Arrival], settings: WorkerSettings, profile: CostProfile, focus: str) -> int:
+    with tempfile.TemporaryDirectory(prefix="strata-fidelity-") as folder:
+        server = ScratchRedis(Path(folder)).start()
+        client = server.client()
+        try:
+            outcome = fleet.run(arrivals, client, settings, profile)
+        finally:
+            client.close()
+            server.stop()
+    at = next(a.at_ms for a in arrivals if a.id == focus)
+    return int(outcome.records[focus]["first_token_ms"]) - at
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--profile", type=Path, default=Path("data/cost-profile.json"))
+    parser.add_argument("--no-calibrate", action="store_true", help="use --profile as it is")
+    parser.add_argument("--quick", action="store_true", help="calibrate with the quick plan (a smoke run)")
+    parser.add_argument("--scale", type=float, default=1.0, help="answer and prompt lengths")
+    parser.add_argument("--parallel", type=int, default=4)
+    parser.add_argument("--chunk", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores); on a "
+                        "machine shared with other jobs, 1 keeps the engine's speed steadier between calibration "
+                        "and the real runs")
+    args = parser.parse_args()
+    path = resolve_model_path(None)
+    model = served_model_name(path)
+    engine = load_engine(path, num_slots=args.parallel, ctx=2048, threads=args.threads)
+    if args.no_calibrate:
+        profile = CostProfile.load(args.profile)
+    else:
+        profile = calibrate(engine, prompt_tokens(engine, engine.ctx), Plan.quick() if args.quick else Plan(),
+                            {"model": model, "device": "cpu", "dtype": str(engine.dtype), "slots": str(args.parallel), "threads": str(args.threads or "all"),
+                             "ctx": str(engine.ctx), "plan": "quick" if args.quick else "full"})
+        profile.save(args.profile)
+    tokens = engine.tokenizer.encode((Path(__file__).parent / "priority_scenarios.py").read_text() * 4)
+    server = EmbeddedRedis(Path(tempfile.mkdtemp()), appendonly=False).start()
+    plain = WorkerSettings(parallel=args.parallel, prefill_chunk=args.chunk)
+    reserve = WorkerSettings(parallel=args.parallel, prefill_chunk=args.chunk, reserve=["1:10"])
+    battery = [f"battery-{i}" for i in range(3 * args.parallel)]
+    scenarios = [
+        ("alert during a battery, with priority", Policy(), plain, "alert", battery,
+         lambda run: alert_during_battery(run, tokens, True, args.scale)),
+        ("alert during a battery, without", Policy(), plain, "alert", battery,
+         lambda run: alert_during_battery(run, tokens, False, args.scale)),
+        ("long read gives way, with priority", Policy(), plain, "second", ["first"],
+         lambda run: long_read_gives_way(run, tokens, True, args.scale)),
+        ("long read gives way, without", Policy(), plain, "second", ["first"],
+         lambda run: long_read_gives_way(run, tokens, False, args.scale)),
+        ("alert with --reserve 1:10", Policy(reserve=(Reserve(1, 10),)), reserve, "alert", battery,
+         lambda run: reserved_slot(run, tokens, args.scale)),
+    ]
+    table = Table(title=f"simulated vs real time to first token (SmolLM2, {engine.dtype}, {args.parallel} slots, "
+                        f"chunk {args.chunk})")
+    for col in ("scenario", "request", "real", "simulated", "error"):
+        table.add_column(col, justify="left" if col in ("scenario", "request") else "right")
+    try:
+        for name, policy, settings, focus, others, scenario in scenarios:
+            with Run(server.url, model, engine, args.chunk, policy) as run:
+                scenario(run)
+                arrivals = recorded(run, [focus, *others])
+                real = ttft_ms(run.record(focus))
+            simulated = replay(arrivals, settings, profile, focus)
+            table.add_row(name, focus, f"{real / 1000:.2f} s", f"{simulated / 1000:.2f} s",
+                          f"{100 * (simulated - real) / real:+.1f} %")
+        Console(width=150).print(table)
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""N real workers (workers/loop.py Worker, workers/scheduler.py) over fake engines that cost what
+the profile says, one Redis running the production Lua scripts, one virtual clock: a discrete
+event simulation with no sleeps and no wall clock.
+
+Each worker has its own virtual clock: the time at which its current step ends. The worker
+whose clock is earliest steps next, after every arrival due by then is enqueued (enqueue.lua,
+at its own arrival time). A worker with nothing to do sleeps until the next arrival or its
+next heartbeat, as the real one blocks on the wake list and refreshes its hash. A step runs
+whole at its start time (the real loop's claims are also read then); its reports are stamped
+with the time its engine calls end. With several workers that is the one approximation: a
+step's effects become visible to the others at its start rather than its end.
+
+The simulation owns nothing the production code does not: it drives Worker.step(), the
+Claims and Replay (queues/) calls carry every Redis write."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import redis
+
+from engine.cost_profile import CostProfile
+from engine.fake import FakeEngine
+from queues.claims import Claimed, Claims, Held, Verdict, Waiting
+from queues.records import QueuedRequest
+from queues.replay import Replay
+from simulate.workload import Arrival
+from workers.loop import Worker
+from workers.settings import WorkerSettings
+
+MODEL = "simulated"
+HARVEST_MS = 5_000  # how often (virtual) ended requests are collected from Redis and deleted
+LONG_LEASE_MS = 10 * 24 * 3600 * 1000  # without exact reports nothing renews a lease: none may run out
+
+
+class CountingDecoder:
+    """Text is not simulated: one character per token, so a stream's length is its token count
+    and detokenizing costs nothing measurable."""
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "x" * len(ids)
+
+
+class WatchedClaims(Claims):
+    """Claims that note which requests may have ended (finished, or expired at a claim or a
+    sweep), so only those are read back from Redis.
+
+    Unless `exact`, a step's report goes to Redis only for the requests it says something the
+    schedule depends on (claimed into a slot, first token, gave way): a decode step that only
+    streams tokens costs no round trip, which is most of the simulation's speed. What that
+    leaves out — the token events, the lease renewals, a cancel's answer — only matters for
+    faults and clients, which a simulation has none of; leases are then made long enough that
+    none runs out. `exact` (`--exact-reports`) sends every report, as production does."""
+
+    def __init__(self, *args, ended: set[str], exact: bool, **kwargs) -> None:  # noqa: ANN002, ANN003
+        super().__init__(*args, **kwargs)
+        self.ended = ended
+        self.exact = exact
+
+    def report(self, held: Sequence[Held], now_ms: int) -> Verdict:
+        if not self.exact:
+            held = [h for h in held if h.slot is not None or h.first_token or h.gave_way_to]
+        return super().report(held, now_ms)
+
+    def reclaim_from_dead(self, is_dead: Callable[[str], bool], now_ms: int) -> list[str]:
+        return []  # no worker process dies in a simulation
+
+    def claim(self, waiting: Waiting, now_ms: int) -> Claimed | None:
+        claimed = super().claim(waiting, now_ms)
+        if claimed is None:
+            self.ended.add(waiting.id)
+        return claimed
+
+    def finish(self, request_id: str, *args, **kwargs) -> bool:  # noqa: ANN002, ANN003
+        self.ended.add(request_id)
+        return super().finish(request_id, *args, **kwargs)
+
+    def expire_overdue(self, now_ms: int, limit: int = 256) -> list[str]:
+        gone = super().expire_overdue(now_ms, limit)
+        self.ended.update(gone)
+        return gone
+
+
+@dataclass
+class Outcome:
+    """What happened to every request: its arrival and the record its workers wrote."""
+
+    records: dict[str, dict[str, str]] = field(default_factory=dict)  # id -> RECORD_FIELDS (ended ones)
+    shed: list[Arrival] = field(default_factory=list)  # refused at enqueue (429)
+    unfinished: list[Arrival] = field(default_factory=list)  # still waiting or running at the cut-off
+    arrivals: list[Arrival] = field(default_factory=list)
+    end_ms: int = 0  # virtual time when the last worker stopped
+    steps: int = 0
+    workers: int = 0
+    slots: int = 0  # per worker
+
+
+def prompt_of(index: int, length: int) -> list[int]:
+    """A prompt that shares no prefix with any other (its first id is its own), so no slot's cache
+    is reused by accident (rule 9) and the JSON stays short."""
+    return [index + 1] + [7] * (length - 1)
+
+
+def run(arrivals: Sequence[Arrival], client: redis.Redis, settings: WorkerSettings, profile: CostProfile, *,
+        workers: int = 1, max_waiting: int = 0, hard_limit: int = 0, ignore_priority: bool = False,
+        drain_s: float = 3600.0, exact_reports: bool = False) -> Outcome:
+    """Serve `arrivals` with `workers` workers configured by `settings`; `client` is an empty
+    Redis. With `ignore_priority` every request is sent at 0 (what the service does without
+    priorities; the outcome still reports them by their class's priority)."""
+    logging.getLogger("strata.worker").setLevel(logging.WARNING)  # a line per admission is the real worker's
+    ended: set[str] = set()
+    fleet = []
+    for n in range(workers):
+        engine = FakeEngine(num_slots=settings.parallel, ctx=settings.ctx, profile=profile)
+        claims = WatchedClaims(client, MODEL, f"sim-{n}", retention_s=settings.retention_s,
+                               lease_ms=settings.lease_ms if exact_reports else LONG_LEASE_MS,
+                               max_attempts=settings.max_attempts, ended=ended, exact=exact_reports)
+        worker = Worker(engine, claims, CountingDecoder(), prefill_chunk=settings.prefill_chunk, policy=settings.policy(),
+                        device=f"sim:{n}", heartbeat_ms=int(settings.heartbeat_s * 1000),
+                        idle_wait_s=settings.idle_wait_s, clock=engine.clock)
+        worker.announce(0)
+        fleet.append(worker)
+    replay = Replay(client, MODEL, max_waiting=max_waiting, hard_limit=hard_limit)
+    outcome = Outcome(arrivals=list(arrivals), workers=workers, slots=settings.parallel)
+    priority_of = {a.id: a.priority for a in arrivals}
+    pending: set[str] = set()
+    nap_ms = int(settings.idle_wait_s * 1000)
+    last_arrival = arrivals[-1].at_ms if arrivals else 0
+    cut_off = last_arrival + int(drain_s * 1000)
+    idle = [False] * workers
+    next_harvest = HARVEST_MS
+    i = 0
+    while True:
+        w = min(range(workers), key=lambda k: fleet[k].clock())
+        now = fleet[w].clock()
+        if now > cut_off:
+            break
+        while i < len(arrivals) and arrivals[i].at_ms <= now:
+            a = arrivals[i]
+            request = QueuedRequest(id=a.id, priority=0 if ignore_priority else a.priority,
+                                    prompt=prompt_of(i, a.prompt_tokens), max_tokens=a.max_tokens, ignore_eos=True,
+                                    temperature=0)
+            if replay.enqueue(request, a.at_ms, a.queue_timeout_ms):
+                pending.add(a.id)
+            else:
+                outcome.shed.append(a)
+            i += 1
+            idle = [False] * workers
+        if now >= next_harvest:
+            _harvest(replay, ended, pending, outcome)
+            next_harvest = now + HARVEST_MS
+        busy = fleet[w].step()
+        outcome.steps += 1
+        if busy:
+            idle[w] = False
+            continue
+        idle[w] = True
+        nap = now + nap_ms
+        if i < len(arrivals):
+            nap = min(nap, arrivals[i].at_ms)
+        fleet[w].clock.now_ms = max(now + 1, nap)
+        if i == len(arrivals) and all(idle):
+            _harvest(replay, ended, pending, outcome)
+            if not pending:
+                break
+    _harvest(replay, ended, pending, outcome)
+    ended.update(pending)
+    _harvest(replay, ended, pending, outcome)
+    outcome.unfinished = [a for a in arrivals if a.id in pending]
+    outcome.end_ms = max(worker.clock() for worker in fleet)
+    for record in outcome.records.values():
+        record["priority"] = str(priority_of.get(record.get("id", ""), record["priority"]))
+    return outcome
+
+
+def _harvest(replay: Replay, ended: set[str], pending: set[str], outcome: Outcome) -> None:
+    candidates = sorted(ended & pending)
+    ended.clear()
+    if not candidates:
+        return
+    found = replay.take_ended(candidates)
+    for rid, record in found.items():
+        record["id"] = rid
+        outcome.records[rid] = record
+        pending.discard(rid)
+    ended.update(set(candidates) - set(found))  # not ended yet after all (another worker claimed it): look again
