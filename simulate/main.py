@@ -85,16 +85,14 @@ def simulate(settings: SimulateSettings, console: Console | None = None) -> dict
 
 
 def calibrate(settings: CalibrateSettings, console: Console | None = None) -> CostProfile:
-    from engine import load_engine
     from engine.files import resolve_model_path, served_model_name
     from simulate.calibrate import Plan, calibrate as measure, prompt_tokens
+    from workers.main import build_engine
 
     console = console or Console()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     path = resolve_model_path(settings.model)
-    engine = load_engine(path, num_slots=settings.parallel, ctx=settings.ctx, device=settings.device,
-                         dtype=settings.dtype, threads=settings.threads, int4=settings.int4,
-                         cache_dir=settings.data_dir / "cache", compile=settings.compile)
+    engine = build_engine(settings, path)  # the engine a worker with these flags would run
     plan = Plan.quick() if settings.quick else Plan()
     machine = {"model": settings.served_model_name or served_model_name(path), "device": settings.device,
                "dtype": str(getattr(engine, "dtype", settings.dtype)), "threads": str(settings.threads or "all"),
