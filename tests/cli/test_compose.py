@@ -1,19 +1,30 @@
 """docker-compose.yml and the Dockerfile, checked as far as a machine without a Docker engine
-can: the YAML parses (anchors and merges resolved), the services and their wiring are there,
-and every command they run, with its environment, is what `strata`'s own parser accepts."""
+can: a real Compose implementation (`docker-compose config`, Debian's package, no daemon needed)
+accepts the file, the services and their wiring are there, and every command they run is
+accepted by the program that runs it: `strata`'s own parser with the service's environment, a real
+redis-server started with the redis service's flags, rq-dashboard's own (click) parser, the worker's
+healthcheck run against a real Redis. Prometheus runs with its service's flags in
+tests/e2e/test_monitoring.py, where it scrapes a live API and evaluates the dashboard's queries."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import redis
 import yaml
 from pydantic_settings import BaseSettings, SettingsError, get_subcommand
 
 from api.settings import ApiSettings
 from batches.settings import BatchWorkerSettings
+from queues.keys import Keys
+from queues.server import free_port, server_binary
 from strata.cli import ServeCommand, Strata
 from workers.settings import WorkerSettings
 
@@ -24,6 +35,127 @@ def compose() -> dict:
     return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 
 
+def docker_compose(*args: str, file: Path = ROOT / "docker-compose.yml") -> subprocess.CompletedProcess:
+    """`docker-compose` itself; CI installs it (.ci/run), so only a developer's machine may lack it."""
+    binary = shutil.which("docker-compose")
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("docker-compose is not installed; .ci/run installs it (apt-get install docker-compose)")
+        pytest.skip("docker-compose is not installed here (apt-get install docker-compose); CI runs this test")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STRATA_", "COMPOSE_")) and k != "REDIS_URL"}
+    return subprocess.run([binary, "-f", str(file), "--project-directory", str(ROOT), *args],
+                          capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_a_real_compose_implementation_accepts_the_file_with_every_profile():
+    done = docker_compose("--profile", "batch-ui", "config")
+    assert done.returncode == 0, done.stderr
+    resolved = yaml.safe_load(done.stdout)["services"]
+    assert {"redis", "api", "worker-gpu0", "worker-gpu1", "batch-worker", "prometheus", "grafana",
+            "rq-dashboard"} <= set(resolved)
+    # every monitoring file a service mounts from the repository is there (Compose resolved the paths)
+    mounted = [v.split(":")[0] for s in resolved.values() for v in s.get("volumes", [])]
+    monitoring = [source for source in mounted if source.startswith(str(ROOT / "monitoring"))]
+    assert len(monitoring) == 3 and all(Path(source).exists() for source in monitoring), monitoring
+    assert resolved["api"]["environment"]["REDIS_URL"] == "redis://redis:6379/0"
+
+
+def test_the_real_compose_implementation_refuses_a_misspelled_key(tmp_path):
+    """The check above can fail: the same tool rejects a service option it does not know."""
+    broken = tmp_path / "docker-compose.yml"
+    broken.write_text((ROOT / "docker-compose.yml").read_text().replace("    command: [\"strata\", \"batch-worker\"]",
+                                                                       "    comand: [\"strata\", \"batch-worker\"]"))
+    assert "comand:" in broken.read_text()
+    done = docker_compose("config", "-q", file=broken)
+    assert done.returncode != 0 and "comand" in done.stderr
+
+
+def test_the_optional_services_stay_off_by_default():
+    services = compose()["services"]
+    assert services["rq-dashboard"]["profiles"] == ["batch-ui"]
+    assert all("profiles" not in s for name, s in services.items() if name != "rq-dashboard")
+
+
+def test_prometheus_scrapes_the_api_and_grafana_is_provisioned_with_it():
+    services = compose()["services"]
+    mounts = {v.split(":")[1]: ROOT / v.split(":")[0] for v in services["prometheus"]["volumes"] if v.startswith("./")}
+    config = yaml.safe_load(mounts["/etc/prometheus/prometheus.yml"].read_text())
+    [job] = config["scrape_configs"]
+    assert job["metrics_path"] == "/metrics" and job["static_configs"][0]["targets"] == ["api:8000"]
+    mounts = {v.split(":")[1]: ROOT / v.split(":")[0] for v in services["grafana"]["volumes"] if v.startswith("./")}
+    [source] = yaml.safe_load((mounts["/etc/grafana/provisioning"] / "datasources" / "prometheus.yml").read_text())[
+        "datasources"]
+    assert source["type"] == "prometheus" and source["url"] == "http://prometheus:9090"
+    [provider] = yaml.safe_load((mounts["/etc/grafana/provisioning"] / "dashboards" / "strata.yml").read_text())[
+        "providers"]
+    assert provider["options"]["path"] == "/var/lib/grafana/dashboards"
+    dashboard = json.loads((mounts["/var/lib/grafana/dashboards"] / "strata.json").read_text())
+    assert services["grafana"]["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"] == \
+        "/var/lib/grafana/dashboards/strata.json"
+    for panel in dashboard["panels"]:  # every query goes to the provisioned datasource
+        assert panel["datasource"]["uid"] == source["uid"], panel["title"]
+        assert all(t["datasource"]["uid"] == source["uid"] for t in panel["targets"]), panel["title"]
+
+
+def test_redis_starts_with_the_flags_of_its_service(tmp_path):
+    """A misspelled directive makes redis-server exit at once; these start it and take effect."""
+    command = compose()["services"]["redis"]["command"]
+    assert command[0] == "redis-server"
+    port = free_port()
+    server = subprocess.Popen([server_binary(), *command[1:], "--port", str(port), "--dir", str(tmp_path),
+                               "--bind", "127.0.0.1"], stdout=subprocess.DEVNULL)
+    client = redis.Redis(host="127.0.0.1", port=port, decode_responses=True)
+    try:
+        for _ in range(100):
+            try:
+                client.ping()
+                break
+            except redis.exceptions.ConnectionError:
+                assert server.poll() is None, f"redis-server refused {command[1:]}"
+                subprocess.run(["sleep", "0.05"])
+        flags = dict(zip(command[1::2], command[2::2]))
+        for flag, value in flags.items():
+            assert client.config_get(flag.removeprefix("--"))[flag.removeprefix("--")] == value, flag
+    finally:
+        client.close()
+        server.terminate()
+        server.wait(10)
+    refused = subprocess.run([server_binary(), "--appendonyl", "yes", "--port", str(free_port())],
+                             capture_output=True, text=True, timeout=10)
+    assert refused.returncode != 0 and "appendonyl" in refused.stdout + refused.stderr
+
+
+def test_rq_dashboard_parses_the_flags_of_its_service():
+    """rq-dashboard's own click command builds its context from the service's arguments: an
+    unknown or misspelled option is refused exactly as the container would refuse it."""
+    import click
+    from rq_dashboard.cli import run
+
+    service = compose()["services"]["rq-dashboard"]
+    dockerfile = (ROOT / service["build"] / "Dockerfile").read_text()
+    assert 'ENTRYPOINT ["rq-dashboard"]' in dockerfile and "rq-dashboard==" in dockerfile
+    context = run.make_context("rq-dashboard", list(service["command"]))
+    assert context.params["bind"] == "0.0.0.0" and context.params["port"] == 9181
+    assert context.params["redis_url"] == ("redis://redis:6379/0",)
+    with pytest.raises(click.NoSuchOption):
+        run.make_context("rq-dashboard", ["--redis-ulr", "redis://redis:6379/0"])
+
+
+def test_the_worker_healthcheck_runs_and_tells_a_live_worker_from_a_gone_one(redis_url, redis_client):
+    service = compose()["services"]["worker-gpu0"]
+    test = service["healthcheck"]["test"]
+    assert test[:2] == ["CMD", "sh"]
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}, "REDIS_URL": redis_url,
+           "STRATA_WORKER_ID": "worker-gpu0", "STRATA_SERVED_MODEL_NAME": "checked", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+
+    def healthy() -> bool:
+        return subprocess.run(test[1:], env=env, capture_output=True, timeout=60).returncode == 0
+
+    assert not healthy()  # no worker hash: unhealthy
+    redis_client.hset(Keys("checked").worker("worker-gpu0"), "slots_total", 8)
+    assert healthy()
+
+
 def test_the_services_are_there_and_wired_to_one_redis():
     services = compose()["services"]
     assert {"redis", "api", "worker-gpu0", "worker-gpu1", "batch-worker"} <= set(services)
@@ -31,8 +163,8 @@ def test_the_services_are_there_and_wired_to_one_redis():
     assert "--appendonly" in redis["command"] and redis["command"][redis["command"].index("--appendonly") + 1] == "yes"
     assert any(v.endswith(":/data") for v in redis["volumes"]) and "redis-data" in compose()["volumes"]
     for name, service in services.items():
-        assert "healthcheck" in service or name == "batch-worker", name
-        if name == "redis":
+        assert "healthcheck" in service or name in ("batch-worker", "rq-dashboard"), name
+        if name in ("redis", "prometheus", "grafana", "rq-dashboard"):
             continue
         assert service["build"] == "." and service["environment"]["REDIS_URL"] == "redis://redis:6379/0"
         assert service["depends_on"]["redis"]["condition"] == "service_healthy"
@@ -66,7 +198,7 @@ def parse(argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch)
 
 
 def strata_services() -> dict[str, dict]:
-    return {name: s for name, s in compose()["services"].items() if s["command"][0] == "strata"}
+    return {name: s for name, s in compose()["services"].items() if s.get("command", [""])[0] == "strata"}
 
 
 def test_every_command_and_its_environment_parse_as_strata_runs_them(monkeypatch):
