@@ -274,6 +274,10 @@ def test_strata_queues_shows_both_models_from_the_cluster(deployment: Deployment
         assert f"{d.model_b}: 3 waiting, 1 running" in done.stdout and f"{MODEL}: 0 waiting" in done.stdout
         order = [rid for line in done.stdout.splitlines() for _, rid in ids if f" {rid} " in line]
         assert order == [ids[2][1], ids[3][1], ids[1][1]]  # priority 5, 3, 1
+        # a queue deadline on the cluster: the worker's sweep expires it (expire.lua)
+        r = chat(d.base_b, d.model_b, "Too late.", 4, priority=9, background=True, queue_timeout=0.5)
+        late = r.json()["id"]
+        wait_until(lambda: httpx.get(f"{d.base_b}/v1/requests/{late}").json()["status"] == "expired", "expiry", 30)
     finally:
         for _, rid in ids:
             httpx.post(f"{d.base_b}/v1/requests/{rid}/cancel", timeout=10)
