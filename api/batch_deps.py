@@ -34,7 +34,7 @@ class BatchServices:
         self.rq.close()
 
 
-def get_batch_services(request: Request) -> BatchServices:
+async def get_batch_services(request: Request) -> BatchServices:  # async: no thread hop (api/deps.py)
     return request.state.batch_services
 
 

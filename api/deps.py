@@ -42,16 +42,20 @@ class Services:
         return replace(self.rules, ctx=await self.fit.ctx())
 
 
-def get_services(request: Request) -> Services:
+# The dependencies are async although they wait for nothing: FastAPI runs a plain `def` dependency
+# in its thread pool, a thread hop per dependency per request (bench/load.py's profile).
+
+
+async def get_services(request: Request) -> Services:
     # The lifespan yields {"services": ...}; Starlette copies it into each request's state.
     return request.state.services
 
 
-def get_settings(services: Annotated[Services, Depends(get_services)]) -> ApiSettings:
+async def get_settings(services: Annotated[Services, Depends(get_services)]) -> ApiSettings:
     return services.settings
 
 
-def get_api_key(request: Request, services: Annotated[Services, Depends(get_services)]) -> ApiKey | None:
+async def get_api_key(request: Request, services: Annotated[Services, Depends(get_services)]) -> ApiKey | None:
     """The caller's key (`Authorization: Bearer <key>`); None when the server has no keys file.
     With keys, a missing or unknown key is refused (401 invalid_api_key)."""
     if services.keys is None:

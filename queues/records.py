@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Union
+
+
+_NOT_PARAMS = ("id", "priority", "prompt")  # QueuedRequest fields stored on their own, not in `params`
 
 
 @dataclass(frozen=True)
@@ -22,10 +25,8 @@ class QueuedRequest:
     stop: list[str] = field(default_factory=list)
 
     def params_json(self) -> str:
-        d = asdict(self)
-        for k in ("id", "priority", "prompt"):
-            d.pop(k)
-        return json.dumps(d)
+        # not asdict(): it deep-copies the prompt, a tenth of a millisecond per enqueue
+        return json.dumps({f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_PARAMS})
 
     @classmethod
     def from_hash(cls, h: dict[str, str]) -> "QueuedRequest":

@@ -40,7 +40,7 @@ class Rules:
             raise ApiError(400, "Only n=1 is supported.", code="unsupported_value", param="n")
 
     def prompt(self, body: GenerationBody) -> list[int]:
-        """The prompt's token ids (blocking: call it in a thread)."""
+        """The prompt's token ids (CPU-bound: a long prompt belongs in a thread)."""
         param = body.prompt_param
         if isinstance(body, ChatCompletionRequest):
             try:
