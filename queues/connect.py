@@ -82,7 +82,7 @@ def connect(url: str, *, cluster: bool = False, within_s: float = 20.0,
 # plus those of requests being enqueued. redis-py's asyncio pool stops at 100 and then fails the
 # command (MaxConnectionsError, a ConnectionError: it looked like Redis being down), so the 101st
 # open stream broke. Redis itself accepts 10 000 clients by default. (The cluster client's
-# per-node pools have no such limit.)
+# pools, one per node, have the same limit of 100.)
 ASYNC_MAX_CONNECTIONS = 10_000
 
 
@@ -90,7 +90,8 @@ def connect_async(url: str, *, cluster: bool = False) -> aioredis.Redis | aioclu
     """An asyncio client; `await wait_until_up(client, s)` before relying on it."""
     if is_cluster(url, cluster):
         first, nodes = cluster_nodes(url)
-        return aiocluster.RedisCluster.from_url(first, startup_nodes=nodes, **_options(AsyncRetry))
+        return aiocluster.RedisCluster.from_url(first, startup_nodes=nodes, max_connections=ASYNC_MAX_CONNECTIONS,
+                                                **_options(AsyncRetry))
     return aioredis.Redis.from_url(url, max_connections=ASYNC_MAX_CONNECTIONS, **_options(AsyncRetry))
 
 
