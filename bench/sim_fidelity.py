@@ -43,7 +43,22 @@ def ttft_ms(record: dict[str, str]) -> int:
     return int(record["first_token_ms"]) - int(record["enqueued_ms"])
 
 
-def replay(arrivals: list[Arrival], settings: WorkerSettings, profile: CostProfile, focus: str) -> int:
+def pace(records: list[dict[str, str]]) -> str:
+    """How fast the engine went: ms per decode step of the longest answers (first token to the
+    end), and ms per prompt token of reads that ran alone (claim to first token)."""
+    answers = [r for r in records if int(r["completion_tokens"]) > 20]
+    decode = [(int(r["finished_ms"]) - int(r["first_token_ms"])) / (int(r["completion_tokens"]) - 1) for r in answers]
+    reads = [(int(r["first_token_ms"]) - int(r["claimed_ms"])) / int(r["prompt_tokens"]) for r in records
+             if int(r["prompt_tokens"]) > 500 and not r.get("yields")]
+    parts = []
+    if decode:
+        parts.append(f"{sum(decode) / len(decode):.0f} ms/step")
+    if reads:
+        parts.append(f"{min(reads):.1f} ms/prompt token")
+    return ", ".join(parts)
+
+
+def replay(arrivals: list[Arrival], settings: WorkerSettings, profile: CostProfile, focus: str) -> tuple[int, str]:
     with tempfile.TemporaryDirectory(prefix="strata-fidelity-") as folder:
         server = ScratchRedis(Path(folder)).start()
         client = server.client()
@@ -52,8 +67,9 @@ def replay(arrivals: list[Arrival], settings: WorkerSettings, profile: CostProfi
         finally:
             client.close()
             server.stop()
-    at = next(a.at_ms for a in arrivals if a.id == focus)
-    return int(outcome.records[focus]["first_token_ms"]) - at
+    by_id = {a.id: a for a in arrivals}
+    records = [{**r, "prompt_tokens": str(by_id[rid].prompt_tokens)} for rid, r in outcome.records.items()]
+    return int(outcome.records[focus]["first_token_ms"]) - by_id[focus].at_ms, pace(records)
 
 
 def main() -> None:
@@ -61,6 +77,9 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, default=Path("data/cost-profile.json"))
     parser.add_argument("--no-calibrate", action="store_true", help="use --profile as it is")
     parser.add_argument("--quick", action="store_true", help="calibrate with the quick plan (a smoke run)")
+    parser.add_argument("--recalibrate", action="store_true",
+                        help="also calibrate again right before each scenario and replay it with that profile too: "
+                             "on a machine whose load drifts, this separates the simulator's error from the drift")
     parser.add_argument("--scale", type=float, default=1.0, help="answer and prompt lengths")
     parser.add_argument("--parallel", type=int, default=4)
     parser.add_argument("--chunk", type=int, default=256)
@@ -71,12 +90,16 @@ def main() -> None:
     path = resolve_model_path(None)
     model = served_model_name(path)
     engine = load_engine(path, num_slots=args.parallel, ctx=2048, threads=args.threads)
+    machine = {"model": model, "device": "cpu", "dtype": str(engine.dtype), "slots": str(args.parallel),
+               "threads": str(args.threads or "all"), "ctx": str(engine.ctx), "plan": "quick" if args.quick else "full"}
+
+    def measured() -> CostProfile:
+        return calibrate(engine, prompt_tokens(engine, engine.ctx), Plan.quick() if args.quick else Plan(), machine)
+
     if args.no_calibrate:
         profile = CostProfile.load(args.profile)
     else:
-        profile = calibrate(engine, prompt_tokens(engine, engine.ctx), Plan.quick() if args.quick else Plan(),
-                            {"model": model, "device": "cpu", "dtype": str(engine.dtype), "slots": str(args.parallel), "threads": str(args.threads or "all"),
-                             "ctx": str(engine.ctx), "plan": "quick" if args.quick else "full"})
+        profile = measured()
         profile.save(args.profile)
     tokens = engine.tokenizer.encode((Path(__file__).parent / "priority_scenarios.py").read_text() * 4)
     server = EmbeddedRedis(Path(tempfile.mkdtemp()), appendonly=False).start()
@@ -97,18 +120,26 @@ def main() -> None:
     ]
     table = Table(title=f"simulated vs real time to first token (SmolLM2, {engine.dtype}, {args.parallel} slots, "
                         f"chunk {args.chunk})")
-    for col in ("scenario", "request", "real", "simulated", "error"):
-        table.add_column(col, justify="left" if col in ("scenario", "request") else "right")
+    columns = ["scenario", "request", "real", "simulated", "error", "engine pace: real", "simulated"]
+    if args.recalibrate:
+        columns += ["simulated, profile just before", "error", "its pace"]
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("scenario", "request") or "pace" in col else "right")
     try:
         for name, policy, settings, focus, others, scenario in scenarios:
+            fresh = measured() if args.recalibrate else None
             with Run(server.url, model, engine, args.chunk, policy) as run:
                 scenario(run)
                 arrivals = recorded(run, [focus, *others])
                 real = ttft_ms(run.record(focus))
-            simulated = replay(arrivals, settings, profile, focus)
-            table.add_row(name, focus, f"{real / 1000:.2f} s", f"{simulated / 1000:.2f} s",
-                          f"{100 * (simulated - real) / real:+.1f} %")
-        Console(width=150).print(table)
+                real_pace = pace([run.record(a.id) for a in arrivals])
+            row = [name, focus, f"{real / 1000:.2f} s"]
+            for used in [profile] + ([fresh] if fresh else []):
+                simulated, simulated_pace = replay(arrivals, settings, used, focus)
+                row += [f"{simulated / 1000:.2f} s", f"{100 * (simulated - real) / real:+.1f} %"]
+                row += [real_pace, simulated_pace] if used is profile else [simulated_pace]
+            table.add_row(*row)
+        Console(width=180).print(table)
     finally:
         server.stop()
 

@@ -4,8 +4,9 @@
 
 Read: one slot holds `cached` tokens (truncate back to it between tries), a chunk of `tokens` is
 read and timed. Decode: every slot holds `context` tokens and the first `rows` of them take one
-step together. Each point is the median of a few tries, after a warm-up, so one hiccup of a
-shared machine does not move it."""
+step together. Each point is the median of a few tries, after a warm-up, and the grid written is a simple
+cost model fitted through all points (`smoothed`), so one hiccup of a shared machine does not
+move it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
+
+import numpy as np
 
 from engine.cost_profile import CostGrid, CostProfile
 from engine.protocol import Engine, SamplingParams
@@ -34,12 +37,14 @@ class Plan:
     read_tokens: tuple[int, ...] = (16, 64, 256)
     decode_contexts: tuple[int, ...] = (64, 256, 1024)
     decode_rows: tuple[int, ...] | None = None  # None: 1, 2, 3, ... up to the engine's slots (8 points at most)
-    tries: int = 2
+    tries: int = 3
+    smooth: bool = True  # write a fitted cost model's values rather than the raw medians (see smoothed)
 
     @classmethod
     def quick(cls) -> "Plan":
         """Seconds, not a minute: for tests and a first look."""
-        return cls(read_cached=(0, 64), read_tokens=(8, 32), decode_contexts=(16, 64), decode_rows=(1, 2), tries=1)
+        return cls(read_cached=(0, 64), read_tokens=(8, 32), decode_contexts=(16, 64), decode_rows=(1, 2), tries=1,
+                   smooth=False)
 
 
 def rows_for(slots: int, wanted: Sequence[int] | None) -> list[int]:
@@ -101,9 +106,34 @@ def measure(engine: Engine, tokens: Sequence[int], plan: Plan,
                 hold(slot, c)
             by_context.setdefault(r, []).append(statistics.median(tries))
         log.info("decode at context %d: %s ms", c, ", ".join(f"{r} rows: {by_context[r][-1]:.1f}" for r in rows))
-    read = CostGrid(rows=cached, columns=chunks, ms=[[round(v, 3) for v in row] for row in read_ms])
-    decode = CostGrid(rows=rows, columns=contexts, ms=[[round(v, 3) for v in by_context[r]] for r in rows])
-    return read, decode
+    read = CostGrid(rows=cached, columns=chunks, ms=read_ms)
+    decode = CostGrid(rows=rows, columns=contexts, ms=[by_context[r] for r in rows])
+    if plan.smooth:
+        # read: a call's fixed cost, each token's, and attention over what is cached
+        read = smoothed(read, lambda c, t: (1.0, t, t * c))
+        # decode: a step's fixed cost, each row's, the longest context's, and each row's attention
+        decode = smoothed(decode, lambda r, c: (1.0, r, c, r * c))
+    return _rounded(read), _rounded(decode)
+
+
+def smoothed(grid: CostGrid, terms: Callable[[int, int], tuple[float, ...]]) -> CostGrid:
+    """The least-squares fit of a cost model linear in `terms` through every measured point,
+    evaluated back on the grid: one slow try on a busy machine no longer bends the curve."""
+    points = [(r, c) for r in grid.rows for c in grid.columns]
+    design = np.array([terms(r, c) for r, c in points])
+    if len(points) < design.shape[1]:
+        return grid
+    measured = np.array([v for row in grid.ms for v in row])
+    weights = 1 / np.maximum(measured, 1e-3)  # relative errors: a 10 ms point counts as much as a 2 s one
+    coef, *_ = np.linalg.lstsq(design * weights[:, None], measured * weights, rcond=None)
+    fitted = design @ coef
+    return CostGrid(grid.rows, grid.columns,
+                    [[max(0.01, float(fitted[i * len(grid.columns) + j])) for j in range(len(grid.columns))]
+                     for i in range(len(grid.rows))])
+
+
+def _rounded(grid: CostGrid) -> CostGrid:
+    return CostGrid(grid.rows, grid.columns, [[round(v, 3) for v in row] for row in grid.ms])
 
 
 def calibrate(engine: Engine, tokens: Sequence[int], plan: Plan, machine: dict[str, str]) -> CostProfile:

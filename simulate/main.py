@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -55,7 +56,7 @@ def describe(settings: SimulateSettings) -> str:
 
 def simulate(settings: SimulateSettings, console: Console | None = None) -> dict:
     """Run what the settings say; returns the JSON written as summary.json."""
-    console = console or Console()
+    console = console or Console(width=None if sys.stdout.isatty() else 200)
     traffic = workload.load(settings.workload)
     arrivals = workload.arrivals(traffic, settings.seed)
     profile_path = settings.profile_path()
