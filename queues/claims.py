@@ -217,15 +217,17 @@ class Claims:
 
     def reclaim_from_dead(self, is_dead: Callable[[str], bool], now_ms: int) -> list[str]:
         """Claims held by workers known to be dead (same host, no such process) go back now
-        rather than when their leases run out. Counted as lost."""
+        rather than when their leases run out. Counted as lost. A dead worker leaves the workers
+        set too, holding claims or not (its leases may have run out before anyone looked)."""
         running = [text(r) for r in self.client.zrange(self.keys.running, 0, -1)]
-        if not running:
-            return []
-        pipe = self.client.pipeline(transaction=False)
-        for rid in running:
-            pipe.hget(self.keys.req(rid), "worker")
-        owners = [text(w) if w else "" for w in pipe.execute()]
-        dead = {w for w in set(owners) if w and w != self.worker_id and is_dead(w)}
+        known = {text(w) for w in self.client.zrange(self.keys.workers, 0, -1)}
+        owners: list[str] = []
+        if running:
+            pipe = self.client.pipeline(transaction=False)
+            for rid in running:
+                pipe.hget(self.keys.req(rid), "worker")
+            owners = [text(w) if w else "" for w in pipe.execute()]
+        dead = {w for w in known | set(owners) if w and w != self.worker_id and is_dead(w)}
         back = [rid for rid, w in zip(running, owners) if w in dead and self._requeue(rid, now_ms, w)]
         for worker in dead:
             self._forget_worker(worker)

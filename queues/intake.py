@@ -92,8 +92,8 @@ class Intake:
     async def cancel(self, request_id: str) -> str:
         k = self.keys
         status = await self._scripts["cancel"](
-            keys=[k.waiting, k.req(request_id), k.out(request_id)],
-            args=[self.clock(), self.retention_s],
+            keys=[k.waiting, k.req(request_id), k.out(request_id), k.deadlines],
+            args=[self.clock(), self.retention_s, request_id],
         )
         return text(status)
 

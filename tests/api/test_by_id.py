@@ -181,13 +181,14 @@ def test_background_text_completion_is_worded_as_one(http, worker, redis_client)
     assert whole["object"] == "text_completion" and whole["choices"][0]["text"] == " upon"
 
 
-def test_cancel_a_waiting_background_request(http, worker):
-    request_id = http.post(CHAT, json={"messages": HI, "background": True}).json()["id"]
+def test_cancel_a_waiting_background_request(http, worker, redis_client):
+    request_id = http.post(CHAT, json={"messages": HI, "background": True, "queue_timeout": 600}).json()["id"]
+    assert redis_client.zrange(worker.keys.deadlines, 0, -1) == [request_id]
     response = http.post(f"/v1/requests/{request_id}/cancel")
     assert response.status_code == 200
     assert response.json()["status"] == "cancelled"
     assert response.json()["error"]["code"] == "cancelled"
-    assert worker.waiting() == []
+    assert worker.waiting() == [] and redis_client.zcard(worker.keys.deadlines) == 0
     assert worker.record(request_id)["status"] == "cancelled"
     found = http.get(f"/v1/requests/{request_id}").json()
     assert (found["status"], found["response"], found["error"]["code"]) == ("cancelled", None, "cancelled")
@@ -224,10 +225,20 @@ def test_unknown_and_expired_ids_are_404(http, worker, redis_client):
     not_found(http.get("/v1/requests/chatcmpl-nope/events"))
     not_found(http.post("/v1/requests/chatcmpl-nope/cancel"))
     request_id = http.post(CHAT, json={"messages": HI, "background": True}).json()["id"]
-    # past --retention-s Redis drops the hash and the stream (EXPIRE): the same as deleting them
-    redis_client.delete(worker.keys.req(request_id), worker.keys.out(request_id))
+    # a worker whose --retention-s is 1 finishes it: Redis itself drops the hash and the stream
+    claims = Claims(redis_client, "tiny", "w1", retention_s=1)
+    claimed = claims.claim(claims.head()[0], now_ms())
+    worker.publish(request_id, Token("Hi", [1]))
+    assert claims.finish(request_id, claimed.claim_seq, Done("stop", 12, 1), RequestStatus.FINISHED, 1, now_ms())
+    assert http.get(f"/v1/requests/{request_id}").json()["status"] == "finished"
+    assert 0 < redis_client.pttl(worker.keys.out(request_id)) <= 1000
+    deadline = time.monotonic() + 10
+    while http.get(f"/v1/requests/{request_id}").status_code == 200 and time.monotonic() < deadline:
+        time.sleep(0.1)
     not_found(http.get(f"/v1/requests/{request_id}"))
     not_found(http.get(f"/v1/requests/{request_id}/events"))
+    not_found(http.post(f"/v1/requests/{request_id}/cancel"))
+    assert not redis_client.exists(worker.keys.req(request_id), worker.keys.out(request_id))
 
 
 def test_a_bad_event_id_is_400(http):

@@ -1,7 +1,7 @@
 """Re-attaching to a stream with the real SmolLM2 file (float32, greedy: answers are exact): a
-client that drops its connection at a random point, and one whose API process is killed
-mid-stream and replaced, each carry on with Last-Event-ID and end with every token once, in
-order, the text of an undisturbed run."""
+client that drops its connection at a random point, one whose API process is killed mid-stream
+and replaced, one whose worker is killed, and one that loses both at once: each carries on with
+Last-Event-ID and ends with every token once, in order, the text of an undisturbed run."""
 
 from __future__ import annotations
 
@@ -32,18 +32,32 @@ BODY = {"model": MODEL, "temperature": 0, "max_tokens": TOKENS, "ignore_eos": Tr
 
 @dataclass
 class Replicas:
-    """A worker and an API process that the test may kill and start again on the same port."""
+    """A worker and an API process that the test may kill and start again (the API on the same port)."""
 
     base_url: str
     env: dict[str, str]
     redis: redis.Redis
     api: subprocess.Popen
+    worker: subprocess.Popen
 
     def restart_api(self) -> None:
         self.api.send_signal(signal.SIGKILL)  # no clean shutdown: nothing the old API held survives
         self.api.wait()
         self.api = start("api", self.env)
         wait_until(lambda: healthy(self.base_url), "the new API")
+
+    def restart_worker(self) -> None:
+        """kill -9 and a new worker process: it takes the dead one's claim back at its first
+        heartbeat (same host, pid gone) and reads the prompt and the tokens so far again."""
+        self.worker.send_signal(signal.SIGKILL)
+        self.worker.wait()
+        self.worker = start("worker", self.env)
+
+    def restart_both(self) -> None:
+        self.worker.send_signal(signal.SIGKILL)
+        self.restart_api()
+        self.worker.wait()
+        self.worker = start("worker", self.env)
 
 
 @pytest.fixture(scope="module")
@@ -53,16 +67,15 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
     env = {**os.environ, "STRATA_REDIS_URL": server.url, "STRATA_PORT": str(port), "STRATA_PARALLEL": "1",
            "STRATA_DTYPE": "float32", "STRATA_CTX": "2048", "STRATA_THREADS": "2"}
     env.pop("REDIS_URL", None)
-    worker = start("worker", env)
     client = redis.Redis.from_url(server.url, decode_responses=True)
-    r = Replicas(f"http://127.0.0.1:{port}", env, client, start("api", env))
+    r = Replicas(f"http://127.0.0.1:{port}", env, client, start("api", env), start("worker", env))
     try:
         wait_until(lambda: client.zscore(models_key(), MODEL) is not None, "the worker's heartbeat")
         wait_until(lambda: healthy(r.base_url), "the API")
         yield r
     finally:
         stop(r.api)
-        stop(worker)
+        stop(r.worker)
         client.close()
         server.stop()
 
@@ -122,6 +135,16 @@ def test_an_api_killed_mid_stream_and_replaced_loses_nothing(replicas: Replicas)
     reference = undisturbed(replicas.base_url, prompt)
     request_id, before, after = interrupted(replicas, prompt, 4, between=replicas.restart_api)
     assert_exactly_once(replicas, request_id, before, after, reference)
+
+
+@pytest.mark.parametrize("kill", ["worker", "both"])
+def test_a_worker_killed_while_nobody_listens_loses_nothing(replicas: Replicas, kill: str):
+    prompt = f"Write two sentences about a harbour in winter ({kill})."
+    reference = undisturbed(replicas.base_url, prompt)
+    restart = replicas.restart_worker if kill == "worker" else replicas.restart_both
+    request_id, before, after = interrupted(replicas, prompt, 3, between=restart)
+    assert_exactly_once(replicas, request_id, before, after, reference)
+    assert int(replicas.redis.hget(K.req(request_id), "attempts")) == 2  # the new worker finished it
 
 
 def test_many_random_disconnects_without_detach_leak_no_slot(replicas: Replicas):

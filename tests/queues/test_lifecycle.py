@@ -204,6 +204,16 @@ def test_claims_of_a_dead_worker_on_this_host_come_back_without_waiting_for_the_
     assert not redis_client.exists(k.worker("dead")) and redis_client.zscore(k.workers, "dead") is None
 
 
+def test_a_dead_worker_that_holds_nothing_leaves_the_workers_set(redis_url, redis_client):
+    """Its leases ran out (and were requeued) before its heir looked: it still goes."""
+    gone, alive = Claims(redis_client, MODEL, "gone"), Claims(redis_client, MODEL, "alive")
+    gone.heartbeat(WorkerState(device="cpu"), now_ms=0, ttl_s=60)
+    alive.heartbeat(WorkerState(device="cpu"), now_ms=0, ttl_s=60)
+    assert alive.reclaim_from_dead(lambda worker: worker == "gone", now_ms=5) == []
+    k = Keys(MODEL)
+    assert redis_client.zrange(k.workers, 0, -1) == ["alive"] and not redis_client.exists(k.worker("gone"))
+
+
 def test_cancel_while_waiting_leaves_the_queue(redis_url, redis_client):
     enqueue(redis_url, request("a"))
 
