@@ -4,7 +4,6 @@ and calibrate loads the engine a worker would — plus their own few."""
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 
 from pydantic import Field, field_validator
@@ -19,7 +18,7 @@ DEFAULT_PROFILE = Path("data/cost-profile.json")  # where `strata calibrate` wri
 def bundled_profile() -> Path:
     """Measured on the development machine (2 CPU cores, SmolLM2-135M Q4_1, the CPU defaults):
     used when this machine has not been calibrated."""
-    return Path(str(resources.files("simulate").joinpath("profiles", "cpu-smollm2.json")))
+    return Path(__file__).parent / "profiles" / "cpu-smollm2.json"
 
 
 class CalibrateSettings(WorkerSettings):

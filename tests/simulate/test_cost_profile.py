@@ -54,3 +54,12 @@ def test_without_a_profile_the_flat_costs_are_unchanged():
     engine.read(0, [1, 2, 3], sample=True)
     engine.decode([0], [4])
     assert engine.clock() == 13
+
+
+def test_the_bundled_profile_loads_and_is_the_default_without_a_calibration(tmp_path, monkeypatch):
+    from simulate.settings import SimulateSettings, bundled_profile
+
+    monkeypatch.chdir(tmp_path)  # no data/cost-profile.json here
+    assert SimulateSettings(workload=tmp_path / "w.yaml").profile_path() == bundled_profile()
+    profile = CostProfile.load(bundled_profile())
+    assert profile.decode_ms(4, 200) > profile.decode_ms(1, 200) > 0 and profile.read_ms(0, 256) > profile.read_ms(0, 16)
