@@ -26,6 +26,7 @@ from engine.fake import FakeEngine
 from queues.claims import Claimed, Claims, Held, Verdict, Waiting
 from queues.records import QueuedRequest
 from queues.replay import Replay
+from queues.worker_state import WorkerState
 from simulate.workload import Arrival
 from workers.loop import Worker
 from workers.settings import WorkerSettings
@@ -47,25 +48,58 @@ class WatchedClaims(Claims):
     """Claims that note which requests may have ended (finished, or expired at a claim or a
     sweep), so only those are read back from Redis.
 
-    Unless `exact`, a step's report goes to Redis only for the requests it says something the
-    schedule depends on (claimed into a slot, first token, gave way): a decode step that only
-    streams tokens costs no round trip, which is most of the simulation's speed. What that
-    leaves out — the token events, the lease renewals, a cancel's answer — only matters for
-    faults and clients, which a simulation has none of; leases are then made long enough that
-    none runs out. `exact` (`--exact-reports`) sends every report, as production does."""
+    Unless `exact`, only what a scheduling decision depends on goes to Redis, which is most of
+    the simulation's speed: a step's report only for the requests it says something the
+    schedule depends on (claimed into a slot, first token, gave way), so a decode step that only
+    streams tokens costs no round trip; no head read while the queue is known to be empty
+    (QueueState); no worker hash (operators read it, no decision does). What that leaves out —
+    token events, lease renewals, a cancel's answer — only matters for faults and clients, which
+    a simulation has none of; leases are made long enough that none runs out, and nobody sweeps
+    for them. `exact` (`--exact-reports`) does every call production does."""
 
-    def __init__(self, *args, ended: set[str], exact: bool, **kwargs) -> None:  # noqa: ANN002, ANN003
+    def __init__(self, *args, ended: set[str], exact: bool, queue: "QueueState", **kwargs) -> None:  # noqa: ANN002, ANN003
         super().__init__(*args, **kwargs)
         self.ended = ended
         self.exact = exact
+        self.queue = queue
 
     def report(self, held: Sequence[Held], now_ms: int) -> Verdict:
         if not self.exact:
             held = [h for h in held if h.slot is not None or h.first_token or h.gave_way_to]
         return super().report(held, now_ms)
 
+    def head(self, count: int = 1) -> list[Waiting]:
+        if self.queue.known_empty and not self.exact:
+            return []  # nothing was enqueued since Redis said the queue was empty
+        found = super().head(count)
+        self.queue.known_empty = not found
+        return found
+
+    def expire_overdue(self, now_ms: int, limit: int = 256) -> list[str]:
+        if self.queue.known_empty and not self.exact:
+            return []
+        gone = super().expire_overdue(now_ms, limit)
+        self.ended.update(gone)
+        return gone
+
+    def requeue_expired(self, now_ms: int) -> list[str]:
+        return super().requeue_expired(now_ms) if self.exact else []  # leases are long: none runs out
+
+    def heartbeat(self, state: WorkerState, now_ms: int, ttl_s: int) -> None:
+        if self.exact:  # the worker hash is for operators; no scheduling decision reads it
+            super().heartbeat(state, now_ms, ttl_s)
+
     def reclaim_from_dead(self, is_dead: Callable[[str], bool], now_ms: int) -> list[str]:
         return []  # no worker process dies in a simulation
+
+
+@dataclass
+class QueueState:
+    """What the simulation knows of the waiting queue without asking Redis: it is empty once a
+    head read found nothing, until the next enqueue (claims and expiries only shorten it, and
+    the simulation is one thread, so no one else enqueues)."""
+
+    known_empty: bool = False
 
     def claim(self, waiting: Waiting, now_ms: int) -> Claimed | None:
         claimed = super().claim(waiting, now_ms)
@@ -77,10 +111,6 @@ class WatchedClaims(Claims):
         self.ended.add(request_id)
         return super().finish(request_id, *args, **kwargs)
 
-    def expire_overdue(self, now_ms: int, limit: int = 256) -> list[str]:
-        gone = super().expire_overdue(now_ms, limit)
-        self.ended.update(gone)
-        return gone
 
 
 @dataclass
@@ -111,12 +141,13 @@ def run(arrivals: Sequence[Arrival], client: redis.Redis, settings: WorkerSettin
     priorities; the outcome still reports them by their class's priority)."""
     logging.getLogger("strata.worker").setLevel(logging.WARNING)  # a line per admission is the real worker's
     ended: set[str] = set()
+    queue = QueueState()
     fleet = []
     for n in range(workers):
         engine = FakeEngine(num_slots=settings.parallel, ctx=settings.ctx, profile=profile)
         claims = WatchedClaims(client, MODEL, f"sim-{n}", retention_s=settings.retention_s,
                                lease_ms=settings.lease_ms if exact_reports else LONG_LEASE_MS,
-                               max_attempts=settings.max_attempts, ended=ended, exact=exact_reports)
+                               max_attempts=settings.max_attempts, ended=ended, exact=exact_reports, queue=queue)
         worker = Worker(engine, claims, CountingDecoder(), prefill_chunk=settings.prefill_chunk, policy=settings.policy(),
                         device=f"sim:{n}", heartbeat_ms=int(settings.heartbeat_s * 1000),
                         idle_wait_s=settings.idle_wait_s, clock=engine.clock)
@@ -144,6 +175,7 @@ def run(arrivals: Sequence[Arrival], client: redis.Redis, settings: WorkerSettin
                                     temperature=0)
             if replay.enqueue(request, a.at_ms, a.queue_timeout_ms):
                 pending.add(a.id)
+                queue.known_empty = False
             else:
                 outcome.shed.append(a)
             i += 1

@@ -53,6 +53,7 @@ def test_the_same_seed_gives_the_same_outcome_twice_and_another_seed_another(tmp
     assert levels[10]["ttft_s"]["p50"] < levels[0]["ttft_s"]["p50"]  # the alerts go first
     assert levels[-5]["expired"] > 0 and levels[0]["give_ways"] > 0  # an overloaded fleet: both happen
     assert runs_of(simulate(settings(tmp_path, seed=6))) != first
+    assert runs_of(simulate(settings(tmp_path, exact_reports=True))) == first  # every call production makes: same
 
 
 def test_compare_replays_the_same_arrivals_and_writes_the_summary_and_plots(tmp_path):
