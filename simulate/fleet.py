@@ -63,6 +63,16 @@ class WatchedClaims(Claims):
         self.exact = exact
         self.queue = queue
 
+    def claim(self, waiting: Waiting, now_ms: int) -> Claimed | None:
+        claimed = super().claim(waiting, now_ms)
+        if claimed is None:
+            self.ended.add(waiting.id)
+        return claimed
+
+    def finish(self, request_id: str, *args, **kwargs) -> bool:  # noqa: ANN002, ANN003
+        self.ended.add(request_id)
+        return super().finish(request_id, *args, **kwargs)
+
     def report(self, held: Sequence[Held], now_ms: int) -> Verdict:
         if not self.exact:
             held = [h for h in held if h.slot is not None or h.first_token or h.gave_way_to]
@@ -100,17 +110,6 @@ class QueueState:
     the simulation is one thread, so no one else enqueues)."""
 
     known_empty: bool = False
-
-    def claim(self, waiting: Waiting, now_ms: int) -> Claimed | None:
-        claimed = super().claim(waiting, now_ms)
-        if claimed is None:
-            self.ended.add(waiting.id)
-        return claimed
-
-    def finish(self, request_id: str, *args, **kwargs) -> bool:  # noqa: ANN002, ANN003
-        self.ended.add(request_id)
-        return super().finish(request_id, *args, **kwargs)
-
 
 
 @dataclass

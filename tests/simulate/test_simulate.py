@@ -50,6 +50,8 @@ def test_the_same_seed_gives_the_same_outcome_twice_and_another_seed_another(tmp
     assert first == runs_of(simulate(settings(tmp_path)))
     levels = {lv["priority"]: lv for lv in first[0]["priorities"]}
     assert set(levels) == {10, 0, -5}
+    assert all(lv["unfinished"] == 0 for lv in levels.values())
+    assert first[0]["totals"]["simulated_s"] < 300  # it stops once all is served (the cut-off is an hour on)
     assert levels[10]["ttft_s"]["p50"] < levels[0]["ttft_s"]["p50"]  # the alerts go first
     assert levels[-5]["expired"] > 0 and levels[0]["give_ways"] > 0  # an overloaded fleet: both happen
     assert runs_of(simulate(settings(tmp_path, seed=6))) != first
