@@ -69,7 +69,7 @@ def queue_series(outcome: Outcome) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         events.setdefault(a.priority, []).extend([(a.at_ms, 1), (int(left), -1)])
     series = {}
     for p, changes in events.items():
-        changes.sort()
+        changes.sort(key=lambda change: (change[0], -change[1]))  # an arrival before a claim in the same ms
         times = np.asarray([t for t, _ in changes], dtype=float) / 1000
         series[p] = (times, np.cumsum([d for _, d in changes]))
     return series
