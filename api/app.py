@@ -21,6 +21,7 @@ from api.batch_deps import BatchServices
 from api.routes import batches, chat, completions, files, health, metrics, models, requests
 from api.keys import load_keys
 from api.settings import ApiSettings
+from api.shared_reader import SharedReader
 from queues.connect import connect_async, wait_until_up
 from queues.intake import Intake, now_ms
 from shapes.rules import Rules, TokenizerLike
@@ -59,11 +60,13 @@ def create_app(
         try:
             async with anyio.create_task_group() as background:
                 background.start_soon(cancels.deliver)
+                reader = SharedReader(intake, settings.read_block_ms)
+                background.start_soon(reader.run)
                 # Starlette hands this dict to every request as request.state: the one place the
                 # built objects live (see api.deps).
                 rules = Rules(name, tok, settings.ctx, settings.default_max_tokens)
                 fit = Fit(client, name, settings.ctx, int(settings.worker_live_s * 1000), intake.clock)
-                yield {"services": Services(settings, client, intake, rules, int(time.time()), cancels, fit,
+                yield {"services": Services(settings, client, intake, rules, int(time.time()), cancels, fit, reader,
                                             keys=keys, started_ms=intake.clock(),
                                             replica=f"{socket.gethostname()}-{os.getpid()}"),
                        "batch_services": batch_services}

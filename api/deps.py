@@ -13,6 +13,7 @@ from api.cancels import Cancels
 from api.fit import Fit
 from api.keys import ApiKey, KeyRing, bearer_token
 from api.settings import ApiSettings
+from api.shared_reader import SharedReader
 from queues.intake import Intake
 from shapes.errors import ApiError
 from shapes.rules import Rules
@@ -29,6 +30,7 @@ class Services:
     started_s: int
     cancels: Cancels  # a client gone: its request is cancelled, later if Redis is away
     fit: Fit  # the ctx the live workers publish (--ctx until one has)
+    reader: SharedReader  # one XREAD for every answer this process follows
     keys: KeyRing | None = None  # None: no keys file, the server is open
     started_ms: int = 0  # on the intake's clock: /health's reference before any worker beat
     replica: str = ""  # this API process, <host>-<pid>: answers name it (x-strata-replica) when several share a port

@@ -173,36 +173,38 @@ async def _follow(
     entry id to read from (a client re-attaching with its Last-Event-ID)."""
     settings = services.settings
     down_since: float | None = None
-    while True:
-        if deadline_ms is not None and after == "0-0" and services.intake.clock() >= deadline_ms:
-            deadline_ms = None
+    async with services.reader.follow(request_id, after) as follower:
+        while True:
+            if deadline_ms is not None and after == "0-0" and services.intake.clock() >= deadline_ms:
+                deadline_ms = None
+                try:
+                    await services.intake.expire_if_overdue(request_id)
+                except UNAVAILABLE:
+                    pass  # the workers' sweep expires it once Redis is back
             try:
-                await services.intake.expire_if_overdue(request_id)
+                batch: list[tuple[str | None, Event]] = list(
+                    await services.reader.next(follower, settings.read_block_ms))
+                down_since = None
             except UNAVAILABLE:
-                pass  # the workers' sweep expires it once Redis is back
-        try:
-            batch: list[tuple[str | None, Event]] = list(
-                await services.intake.read(request_id, after, settings.read_block_ms))
-            down_since = None
-        except UNAVAILABLE:
-            down_since = down_since or time.monotonic()
-            if time.monotonic() - down_since < settings.redis_wait_s:
-                await anyio.sleep(OUTAGE_POLL_S)
-                batch = []
-            else:
-                log.warning("%s: Redis unreachable for %.0f s; ending the answer", request_id, settings.redis_wait_s)
-                batch = [(None, Failed(f"The queue (Redis) was unreachable for {settings.redis_wait_s:g} s; "
-                                       "the request was cancelled. Retry it.", "unavailable"))]
-        for i, (entry_id, event) in enumerate(batch):
-            if isinstance(event, (Done, Failed)):
-                progress.finished = entry_id is not None  # an end Redis holds; one given up on still cancels
-                yield batch[: i + 1]
+                down_since = down_since or time.monotonic()
+                if time.monotonic() - down_since < settings.redis_wait_s:
+                    await anyio.sleep(OUTAGE_POLL_S)
+                    batch = []
+                else:
+                    log.warning("%s: Redis unreachable for %.0f s; ending the answer", request_id,
+                                settings.redis_wait_s)
+                    batch = [(None, Failed(f"The queue (Redis) was unreachable for {settings.redis_wait_s:g} s; "
+                                           "the request was cancelled. Retry it.", "unavailable"))]
+            for i, (entry_id, event) in enumerate(batch):
+                if isinstance(event, (Done, Failed)):
+                    progress.finished = entry_id is not None  # an end Redis holds; one given up on still cancels
+                    yield batch[: i + 1]
+                    return
+            if batch:
+                after = batch[-1][0]
+            yield batch
+            if await request.is_disconnected():
                 return
-        if batch:
-            after = batch[-1][0]
-        yield batch
-        if await request.is_disconnected():
-            return
 
 
 async def collect(request: Request, services: Services, request_id: str, deadline_ms: int | None = None) -> Answer:

@@ -289,7 +289,8 @@ class Worker:
                              if scheduler.can_admit(self.slots, w.priority)), None)
                 if pick is None:
                     return
-            if not scheduler.admit_here(not self._lines_free(), self._idle_elsewhere(now)):
+            lines_busy = not self._lines_free()  # only then is another worker asked about (a round trip)
+            if not scheduler.admit_here(lines_busy, lines_busy and self._idle_elsewhere(now)):
                 return  # an idle worker takes it: nobody here gives way or waits for the lines
             claimed = self.claims.claim(pick, now)
             if claimed:
