@@ -23,6 +23,7 @@ from pydantic_settings import BaseSettings, SettingsError, get_subcommand
 
 from api.settings import ApiSettings
 from batches.settings import BatchWorkerSettings
+from engine.files import resolve_model_path, served_model_name
 from queues.keys import Keys
 from queues.server import free_port, server_binary
 from strata.cli import ServeCommand, Strata
@@ -145,14 +146,19 @@ def test_the_worker_healthcheck_runs_and_tells_a_live_worker_from_a_gone_one(red
     service = compose()["services"]["worker-gpu0"]
     test = service["healthcheck"]["test"]
     assert test[:2] == ["CMD", "sh"]
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}, "REDIS_URL": redis_url,
-           "STRATA_WORKER_ID": "worker-gpu0", "STRATA_SERVED_MODEL_NAME": "checked", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    # the service's own environment at its defaults (empty STRATA_MODEL: the bundled model), our Redis
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("STRATA_") and k != "REDIS_URL"},
+           **{k: at_defaults(v) for k, v in service["environment"].items()}, "REDIS_URL": redis_url,
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    model = served_model_name(resolve_model_path(None))
 
     def healthy() -> bool:
         return subprocess.run(test[1:], env=env, capture_output=True, timeout=60).returncode == 0
 
     assert not healthy()  # no worker hash: unhealthy
-    redis_client.hset(Keys("checked").worker("worker-gpu0"), "slots_total", 8)
+    redis_client.hset(Keys(model).worker("worker-gpu1"), "slots_total", 8)
+    assert not healthy()  # another worker's hash does not count
+    redis_client.hset(Keys(model).worker("worker-gpu0"), "slots_total", 8)
     assert healthy()
 
 
