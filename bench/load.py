@@ -61,6 +61,7 @@ MESSAGES = [{"role": "user", "content": "Summarize: disk /var is 97% full on db-
 BACKLOG_PRIORITY = -50
 PROBE_PRIORITY = 60
 RESERVED_FROM = 50
+WARM_PROBES = 30  # not counted: the first claims of a depth run colder (caches, a fresh process)
 
 
 def load() -> str:
@@ -113,7 +114,7 @@ def served(*flags: str) -> Iterator[Stack]:
     serve = subprocess.Popen(
         [sys.executable, "-m", "strata", "serve", "--engine", "fake", "--port", str(port), "--data-dir", str(data),
          "--max-waiting", "0", "--queue-hard-limit", "0", *flags],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        env=env, stdout=subprocess.DEVNULL, stderr=(data / "serve.log").open("w"))
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180
@@ -124,7 +125,7 @@ def served(*flags: str) -> Iterator[Stack]:
             except (httpx.HTTPError, ValueError, KeyError):
                 pass
             if time.monotonic() > deadline or serve.poll() is not None:
-                raise RuntimeError("strata serve --engine fake did not come up")
+                raise RuntimeError(f"strata serve --engine fake did not come up; see {data / 'serve.log'}")
             time.sleep(0.2)
         client = redis.Redis.from_url((data / "redis.url").read_text(), decode_responses=True)
         yield Stack(base, client, serve)
@@ -135,6 +136,7 @@ def served(*flags: str) -> Iterator[Stack]:
             serve.wait(timeout=60)
         except subprocess.TimeoutExpired:
             serve.kill()
+        print(f"(serve's log: {data / 'serve.log'})")
 
 
 # ---- submissions per second ---------------------------------------------------------------
@@ -150,7 +152,12 @@ async def submit_for(base: str, clients: int, seconds: float) -> tuple[int, int]
         async def one_client() -> None:
             nonlocal accepted, failed
             while time.monotonic() < stop_at:
-                r = await http.post("/v1/chat/completions", json=body)
+                try:
+                    r = await http.post("/v1/chat/completions", json=body)
+                except httpx.TransportError as error:
+                    print(f"submit: {type(error).__name__}: {error}")
+                    failed += 1
+                    continue
                 if r.status_code == 202:
                     accepted += 1
                 else:
@@ -239,14 +246,15 @@ def bench_queue(depths: list[int], probes: int) -> None:
             assert sync.zcard(Keys(MODEL).waiting) == depth
             sent: dict[str, int] = {}
             total, claim_only = [], []
-            for n in range(probes):
+            for n in range(-WARM_PROBES, probes):
                 rid = f"probe-{depth}-{n}"
                 sent[rid] = time.monotonic_ns()
                 await intake.enqueue(QueuedRequest(rid, PROBE_PRIORITY, prompt, 1), fields)
                 got, began, claimed = await asyncio.to_thread(sink.get, True, 30)
                 assert got == rid, (got, rid)
-                total.append((claimed - sent[rid]) / 1e6)
-                claim_only.append((claimed - began) / 1e6)
+                if n >= 0:
+                    total.append((claimed - sent[rid]) / 1e6)
+                    claim_only.append((claimed - began) / 1e6)
                 # the slot frees when the fake answer ends: wait for that before the next probe
                 while sync.hget(Keys(MODEL).req(rid), "status") == "running":
                     await asyncio.sleep(0.0005)
