@@ -92,14 +92,19 @@ class EmbeddedRedis:
         return self.process is not None and self.process.poll() is not None
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process)
         (self.data_dir / ADDRESS_FILE).unlink(missing_ok=True)
+
+
+def terminate(process: subprocess.Popen | None) -> None:
+    """Stop a server we started: politely, then for sure."""
+    if process and process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def recorded_url(data_dir: Path) -> str | None:
@@ -153,10 +158,4 @@ class ScratchRedis:
         return redis.Redis(unix_socket_path=str(self.socket_path), decode_responses=True)
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process)
