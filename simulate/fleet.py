@@ -5,13 +5,13 @@ event simulation with no sleeps and no wall clock.
 Each worker has its own virtual clock: the time at which its current step ends. The worker
 whose clock is earliest steps next, after every arrival due by then is enqueued (enqueue.lua,
 at its own arrival time). A worker with nothing to do sleeps until the next arrival or its
-next heartbeat, as the real one blocks on the wake list and refreshes its hash. A step runs
-whole at its start time (the real loop's claims are also read then); its reports are stamped
-with the time its engine calls end. With several workers that is the one approximation: a
-step's effects become visible to the others at its start rather than its end.
+next --idle-wait-s poll, as the real one blocks on the wake list (an enqueue wakes it at once).
+A step runs whole at its start time (the real loop's claims are also read then); its reports are
+stamped with the time its engine calls end. With several workers that is the one approximation:
+a step's effects become visible to the others at its start rather than its end.
 
-The simulation owns nothing the production code does not: it drives Worker.step(), the
-Claims and Replay (queues/) calls carry every Redis write."""
+The simulation makes no scheduling decision of its own: it drives Worker.step(), and the
+Claims (WatchedClaims) and Replay calls of queues/ carry every Redis write."""
 
 from __future__ import annotations
 
@@ -138,7 +138,19 @@ def run(arrivals: Sequence[Arrival], client: redis.Redis, settings: WorkerSettin
     """Serve `arrivals` with `workers` workers configured by `settings`; `client` is an empty
     Redis. With `ignore_priority` every request is sent at 0 (what the service does without
     priorities; the outcome still reports them by their class's priority)."""
-    logging.getLogger("strata.worker").setLevel(logging.WARNING)  # a line per admission is the real worker's
+    quiet = logging.getLogger("strata.worker")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)  # the real worker logs a line per admission
+    try:
+        return _serve(arrivals, client, settings, profile, workers, max_waiting, hard_limit, ignore_priority,
+                      drain_s, exact_reports)
+    finally:
+        quiet.setLevel(level)
+
+
+def _serve(arrivals: Sequence[Arrival], client: redis.Redis, settings: WorkerSettings, profile: CostProfile,
+           workers: int, max_waiting: int, hard_limit: int, ignore_priority: bool, drain_s: float,
+           exact_reports: bool) -> Outcome:
     ended: set[str] = set()
     queue = QueueState()
     fleet = []
