@@ -16,8 +16,9 @@ DEFAULT_PROFILE = Path("data/cost-profile.json")  # where `strata calibrate` wri
 
 
 def bundled_profile() -> Path:
-    """Measured on the development machine (2 CPU cores, SmolLM2-135M Q4_1, the CPU defaults):
-    used when this machine has not been calibrated."""
+    """Measured on the development machine (2 shared CPU cores, SmolLM2-135M Q4_1, bf16 + int4,
+    one torch thread: bench/sim_fidelity's profile, docs/simulate.md): used when this machine
+    has not been calibrated."""
     return Path(__file__).parent / "profiles" / "cpu-smollm2.json"
 
 
