@@ -19,6 +19,8 @@ import argparse
 import asyncio
 import json
 import os
+import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,6 +54,13 @@ class Server:
     def __enter__(self) -> "Server":
         self.process = subprocess.Popen(self.argv, stdout=self.log.open("wb"), stderr=subprocess.STDOUT,
                                         start_new_session=True)
+        try:
+            return self._wait_ready()
+        except BaseException:  # not ready, a timeout, a SIGTERM: `with` will not call __exit__
+            self.__exit__()
+            raise
+
+    def _wait_ready(self) -> "Server":
         started = time.monotonic()
         while time.monotonic() - started < 600:
             if self.process.poll() is not None:
@@ -141,36 +150,51 @@ async def alert_during_battery(server: Server) -> float:
 
 
 def strata_server(args: argparse.Namespace, parallel: int, extra: list[str]) -> Server:
+    """`strata serve` in a fresh data folder (its embedded Redis keeps queues across restarts: a
+    run killed midway must not leave requests for the next one), sharing one tokenizer cache."""
     port = free_port()
+    args.data_dir.mkdir(parents=True, exist_ok=True)
+    data = Path(tempfile.mkdtemp(prefix="run-", dir=args.data_dir))
+    (args.data_dir / "cache").mkdir(exist_ok=True)
+    (data / "cache").symlink_to(args.data_dir / "cache")
     argv = [sys.executable, "-m", "strata", "serve", "--port", str(port), "--parallel", str(parallel),
-            "--data-dir", str(args.data_dir)]
+            "--data-dir", str(data)]
     if args.model:
         argv += ["--model", args.model]
     return Server("strata", argv + extra, port, "/v1/models")
 
 
-def llama_server(args: argparse.Namespace, parallel: int, binary: str) -> Server:
+def llama_server(binary: str, model: str | Path | None, parallel: int, ctx_per_slot: int = 2048) -> Server:
+    """llama.cpp's server as a user runs it: its defaults, `-np` slots of `ctx_per_slot` each."""
     from engine.files import resolve_model_path
 
     port = free_port()
-    argv = [binary, "-m", str(resolve_model_path(args.model)), "--port", str(port), "-np", str(parallel),
-            "-c", str(parallel * 2048), "--host", "127.0.0.1"]
+    argv = [binary, "-m", str(resolve_model_path(model)), "--port", str(port), "-np", str(parallel),
+            "-c", str(parallel * ctx_per_slot), "--host", "127.0.0.1"]
     return Server("llama.cpp", argv, port, "/health")
 
 
 def measure(make, args: argparse.Namespace) -> dict[str, float]:
     out: dict[str, float] = {}
-    with make(args.parallel) as server:
-        out["start_s"] = server.start_s
-        asyncio.run(decode_rate(server, 1, 0))  # warm-up
-        for clients in args.clients:
-            rates = [asyncio.run(decode_rate(server, clients, r + 1)) for r in range(args.rounds)]
-            out[f"clients_{clients}"] = sorted(rates)[len(rates) // 2]
-        out["prompt"] = asyncio.run(prompt_rate(server, args.prompt_words))
-    with make(SCENARIO_SLOTS) as server:
-        asyncio.run(decode_rate(server, 1, 0))
-        out["alert_ttft_s"] = asyncio.run(alert_during_battery(server))
+    if {"decode", "prompt"} & set(args.stages):
+        with make(args.parallel) as server:
+            out["start_s"] = server.start_s
+            asyncio.run(decode_rate(server, 1, 0))  # warm-up
+            if "decode" in args.stages:
+                for clients in args.clients:
+                    rates = [asyncio.run(decode_rate(server, clients, r + 1)) for r in range(args.rounds)]
+                    out[f"clients_{clients}"] = statistics.median(rates)
+            if "prompt" in args.stages:
+                out["prompt"] = asyncio.run(prompt_rate(server, args.prompt_words))
+    if "alert" in args.stages:
+        with make(SCENARIO_SLOTS) as server:
+            asyncio.run(decode_rate(server, 1, 0))
+            out["alert_ttft_s"] = asyncio.run(alert_during_battery(server))
     return out
+
+
+def load_average() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def main() -> None:
@@ -181,20 +205,34 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="runs per client count (median)")
     parser.add_argument("--prompt-words", type=int, default=680, help="~3 tokens a word with this filler (SmolLM2)")
     parser.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "strata-side-by-side")
+    parser.add_argument("--stages", nargs="+", default=["decode", "prompt", "alert"], choices=["decode", "prompt", "alert"])
+    parser.add_argument("--repeats", type=int, default=1, help="whole runs of every server, alternating which goes first")
     parser.add_argument("strata_args", nargs="*", help="extra `strata serve` flags (after --)")
     args = parser.parse_args()
 
     from rich.console import Console
     from rich.table import Table
 
-    results = {"strata": measure(lambda n: strata_server(args, n, args.strata_args), args)}
-    print("strata", json.dumps(results["strata"]), flush=True)
+    # A SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so the servers' `with` blocks stop them.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    makers = {"strata": lambda n: strata_server(args, n, args.strata_args)}
     binary = os.environ.get("LLAMA_SERVER")
     if binary:
-        results["llama.cpp"] = measure(lambda n: llama_server(args, n, binary), args)
-        print("llama.cpp", json.dumps(results["llama.cpp"]), flush=True)
+        makers["llama.cpp"] = lambda n: llama_server(binary, args.model, n)
+    samples: dict[str, dict[str, list[float]]] = {name: {} for name in makers}
+    loads = [load_average()]
+    for repeat in range(args.repeats):
+        # alternate which server goes first, so a change in the machine's load hits both alike
+        for name in (list(makers) if repeat % 2 == 0 else list(makers)[::-1]):
+            result = measure(makers[name], args)
+            loads.append(load_average())
+            print(name, json.dumps(result), "load", loads[-1], flush=True)
+            for key, value in result.items():
+                samples[name].setdefault(key, []).append(value)
+    results = {name: {k: statistics.median(v) for k, v in got.items()} for name, got in samples.items()}
 
-    table = Table(title="Same GGUF, same streaming client, one server after the other")
+    table = Table(title=f"Same GGUF, same streaming client, one server after the other; median of {args.repeats} "
+                        f"run(s) x {args.rounds} round(s); load average {' -> '.join(loads)}")
     table.add_column("measure")
     for name in results:
         table.add_column(name, justify="right")
@@ -204,6 +242,8 @@ def main() -> None:
     rows += [("prompt", "prompt tok/s (one ~2000-token prompt)"), ("alert_ttft_s", "alert during a battery: TTFT s"),
              ("start_s", "start until ready, s")]
     for key, title in rows:
+        if not all(key in r for r in results.values()):
+            continue
         cells = [f"{r[key]:.1f}" for r in results.values()]
         if len(results) == 2:
             cells.append(f"{results['strata'][key] / results['llama.cpp'][key]:.2f}×")

@@ -70,7 +70,7 @@ def serve(settings) -> int:  # noqa: ANN001 - a ServeCommand
     redis_server = None
     url = settings.redis_url
     if not url:
-        redis_server = EmbeddedRedis(settings.data_dir).start()
+        redis_server = EmbeddedRedis(settings.data_dir, appendfsync=settings.redis_fsync).start()
         url = redis_server.url
         log.info("embedded Redis at %s, data in %s", url, settings.data_dir.resolve())
     env = child_env(settings, url)

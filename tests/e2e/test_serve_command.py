@@ -10,6 +10,7 @@ import sys
 
 import httpx
 import pytest
+import redis
 
 from queues.server import free_port
 from tests.e2e.conftest import MODEL, healthy, wait_until
@@ -36,6 +37,9 @@ def test_serve_starts_everything_answers_and_stops_cleanly(tmp_path):
         assert r.json()["usage"]["completion_tokens"] > 0
         assert (data / "redis.url").read_text().startswith("redis://127.0.0.1:")
         assert any(p.name.startswith("appendonly") for p in data.iterdir())  # persistence is on
+        embedded = redis.Redis.from_url((data / "redis.url").read_text())
+        assert embedded.config_get("appendfsync") == {b"appendfsync": b"everysec"}  # --redis-fsync's default
+        embedded.close()
     finally:
         serve.send_signal(signal.SIGTERM)
         code = serve.wait(timeout=60)

@@ -1,0 +1,140 @@
+"""How close greedy decoding stays to the float32 dequantized reference: Strata's default engine
+and, when `LLAMA_SERVER=/path/to/llama-server` is set, llama.cpp's server on the same GGUF.
+
+    .venv/bin/python -m bench.precision [--tokens 48] [--variants default bfloat16+noint4]
+    LLAMA_SERVER=/path/to/llama-server .venv/bin/python -m bench.precision
+
+A fixed set of chat prompts, tokenized once by Strata's tokenizer; every engine gets the same
+token ids (llama-server through `/completion` with a token-id prompt, `temperature` 0). The
+reference is Strata with `--dtype float32`: the file's weights dequantized, no rounding beyond
+float32. Two measures per engine, summed over the prompts:
+- teacher-forced: at each position of the reference's greedy continuation, fed the reference's
+  tokens so far, is the engine's greedy next token the reference's? (llama-server: one
+  `n_predict: 1` request per position; its prompt cache reads only the new token);
+- free-running: the engine's own greedy continuation, tokens equal to the reference's before the
+  first difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import httpx
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a short poem about the sea.",
+    "What is 17 times 23?",
+    "Who wrote Romeo and Juliet?",
+    "Translate 'good morning' into Spanish.",
+    "Explain in two sentences why the sky is blue.",
+    "List three uses of copper.",
+    "Write a Python function that reverses a string.",
+    "What is the boiling point of water at sea level?",
+    "Give me a tip for sleeping better.",
+    "Summarize the plot of Cinderella in one paragraph.",
+    "Why do cats purr?",
+]
+
+
+def strata_greedy(engine, ids: list[int], tokens: int) -> list[int]:
+    """Greedy continuation, never stopping at end-of-text (every engine runs the same length)."""
+    from engine.protocol import SamplingParams
+
+    engine.begin(0, SamplingParams(temperature=0.0))
+    out = [engine.read(0, ids, sample=True)]
+    while len(out) < tokens:
+        out += engine.decode([0], [out[-1]])
+    return out
+
+
+def strata_forced(engine, ids: list[int], reference: list[int]) -> list[int]:
+    """The engine's greedy next token after the prompt and after each reference token but the last."""
+    from engine.protocol import SamplingParams
+
+    engine.begin(0, SamplingParams(temperature=0.0))
+    out = [engine.read(0, ids, sample=True)]
+    for token in reference[:-1]:
+        out += engine.decode([0], [token])
+    return out
+
+
+class LlamaServer:
+    def __init__(self, url: str) -> None:
+        self.client = httpx.Client(base_url=url, timeout=300)
+
+    def _complete(self, ids: list[int], n: int) -> list[int]:
+        body = {"prompt": ids, "n_predict": n, "temperature": 0, "top_k": 1, "ignore_eos": True,
+                "cache_prompt": True, "return_tokens": True, "samplers": ["top_k"]}
+        response = self.client.post("/completion", json=body)
+        response.raise_for_status()
+        return response.json()["tokens"]
+
+    def greedy(self, ids: list[int], tokens: int) -> list[int]:
+        return self._complete(ids, tokens)
+
+    def forced(self, ids: list[int], reference: list[int]) -> list[int]:
+        return [self._complete(ids + reference[:i], 1)[0] for i in range(len(reference))]
+
+
+def run_prompts(greedy, forced, prompts: list[list[int]], references: list[list[int]]) -> dict[str, int]:
+    same_top = prefix = 0
+    for ids, reference in zip(prompts, references):
+        same_top += sum(a == b for a, b in zip(forced(ids, reference), reference))
+        own = greedy(ids, len(reference))
+        prefix += next((i for i, (a, b) in enumerate(zip(own, reference)) if a != b), len(reference))
+    return {"same_top": same_top, "greedy_prefix": prefix}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=48, help="continuation length per prompt")
+    parser.add_argument("--variants", nargs="+", default=["default", "bfloat16+noint4"],
+                        help="Strata engines: default, bfloat16(+noint4)")
+    args = parser.parse_args()
+
+    from bench.side_by_side import llama_server
+    from engine.files import resolve_model_path
+    from engine.runner import load_engine
+
+    path = resolve_model_path(None)
+    reference_engine = load_engine(path, num_slots=1, ctx=1024, dtype="float32")
+    tok = reference_engine.tokenizer
+    prompts = [tok.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
+    references = [strata_greedy(reference_engine, ids, args.tokens) for ids in prompts]
+    total = sum(len(r) for r in references)
+    del reference_engine
+    results: dict[str, dict[str, int]] = {}
+    for variant in args.variants:
+        name, *flags = variant.split("+")
+        engine = load_engine(path, num_slots=1, ctx=1024, dtype=None if name == "default" else name,
+                             int4="noint4" not in flags)
+        results[f"strata {variant}"] = run_prompts(lambda i, n: strata_greedy(engine, i, n),
+                                                   lambda i, r: strata_forced(engine, i, r), prompts, references)
+        print(variant, json.dumps(results[f"strata {variant}"]), file=sys.stderr, flush=True)
+    binary = os.environ.get("LLAMA_SERVER")
+    if binary:
+        with llama_server(binary, path, 1, 1024) as server:
+            llama = LlamaServer(server.url)
+            results["llama-server"] = run_prompts(llama.greedy, llama.forced, prompts, references)
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{len(PROMPTS)} chat prompts x {args.tokens} greedy tokens vs the float32 dequantized "
+                        f"reference ({path.name})")
+    table.add_column("engine")
+    table.add_column("teacher-forced: same next token", justify="right")
+    table.add_column("free-running: equal before the first difference", justify="right")
+    for name, r in results.items():
+        table.add_row(name, f"{r['same_top']}/{total} ({r['same_top'] / total:.1%})",
+                      f"{r['greedy_prefix']}/{total} ({r['greedy_prefix'] / total:.1%})")
+    Console(width=160).print(table)
+    print(json.dumps({"total": total, **results}))
+
+
+if __name__ == "__main__":
+    main()

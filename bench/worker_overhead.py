@@ -1,0 +1,144 @@
+"""What the worker loop costs per step beside the engine: the real default engine and a real
+Redis (the embedded one `strata serve` starts, same settings), the real `workers.loop.Worker`,
+requests enqueued through the API's own path (Intake), no HTTP.
+
+    .venv/bin/python -m bench.worker_overhead [--clients 1 4 8] [--tokens 128] [--profile]
+
+For each client count: that many streaming requests (`ignore_eos`, `--tokens` each) run to the
+end; every call into the engine and into `queues.claims.Claims` (each one a Redis round trip or a
+Lua script) is timed. Prints per decode step: wall time, engine time, Redis time, the rest
+(Python in the loop: scheduling, text decoding, bookkeeping). `--profile` adds cProfile's top
+functions by own time."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import functools
+import inspect
+import pstats
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+
+def timed(table: dict[str, list[float]], name: str, fn):
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        started = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            table[name].append(time.perf_counter() - started)
+    return wrapper
+
+
+def enqueue(url: str, model: str, requests: list) -> None:
+    import redis.asyncio as aioredis
+
+    from queues.intake import Intake
+
+    async def go() -> None:
+        client = aioredis.Redis.from_url(url)
+        try:
+            intake = Intake(client, model)
+            for request in requests:
+                await intake.enqueue(request)
+        finally:
+            await client.aclose()
+
+    asyncio.run(go())
+
+
+def run(engine, url: str, clients: int, tokens: int, round_: int, profile: cProfile.Profile | None) -> dict:
+    import redis
+
+    from queues.claims import Claims
+    from queues.records import QueuedRequest
+    from workers.loop import Worker
+
+    model = "bench"
+    client = redis.Redis.from_url(url, decode_responses=True)
+    claims = Claims(client, model, f"bench-{round_}")
+    calls: dict[str, list[float]] = defaultdict(list)
+    for name, fn in inspect.getmembers(claims, inspect.ismethod):
+        if not name.startswith("_"):
+            setattr(claims, name, timed(calls, f"redis.{name}", fn))
+    worker = Worker(engine, claims, engine.tokenizer, prefill_chunk=256)
+    engine_calls: dict[str, list[float]] = defaultdict(list)
+    read, decode = engine.read, engine.decode
+    engine.read = timed(engine_calls, "engine.read", read)
+    engine.decode = timed(engine_calls, "engine.decode", decode)
+    try:
+        prompt = engine.tokenizer.encode_chat([{"role": "user", "content": "Tell me a long story about a lighthouse."}])
+        enqueue(url, model, [QueuedRequest(id=f"r{round_}-{i}", priority=0, prompt=prompt + [i + 10], max_tokens=tokens,
+                                           temperature=0.0, ignore_eos=True) for i in range(clients)])
+        steps = 0
+        started = time.perf_counter()
+        if profile:
+            profile.enable()
+        while worker.step():
+            steps += 1
+        if profile:
+            profile.disable()
+        wall = time.perf_counter() - started
+    finally:
+        engine.read, engine.decode = read, decode
+        client.close()
+    decodes = len(engine_calls["engine.decode"])
+    engine_s = sum(sum(v) for v in engine_calls.values())
+    redis_s = sum(sum(v) for v in calls.values())
+    per = 1000 / max(decodes, 1)
+    return {"clients": clients, "steps": steps, "decode_steps": decodes, "tok_s": clients * tokens / wall,
+            "step_ms": wall * per, "engine_ms": engine_s * per, "redis_ms": redis_s * per,
+            "rest_ms": (wall - engine_s - redis_s) * per,
+            "redis_calls": {k.removeprefix("redis."): (len(v), round(1000 * sum(v) / len(v), 3)) for k, v in calls.items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--parallel", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=2, help="runs per client count (the faster is shown)")
+    parser.add_argument("--appendfsync", default=None, help="override the embedded Redis's appendfsync (e.g. everysec)")
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+
+    import redis
+
+    from engine.runner import load_engine
+    from queues.server import EmbeddedRedis
+
+    server = EmbeddedRedis(Path(tempfile.mkdtemp(prefix="strata-overhead-"))).start()
+    if args.appendfsync:
+        redis.Redis.from_url(server.url).config_set("appendfsync", args.appendfsync)
+    profile = cProfile.Profile() if args.profile else None
+    try:
+        engine = load_engine(None, num_slots=args.parallel, ctx=2048)
+        results = []
+        for clients in args.clients:
+            runs = [run(engine, server.url, clients, args.tokens, 100 * clients + r, profile) for r in range(args.rounds)]
+            results.append(max(runs, key=lambda r: r["tok_s"]))
+    finally:
+        server.stop()
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"Worker loop per decode step (real engine, embedded Redis, {args.tokens} tokens a request)")
+    for column in ("clients", "tok/s", "step ms", "engine ms", "Redis ms", "rest ms", "Redis calls (count, ms each)"):
+        table.add_column(column, justify="right" if column != "Redis calls (count, ms each)" else "left")
+    for r in results:
+        table.add_row(str(r["clients"]), f"{r['tok_s']:.1f}", f"{r['step_ms']:.2f}", f"{r['engine_ms']:.2f}",
+                      f"{r['redis_ms']:.2f}", f"{r['rest_ms']:.2f}",
+                      ", ".join(f"{k} {n}×{ms}" for k, (n, ms) in sorted(r["redis_calls"].items())))
+    Console(width=200).print(table)
+    if profile:
+        pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+
+
+if __name__ == "__main__":
+    main()
