@@ -38,7 +38,7 @@ def test_serve_starts_everything_answers_and_stops_cleanly(tmp_path):
         assert (data / "redis.url").read_text().startswith("redis://127.0.0.1:")
         assert any(p.name.startswith("appendonly") for p in data.iterdir())  # persistence is on
         embedded = redis.Redis.from_url((data / "redis.url").read_text())
-        assert embedded.config_get("appendfsync") == {b"appendfsync": b"everysec"}  # --redis-fsync's default
+        assert embedded.config_get("appendfsync") == {"appendfsync": "everysec"}  # --redis-fsync's default
         embedded.close()
     finally:
         serve.send_signal(signal.SIGTERM)
