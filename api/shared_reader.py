@@ -59,6 +59,7 @@ class Follower:
             self._ready.set()
 
     def fail(self, error: Exception) -> None:
+        """The shared read failed: its next() raises until a round succeeds."""
         self._error = error
         self._ready.set()
 
@@ -91,12 +92,12 @@ class SharedReader:
         if not follower.adopted:
             fresh = follower.take(await self.intake.read(follower.request_id, follower.after, block_ms))
         else:
-            with anyio.move_on_after(block_ms / 1000):
-                await follower._ready.wait()
-            error, follower._error = follower._error, None
-            if error is not None:
+            if follower._error is None:
+                with anyio.move_on_after(block_ms / 1000):
+                    await follower._ready.wait()
+            if follower._error is not None:  # kept until a round succeeds: the outage lasts that long
                 follower._ready = anyio.Event()
-                raise error
+                raise follower._error
         # what the loop delivered while its own read was under way comes first: it is older
         batch, follower._pending = follower._pending + fresh, []
         follower._ready = anyio.Event()
@@ -123,6 +124,9 @@ class SharedReader:
                         follower.fail(error)
                 await anyio.sleep(OUTAGE_POLL_S)
                 continue
+            for followers in self._followers.values():
+                for follower in followers:
+                    follower._error = None
             for request_id, entries in found.items():
                 for follower in self._followers.get(request_id, ()):
                     follower.deliver(entries)
