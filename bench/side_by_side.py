@@ -207,6 +207,7 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "strata-side-by-side")
     parser.add_argument("--stages", nargs="+", default=["decode", "prompt", "alert"], choices=["decode", "prompt", "alert"])
     parser.add_argument("--repeats", type=int, default=1, help="whole runs of every server, alternating which goes first")
+    parser.add_argument("--start-with", choices=["strata", "llama.cpp"], default="strata")
     parser.add_argument("strata_args", nargs="*", help="extra `strata serve` flags (after --)")
     args = parser.parse_args()
 
@@ -223,7 +224,8 @@ def main() -> None:
     loads = [load_average()]
     for repeat in range(args.repeats):
         # alternate which server goes first, so a change in the machine's load hits both alike
-        for name in (list(makers) if repeat % 2 == 0 else list(makers)[::-1]):
+        order = list(makers) if args.start_with == "strata" else list(makers)[::-1]
+        for name in (order if repeat % 2 == 0 else order[::-1]):
             result = measure(makers[name], args)
             loads.append(load_average())
             print(name, json.dumps(result), "load", loads[-1], flush=True)

@@ -103,18 +103,15 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--parallel", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2, help="runs per client count (the faster is shown)")
-    parser.add_argument("--appendfsync", default=None, help="override the embedded Redis's appendfsync (e.g. everysec)")
+    parser.add_argument("--appendfsync", default="everysec", choices=["always", "everysec"],
+                        help="the embedded Redis's (strata serve's --redis-fsync)")
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
-
-    import redis
 
     from engine.runner import load_engine
     from queues.server import EmbeddedRedis
 
-    server = EmbeddedRedis(Path(tempfile.mkdtemp(prefix="strata-overhead-"))).start()
-    if args.appendfsync:
-        redis.Redis.from_url(server.url).config_set("appendfsync", args.appendfsync)
+    server = EmbeddedRedis(Path(tempfile.mkdtemp(prefix="strata-overhead-")), appendfsync=args.appendfsync).start()
     profile = cProfile.Profile() if args.profile else None
     try:
         engine = load_engine(None, num_slots=args.parallel, ctx=2048)
@@ -128,7 +125,8 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"Worker loop per decode step (real engine, embedded Redis, {args.tokens} tokens a request)")
+    table = Table(title=f"Worker loop per decode step (real engine, embedded Redis appendfsync {args.appendfsync}, "
+                        f"{args.tokens} tokens a request)")
     for column in ("clients", "tok/s", "step ms", "engine ms", "Redis ms", "rest ms", "Redis calls (count, ms each)"):
         table.add_column(column, justify="right" if column != "Redis calls (count, ms each)" else "left")
     for r in results:
