@@ -65,9 +65,11 @@ class EmbeddedRedis:
             "--port", str(self.port),
             "--dir", str(self.data_dir.resolve()),
             "--appendonly", "yes" if self.appendonly else "no",
-            # Redis writes the file before it answers in either mode, so a killed Redis loses
-            # nothing a client saw; "always" also fsyncs first (once per event loop turn), so a
-            # machine crash loses nothing either, at 1-3 ms per write round trip on these VMs
+            # everysec: Redis write()s the file before it answers, so a killed Redis loses nothing
+            # a client saw, except while a slow background fsync makes it postpone its writes (up
+            # to 2 s; the "fsync window" DESIGN.md allows); a machine crash loses up to a second.
+            # always: fsync before every answer (once per event loop turn): nothing is lost either
+            # way, at 1-3 ms per write round trip on these VMs
             "--appendfsync", self.appendfsync,
             "--save", "",
             "--protected-mode", "yes",
