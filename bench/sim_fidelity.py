@@ -3,7 +3,10 @@ bench/priority_scenarios.py (alert during a battery, with and without priority; 
 way, with and without; the alert with a reserved slot) run on the real engine, each one's
 requests recorded from their hashes (arrival time, priority, prompt and answer lengths) and
 replayed through the simulator with a cost profile calibrated on the same engine just before.
-Compares the time to first token of the request each scenario is about.
+Compares the time to first token of the request each scenario is about. On a shared machine the
+engine's speed drifts between the calibration and the run, so the table also shows each run's
+pace (real and simulated) and the replay with the profile scaled to the real run's own pace:
+what is left then is the simulator's error, not the machine's.
 
     .venv/bin/python -m bench.sim_fidelity [--profile data/cost-profile.json] [--no-calibrate] [--scale 1.0]
         [--threads N]
@@ -20,7 +23,7 @@ from rich.table import Table
 
 from bench.priority_scenarios import Run, alert_during_battery, long_read_gives_way, reserved_slot
 from engine import load_engine
-from engine.cost_profile import CostProfile
+from engine.cost_profile import CostGrid, CostProfile
 from engine.files import resolve_model_path, served_model_name
 from queues.server import EmbeddedRedis, ScratchRedis
 from simulate import fleet
@@ -43,22 +46,37 @@ def ttft_ms(record: dict[str, str]) -> int:
     return int(record["first_token_ms"]) - int(record["enqueued_ms"])
 
 
-def pace(records: list[dict[str, str]]) -> str:
+def pace(records: list[dict[str, str]]) -> tuple[float | None, float | None]:
     """How fast the engine went: ms per decode step of the longest answers (first token to the
     end), and ms per prompt token of reads that ran alone (claim to first token)."""
     answers = [r for r in records if int(r["completion_tokens"]) > 20]
     decode = [(int(r["finished_ms"]) - int(r["first_token_ms"])) / (int(r["completion_tokens"]) - 1) for r in answers]
     reads = [(int(r["first_token_ms"]) - int(r["claimed_ms"])) / int(r["prompt_tokens"]) for r in records
              if int(r["prompt_tokens"]) > 500 and not r.get("yields")]
-    parts = []
-    if decode:
-        parts.append(f"{sum(decode) / len(decode):.0f} ms/step")
-    if reads:
-        parts.append(f"{min(reads):.1f} ms/prompt token")
-    return ", ".join(parts)
+    return (sum(decode) / len(decode) if decode else None), (min(reads) if reads else None)
 
 
-def replay(arrivals: list[Arrival], settings: WorkerSettings, profile: CostProfile, focus: str) -> tuple[int, str]:
+def said(speed: tuple[float | None, float | None]) -> str:
+    decode, read = speed
+    return ", ".join(([f"{decode:.0f} ms/step"] if decode else []) + ([f"{read:.1f} ms/prompt token"] if read else []))
+
+
+def at_pace(profile: CostProfile, real: tuple[float | None, float | None],
+            simulated: tuple[float | None, float | None]) -> CostProfile:
+    """The profile scaled so that the simulation goes at the pace the real run went (one factor
+    for decode steps, one for reads; the one measured stands in for the other). Not a
+    prediction: it takes the engine's speed out of the comparison, leaving the schedule."""
+    factors = [r / s if r and s else None for r, s in zip(real, simulated)]
+    known = [f for f in factors if f]
+    if not known:
+        return profile
+    decode, read = (f or known[0] for f in factors)
+    scaled = lambda grid, k: CostGrid(grid.rows, grid.columns, [[v * k for v in row] for row in grid.ms])  # noqa: E731
+    return CostProfile(scaled(profile.read, read), scaled(profile.decode, decode), profile.machine)
+
+
+def replay(arrivals: list[Arrival], settings: WorkerSettings, profile: CostProfile,
+           focus: str) -> tuple[int, tuple[float | None, float | None]]:
     with tempfile.TemporaryDirectory(prefix="strata-fidelity-") as folder:
         server = ScratchRedis(Path(folder)).start()
         client = server.client()
@@ -120,11 +138,12 @@ def main() -> None:
     ]
     table = Table(title=f"simulated vs real time to first token (SmolLM2, {engine.dtype}, {args.parallel} slots, "
                         f"chunk {args.chunk})")
-    columns = ["scenario", "request", "real", "simulated", "error", "engine pace: real", "simulated"]
+    columns = ["scenario", "request", "real", "simulated", "error", "engine pace: real", "simulated",
+               "simulated at the real pace", "error"]
     if args.recalibrate:
         columns += ["simulated, profile just before", "error", "its pace"]
     for col in columns:
-        table.add_column(col, justify="left" if col in ("scenario", "request") or "pace" in col else "right")
+        table.add_column(col, justify="left" if col in ("scenario", "request") or "pace:" in col else "right")
     try:
         for name, policy, settings, focus, others, scenario in scenarios:
             fresh = measured() if args.recalibrate else None
@@ -133,11 +152,17 @@ def main() -> None:
                 arrivals = recorded(run, [focus, *others])
                 real = ttft_ms(run.record(focus))
                 real_pace = pace([run.record(a.id) for a in arrivals])
-            row = [name, focus, f"{real / 1000:.2f} s"]
-            for used in [profile] + ([fresh] if fresh else []):
-                simulated, simulated_pace = replay(arrivals, settings, used, focus)
-                row += [f"{simulated / 1000:.2f} s", f"{100 * (simulated - real) / real:+.1f} %"]
-                row += [real_pace, simulated_pace] if used is profile else [simulated_pace]
+
+            def cells(simulated: int) -> list[str]:
+                return [f"{simulated / 1000:.2f} s", f"{100 * (simulated - real) / real:+.1f} %"]  # noqa: B023
+
+            simulated, simulated_pace = replay(arrivals, settings, profile, focus)
+            paced, _ = replay(arrivals, settings, at_pace(profile, real_pace, simulated_pace), focus)
+            row = [name, focus, f"{real / 1000:.2f} s", *cells(simulated), said(real_pace), said(simulated_pace),
+                   *cells(paced)]
+            if fresh:
+                again, again_pace = replay(arrivals, settings, fresh, focus)
+                row += [*cells(again), said(again_pace)]
             table.add_row(*row)
         Console(width=180).print(table)
     finally:
