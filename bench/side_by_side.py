@@ -207,6 +207,8 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "strata-side-by-side")
     parser.add_argument("--stages", nargs="+", default=["decode", "prompt", "alert"], choices=["decode", "prompt", "alert"])
     parser.add_argument("--repeats", type=int, default=1, help="whole runs of every server, alternating which goes first")
+    parser.add_argument("--servers", nargs="+", choices=["strata", "llama.cpp"], default=["strata", "llama.cpp"],
+                        help="which to run (llama.cpp needs LLAMA_SERVER)")
     parser.add_argument("--start-with", choices=["strata", "llama.cpp"], default="strata")
     parser.add_argument("strata_args", nargs="*", help="extra `strata serve` flags (after --)")
     args = parser.parse_args()
@@ -216,9 +218,9 @@ def main() -> None:
 
     # A SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so the servers' `with` blocks stop them.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    makers = {"strata": lambda n: strata_server(args, n, args.strata_args)}
+    makers = {"strata": lambda n: strata_server(args, n, args.strata_args)} if "strata" in args.servers else {}
     binary = os.environ.get("LLAMA_SERVER")
-    if binary:
+    if binary and "llama.cpp" in args.servers:
         makers["llama.cpp"] = lambda n: llama_server(binary, args.model, n)
     samples: dict[str, dict[str, list[float]]] = {name: {} for name in makers}
     loads = [load_average()]
