@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from queues.server import REDIS_URL_ALIASES
+from queues.server import REDIS_URL_ALIASES, redis_cluster_field, rq_redis_url_field
 
 
 class ApiSettings(BaseSettings):
@@ -16,14 +16,8 @@ class ApiSettings(BaseSettings):
         validation_alias=REDIS_URL_ALIASES,
         description="Redis (or Valkey) holding the queues; also read from plain REDIS_URL.",
     )
-    redis_cluster: bool = Field(
-        False, description="the Redis is a Redis Cluster (implied when the URL lists several nodes: "
-        "redis://host1:port1,host2:port2); see docs/operations.md",
-    )
-    rq_redis_url: str | None = Field(
-        None, description="a plain (non-cluster) Redis for RQ's batch job queue; unset: the queues' Redis, "
-        "which must then not be a cluster (RQ cannot run on one)",
-    )
+    redis_cluster: bool = redis_cluster_field()
+    rq_redis_url: str | None = rq_redis_url_field()
     model: str | None = Field(
         None, description="Model file (.gguf) or Hugging Face folder; empty = the bundled SmolLM2."
     )

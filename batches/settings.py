@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from queues.server import REDIS_URL_ALIASES
+from queues.server import REDIS_URL_ALIASES, redis_cluster_field, rq_redis_url_field
 
 
 class BatchWorkerSettings(BaseSettings):
@@ -16,14 +16,8 @@ class BatchWorkerSettings(BaseSettings):
         validation_alias=REDIS_URL_ALIASES,
         description="Redis holding the queues and the batches (and the RQ queue unless --rq-redis-url)",
     )
-    redis_cluster: bool = Field(
-        False, description="the Redis is a Redis Cluster (implied when the URL lists several nodes: "
-        "redis://host1:port1,host2:port2); see docs/operations.md",
-    )
-    rq_redis_url: str | None = Field(
-        None, description="a plain (non-cluster) Redis for RQ's batch job queue; unset: the queues' Redis, "
-        "which must then not be a cluster (RQ cannot run on one)",
-    )
+    redis_cluster: bool = redis_cluster_field()
+    rq_redis_url: str | None = rq_redis_url_field()
     batch_inflight: int = Field(16, ge=1, description="most lines of one batch queued or running at once")
     batch_lease_ms: int = Field(
         30_000, ge=200, description="a batch whose job stopped renewing for this long is taken over by a new job"

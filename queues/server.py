@@ -10,9 +10,10 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import redis
-from pydantic import AliasChoices
+from pydantic import AliasChoices, Field
 
 ADDRESS_FILE = "redis.url"  # where `strata queues` and friends find a running serve's Redis
 
@@ -119,6 +120,18 @@ def recorded_url(data_dir: Path) -> str | None:
 
 # Every process reads its Redis from --redis-url, STRATA_REDIS_URL or the plain REDIS_URL.
 REDIS_URL_ALIASES = AliasChoices("redis_url", "STRATA_REDIS_URL", "REDIS_URL")
+
+
+def redis_cluster_field() -> Any:  # noqa: ANN401 - a pydantic FieldInfo standing for a bool default
+    """`--redis-cluster`, worded once for every process that connects."""
+    return Field(False, description="the Redis is a Redis Cluster (implied when the URL lists several nodes: "
+                                    "redis://host1:port1,host2:port2); see docs/operations.md")
+
+
+def rq_redis_url_field() -> Any:  # noqa: ANN401 - a pydantic FieldInfo standing for a str | None default
+    """`--rq-redis-url`, worded once for the API and the batch worker (both must name the same one)."""
+    return Field(None, description="a plain (non-cluster) Redis for RQ's batch job queue; unset: the queues' Redis, "
+                                   "which must then not be a cluster (RQ cannot run on one)")
 
 
 @dataclass

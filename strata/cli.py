@@ -11,7 +11,7 @@ from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, CliApp, CliSubCommand, SettingsConfigDict
 
 from api.settings import ApiSettings
-from queues.server import REDIS_URL_ALIASES
+from queues.server import REDIS_URL_ALIASES, redis_cluster_field
 from simulate.settings import CalibrateSettings, SimulateSettings
 from strata.batch import BatchCommand, BatchWorkerCommand
 from workers.settings import WorkerSettings
@@ -71,10 +71,7 @@ class QueuesCommand(BaseSettings):
         None, validation_alias=REDIS_URL_ALIASES,
         description="default: the embedded Redis of a running `strata serve` (see --data-dir)",
     )
-    redis_cluster: bool = Field(
-        False, description="the Redis is a Redis Cluster (implied when the URL lists several nodes: "
-        "redis://host1:port1,host2:port2); see docs/operations.md",
-    )
+    redis_cluster: bool = redis_cluster_field()
     data_dir: Path = Field(Path("data"), description="where a running `strata serve` recorded its Redis")
     watch: bool = Field(False, description="refresh until Ctrl-C")
     interval_s: float = Field(1.0, gt=0, description="refresh period with --watch")

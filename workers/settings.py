@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from queues.server import REDIS_URL_ALIASES
+from queues.server import REDIS_URL_ALIASES, redis_cluster_field
 from workers.scheduler import Policy, Reserve
 
 
@@ -21,10 +21,7 @@ class WorkerSettings(BaseSettings):
         validation_alias=REDIS_URL_ALIASES,
         description="Redis the worker pulls requests from",
     )
-    redis_cluster: bool = Field(
-        False, description="the Redis is a Redis Cluster (implied when the URL lists several nodes: "
-        "redis://host1:port1,host2:port2); see docs/operations.md",
-    )
+    redis_cluster: bool = redis_cluster_field()
     model: str | None = Field(None, description="GGUF file or Hugging Face folder; default SmolLM2-135M-Instruct")
     engine: Literal["torch", "fake"] = Field(
         "torch", description="torch: the model's weights; fake: no weights, deterministic tokens (' t7' per token) "
