@@ -72,7 +72,8 @@ def at_pace(profile: CostProfile, real: tuple[float | None, float | None],
         return profile
     decode, read = (f or known[0] for f in factors)
     scaled = lambda grid, k: CostGrid(grid.rows, grid.columns, [[v * k for v in row] for row in grid.ms])  # noqa: E731
-    return CostProfile(scaled(profile.read, read), scaled(profile.decode, decode), profile.machine)
+    return CostProfile(scaled(profile.read, read), scaled(profile.decode, decode), profile.machine,
+                       profile.step_overhead_ms)
 
 
 def replay(arrivals: list[Arrival], settings: WorkerSettings, profile: CostProfile,

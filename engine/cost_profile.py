@@ -1,6 +1,7 @@
 """What the real engine costs on one machine, as `strata calibrate` measured it: the time of one
 prompt chunk by the context already cached and the chunk's length, and of one decode step by
-the number of rows and the longest context among them. The fake engine reads its clock costs
+the number of rows and the longest context among them; and what the worker loop itself costs
+per step beside the engine (step_overhead_ms). The fake engine reads its clock costs
 from it (FakeEngine(profile=...)), so a simulation waits as long as the measured engine would.
 
 Pure Python (no torch): the simulator and the tests load profiles without the engine. Between
@@ -59,6 +60,9 @@ class CostProfile:
     read: CostGrid  # rows: tokens already cached; columns: chunk length; ms per chunk
     decode: CostGrid  # rows: slots decoded together; columns: longest context; ms per step
     machine: dict[str, str] = field(default_factory=dict)  # what was measured: model, device, dtype, threads, when
+    # the worker loop's own cost per busy step beside the engine (Python, Redis round trips);
+    # 0 in profiles written before it was measured
+    step_overhead_ms: float = 0.0
 
     def read_ms(self, cached: int, tokens: int) -> float:
         """One read of `tokens` prompt tokens into a slot that holds `cached`."""
@@ -81,7 +85,8 @@ class CostProfile:
             raise ValueError(f"cost profile format {data.get('format')!r}; this Strata reads format {FORMAT}")
         try:
             return cls(CostGrid(**data["read"]), CostGrid(**data["decode"]),
-                       {str(k): str(v) for k, v in data.get("machine", {}).items()})
+                       {str(k): str(v) for k, v in data.get("machine", {}).items()},
+                       float(data.get("step_overhead_ms", 0.0)))
         except (KeyError, TypeError) as error:
             raise ValueError(f"not a cost profile: {error}") from None
 

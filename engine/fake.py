@@ -60,6 +60,7 @@ class FakeEngine:
     profile: CostProfile | None = None  # set: costs as measured (the flat costs above are ignored)
 
     def __post_init__(self) -> None:
+        self._step_started = False
         self._cache: list[list[int]] = [[] for _ in range(self.num_slots)]
         self._params = [SamplingParams() for _ in range(self.num_slots)]
 
@@ -76,17 +77,31 @@ class FakeEngine:
     def read(self, slot: int, tokens: Sequence[int], sample: bool) -> int | None:
         if len(self._cache[slot]) + len(tokens) > self.ctx:
             raise ValueError("chunk does not fit the slot's context")
+        self._charge_step()
         self.clock.advance(self.read_cost_ms(len(self._cache[slot]), len(tokens)))
         self._cache[slot].extend(tokens)
         self.calls.append(Call("read", (slot,), len(tokens), self.clock.now_ms))
         return self._next(slot) if sample else None
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> list[int]:
+        self._charge_step()
         self.clock.advance(self.decode_cost_ms(len(slots), max(len(self._cache[s]) for s in slots) + 1))
         for slot, token in zip(slots, tokens):
             self._cache[slot].append(token)
         self.calls.append(Call("decode", tuple(slots), len(slots), self.clock.now_ms))
         return [self._next(slot) for slot in slots]
+
+    def start_step(self) -> None:
+        """The worker loop starts a step (at most one read and one decode): its own cost, the
+        profile's step_overhead_ms, is charged once, at the step's first engine call, so a step
+        with nothing to do costs nothing. Whoever drives the loop calls this (simulate/fleet.py);
+        without it no overhead is charged."""
+        self._step_started = True
+
+    def _charge_step(self) -> None:
+        if self._step_started and self.profile is not None:
+            self.clock.advance(self.profile.step_overhead_ms)
+        self._step_started = False
 
     def read_cost_ms(self, cached: int, tokens: int) -> float:
         if self.profile is None:

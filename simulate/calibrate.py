@@ -6,13 +6,18 @@ Read: one slot holds `cached` tokens (truncate back to it between tries), a chun
 read and timed. Decode: every slot holds `context` tokens and the first `rows` of them take one
 step together. Each point is the median of a few tries, after a warm-up, and the grid written is a simple
 cost model fitted through all points (`smoothed`), so one hiccup of a shared machine does not
-move it."""
+move it.
+
+The worker loop's own cost per step (Python, Redis round trips) is measured too: the real
+workers/loop.py Worker over a fake engine that costs nothing, against a real Redis started as
+`strata serve` starts it (appendfsync everysec), on the wall clock: ms per busy step."""
 
 from __future__ import annotations
 
 import datetime
 import logging
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +26,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from engine.cost_profile import CostGrid, CostProfile
+from engine.fake import FakeDecoder
 from engine.protocol import Engine, SamplingParams
+from workers.text import Decoder
 
 log = logging.getLogger("strata.calibrate")
 
@@ -39,12 +46,13 @@ class Plan:
     decode_rows: tuple[int, ...] | None = None  # None: 1, 2, 3, ... up to the engine's slots (8 points at most)
     tries: int = 3
     smooth: bool = True  # write a fitted cost model's values rather than the raw medians (see smoothed)
+    overhead_steps: int = 300  # worker-loop steps per try when timing the loop's own cost (0: skip it)
 
     @classmethod
     def quick(cls) -> "Plan":
         """Seconds, not a minute: for tests and a first look."""
         return cls(read_cached=(0, 64), read_tokens=(8, 32), decode_contexts=(16, 64), decode_rows=(1, 2), tries=1,
-                   smooth=False)
+                   smooth=False, overhead_steps=60)
 
 
 def rows_for(slots: int, wanted: Sequence[int] | None) -> list[int]:
@@ -136,12 +144,58 @@ def _rounded(grid: CostGrid) -> CostGrid:
     return CostGrid(grid.rows, grid.columns, [[round(v, 3) for v in row] for row in grid.ms])
 
 
+def step_overhead_ms(decoder: Decoder, slots: int, steps: int, tries: int = 3,
+                     clock: Callable[[], float] = time.perf_counter) -> float:
+    """ms per busy step of the real worker loop beside the engine: `slots` streaming requests
+    (short prompts, answers long enough for about `steps` steps) served by workers/loop.py's
+    Worker over a FakeEngine that costs nothing, through real Claims on a real Redis, on the wall
+    clock. Median of `tries` runs, after a warm-up (script loading, first connections)."""
+    import redis
+
+    from engine.fake import FakeEngine
+    from queues.claims import Claims
+    from queues.records import QueuedRequest
+    from queues.replay import Replay
+    from queues.server import EmbeddedRedis
+    from workers.loop import Worker, wall_ms
+
+    model = "calibrate"
+    with tempfile.TemporaryDirectory(prefix="strata-calibrate-") as folder:
+        server = EmbeddedRedis(Path(folder), appendfsync="everysec").start()
+        client = redis.Redis.from_url(server.url, decode_responses=True)
+        try:
+            engine = FakeEngine(num_slots=slots, ctx=max(64, steps + 64), read_ms_per_token=0.0,
+                                decode_ms_per_step=0.0)
+            worker = Worker(engine, Claims(client, model, "calibrate-0"), decoder, prefill_chunk=256)
+            replay = Replay(client, model)
+
+            def one_run(run: int, answer: int) -> float:
+                for i in range(slots):
+                    replay.enqueue(QueuedRequest(id=f"overhead-{run}-{i}", priority=0, prompt=[run + 2, i + 2] * 8,
+                                                 max_tokens=answer, ignore_eos=True, temperature=0.0), wall_ms())
+                busy, started = 0, clock()
+                while worker.step():
+                    busy += 1
+                return (clock() - started) * 1000 / max(busy, 1)
+
+            one_run(0, 8)
+            return statistics.median(one_run(1 + n, steps) for n in range(tries))
+        finally:
+            client.close()
+            server.stop()
+
+
 def calibrate(engine: Engine, tokens: Sequence[int], plan: Plan, machine: dict[str, str]) -> CostProfile:
     started = time.perf_counter()
     read, decode = measure(engine, tokens, plan)
+    overhead = 0.0
+    if plan.overhead_steps:
+        decoder = getattr(engine, "tokenizer", None) or FakeDecoder()  # the text decoding a worker does
+        overhead = round(step_overhead_ms(decoder, engine.num_slots, plan.overhead_steps, plan.tries), 3)
+        log.info("worker loop: %.2f ms per step beside the engine", overhead)
     stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     return CostProfile(read, decode, {**machine, "measured_at": stamp,
-                                      "measured_s": f"{time.perf_counter() - started:.1f}"})
+                                      "measured_s": f"{time.perf_counter() - started:.1f}"}, overhead)
 
 
 def prompt_tokens(engine: Engine, length: int) -> list[int]:

@@ -194,6 +194,7 @@ def _serve(arrivals: Sequence[Arrival], client: redis.Redis, settings: WorkerSet
         if now >= next_harvest:
             _harvest(replay, ended, pending, outcome)
             next_harvest = now + HARVEST_MS
+        fleet[w].engine.start_step()  # the loop's own cost per step (profile.step_overhead_ms)
         busy = fleet[w].step()
         outcome.steps += 1
         if busy:

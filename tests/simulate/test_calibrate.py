@@ -17,3 +17,4 @@ def test_calibrate_quick_writes_a_profile_the_fake_engine_can_use(tiny_model, tm
     assert all(ms > 0 for row in profile.read.ms + profile.decode.ms for ms in row)
     assert profile.machine["plan"] == "quick" and profile.machine["slots"] == "2"
     assert profile.read_ms(0, 8) > 0 and profile.decode_ms(2, 64) > 0
+    assert profile.step_overhead_ms > 0  # the worker loop timed over a free engine against a real Redis

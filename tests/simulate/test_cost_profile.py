@@ -3,6 +3,8 @@ simulated read or decode step costs is what the profile says, interpolated betwe
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from engine.cost_profile import CostGrid, CostProfile
@@ -13,6 +15,7 @@ PROFILE = CostProfile(
     read=CostGrid(rows=[0, 1000], columns=[100, 200], ms=[[10.0, 20.0], [30.0, 60.0]]),
     decode=CostGrid(rows=[1, 4], columns=[100, 1100], ms=[[20.0, 40.0], [50.0, 90.0]]),
     machine={"device": "test"},
+    step_overhead_ms=2.5,
 )
 
 
@@ -28,6 +31,35 @@ def test_a_profile_survives_a_round_trip_through_its_file(tmp_path):
     path = tmp_path / "p.json"
     PROFILE.save(path)
     assert CostProfile.load(path) == PROFILE
+
+
+def test_a_profile_written_before_the_step_overhead_loads_with_none(tmp_path):
+    path = tmp_path / "old.json"
+    data = json.loads(PROFILE.to_json())
+    del data["step_overhead_ms"]
+    path.write_text(json.dumps(data))
+    profile = CostProfile.load(path)
+    assert profile.step_overhead_ms == 0.0
+    assert profile.read == PROFILE.read and profile.decode == PROFILE.decode
+
+
+def test_the_fake_engine_charges_the_step_overhead_once_per_busy_step():
+    engine = FakeEngine(num_slots=4, profile=PROFILE)
+    engine.begin(0, SamplingParams())
+    engine.begin(1, SamplingParams())
+    engine.read(1, list(range(1, 101)), sample=True)  # no step started (a hand-driven engine): no overhead
+    assert engine.clock() == 10
+    engine.start_step()  # a read and a decode in one step: the overhead once, before the read
+    engine.read(0, list(range(1, 101)), sample=True)
+    assert engine.clock.now_ms + engine.clock.carry_ms == pytest.approx(10 + 2.5 + 10)
+    engine.decode([0, 1], [5, 6])  # the same step: no overhead again
+    after_first = engine.clock.now_ms + engine.clock.carry_ms
+    assert after_first == pytest.approx(22.5 + PROFILE.decode_ms(2, 101))
+    engine.start_step()  # a decode alone
+    engine.decode([0, 1], [7, 8])
+    assert engine.clock.now_ms + engine.clock.carry_ms == pytest.approx(after_first + 2.5 + PROFILE.decode_ms(2, 102))
+    engine.start_step()  # a step with no engine call (nothing to do) costs nothing
+    assert engine.clock.now_ms + engine.clock.carry_ms == pytest.approx(after_first + 2.5 + PROFILE.decode_ms(2, 102))
 
 
 def test_a_bad_profile_is_refused_with_the_reason(tmp_path):

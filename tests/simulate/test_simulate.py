@@ -124,3 +124,16 @@ def test_the_command_names_the_field_of_a_bad_workload_and_a_missing_profile(tmp
     with pytest.raises(SystemExit) as exit_:
         main(["simulate", str(tmp_path / "w.yaml"), "--compare", "nonsense"])
     assert "--compare 'nonsense'" in str(exit_.value)
+
+
+def test_the_loop_s_step_overhead_is_charged_once_per_busy_step(redis_client):
+    """One request read in one step then decoded in four: 5 busy steps, each 3 ms later."""
+    arrivals = [Arrival("one", 0, 0, 4, 5, None, "t")]
+    times = {}
+    for overhead in (0.0, 3.0):
+        redis_client.flushdb()
+        profile = CostProfile(FLAT.read, FLAT.decode, step_overhead_ms=overhead)
+        record = fleet.run(arrivals, redis_client, WorkerSettings(parallel=1, prefill_chunk=8), profile).records["one"]
+        times[overhead] = (int(record["first_token_ms"]), int(record["finished_ms"]), record["completion_tokens"])
+    assert times[0.0] == (4, 4 + 4 * 10, "5")  # a 4-token read, then four 10 ms decode steps
+    assert times[3.0] == (3 + 4, 3 + 4 + 4 * (3 + 10), "5")
