@@ -135,8 +135,11 @@ class Snapshot:
             for (name, status), n in sorted(totals.items()):
                 ended.add_metric([m, name, status], n)
             for family, attr in simple:
-                for name, n in sorted(_fold(getattr(rec, attr), label).items()):
-                    family.add_metric([m, name], n)
+                # every priority label from the start, at 0: a series born at its first event would
+                # hide that event from rate() (Prometheus sees no step from "absent" to 1)
+                folded = _fold(getattr(rec, attr), label)
+                for name in self.labels.labels:
+                    family.add_metric([m, name], folded.get(name, 0))
         yield ended
         yield from (family for family, _attr in simple)
 

@@ -125,7 +125,7 @@ def test_every_dashboard_query_answers_from_a_real_prometheus_scraping_the_api(m
     give_way(m)
     others = [background(m, f"Request {i}.", p, 6) for i, p in enumerate((0, LOW, HIGH, 0))]
     wait_until(lambda: all(status(m, r) == "finished" for r in others), "every request", 60)
-    # a counter's series starts at its first value, so rate() sees the give-ways after it: one more
+    # a second give-way after Prometheus has scraped the first: the rate panel then has two points to differ
     wait_until(lambda: m.query("sum(strata_give_ways_total) >= 1"), "Prometheus to see the first give-way", 30)
     give_way(m)
     metrics = httpx.get(f"{m.api}/metrics", timeout=10).text

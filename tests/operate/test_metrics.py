@@ -66,6 +66,10 @@ def test_metrics_after_a_known_run(start_api, redis_url, redis_client, clock):
     assert value(live, "strata_worker_reads_parked", worker="w1") == 1
     assert value(live, "strata_workers_live") == 1
     assert value(live, "strata_give_ways_total", priority="0") == 1
+    # every label's counters exist from the start, at 0, so rate() sees a label's first event too
+    for name in ("strata_give_ways_total", "strata_prompt_tokens_total", "strata_completion_tokens_total"):
+        assert all((name, frozenset({"model": MODEL, "priority": label}.items())) in live for label in LABELS.labels)
+    assert value(live, "strata_give_ways_total", priority="10") == 0
 
     run_until_idle(worker)
     done = metric_samples(http)
