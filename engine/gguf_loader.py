@@ -35,9 +35,9 @@ class GGUFModel:
     """An opened GGUF (parsed once, tensors mapped): its config, end-of-sequence ids, and its
     tensors as an `engine.weights.WeightSource` under engine.model's names, in HF layout."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, cache_dir: str | Path | None = None) -> None:
         self.path = Path(path)
-        self.file = GGUFFile(self.path)
+        self.file = GGUFFile(self.path, cache_dir)
         self.arch = str(self._field("general.architecture"))
         if self.arch not in _SUPPORTED:
             raise ValueError(f"unsupported GGUF architecture {self.arch!r} (supported: {sorted(_SUPPORTED)})")

@@ -167,7 +167,7 @@ def load_engine(
     if is_gguf(path):
         from engine.gguf_loader import GGUFModel
 
-        gguf = GGUFModel(path)
+        gguf = GGUFModel(path, cache_dir)
         config, source, file_eos, quantized = gguf.config, gguf, gguf.eos_token_ids(), gguf.is_quantized()
     else:
         from engine import hf_loader

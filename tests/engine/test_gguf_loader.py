@@ -171,7 +171,7 @@ def _hf_name(ours: str) -> str:
     return f"model.layers.{i}.{sub}.weight"
 
 
-def test_the_file_view_gives_what_gguf_reader_reads(hf_model, tmp_path):
+def test_the_file_view_gives_what_gguf_reader_reads(hf_model, tmp_path, monkeypatch):
     # engine.gguf_file adapts gguf's GGUFReader to the loader (torch-order shapes, raw bytes):
     # same metadata, same shapes, same tensor bytes, on a file with every value kind the writer emits.
     from engine.gguf_file import GGUFFile
@@ -186,14 +186,38 @@ def test_the_file_view_gives_what_gguf_reader_reads(hf_model, tmp_path):
         writer.add_chat_template("{{ messages }}")
 
     write_gguf(path, gguf_tensors(hf_model), lambda name, w: Q.Q4_1 if w.ndim == 2 else Q.F32, metadata)
-    reader, ours = GGUFReader(path), GGUFFile(path)
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        value = ours.fields[key]
-        assert (value.tolist() if isinstance(value, np.ndarray) else value) == field.contents(), key
-    assert [t.name for t in reader.tensors] == list(ours.tensors)
-    for t in reader.tensors:
-        mine = ours.tensors[t.name]
-        assert mine.shape == tuple(reversed([int(d) for d in t.shape])) and mine.qtype == Q(t.tensor_type)
-        np.testing.assert_array_equal(mine.data, np.asarray(t.data).view(np.uint8).reshape(-1))
+    reader = GGUFReader(path)
+    # read straight, then through the index it writes to the cache folder, then from that index alone
+    # (gguf's reader must not be opened then, unless a large field such as the vocabulary is asked for)
+    straight, indexing = GGUFFile(path), GGUFFile(path, tmp_path / "cache")
+    assert len(list((tmp_path / "cache").glob("gguf-index-*.json"))) == 1
+    opened = []
+    import engine.gguf_file
+
+    class Watched(GGUFReader):
+        def __init__(self, *args, **kwargs) -> None:
+            opened.append(args)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(engine.gguf_file, "GGUFReader", Watched)
+    indexed = GGUFFile(path, tmp_path / "cache")
+    assert opened == []
+    for ours in (straight, indexing, indexed):
+        for key, field in reader.fields.items():
+            if key.startswith("GGUF."):
+                continue
+            value = ours.fields[key]
+            assert (value.tolist() if isinstance(value, np.ndarray) else value) == field.contents(), key
+        assert [t.name for t in reader.tensors] == list(ours.tensors)
+        for t in reader.tensors:
+            mine = ours.tensors[t.name]
+            assert mine.shape == tuple(reversed([int(d) for d in t.shape])) and mine.qtype == Q(t.tensor_type)
+            np.testing.assert_array_equal(mine.data, np.asarray(t.data).view(np.uint8).reshape(-1))
+    assert opened == []
+    # a large field (the vocabulary of a real file) is left out of the index and read when asked for
+    monkeypatch.setattr(engine.gguf_file, "LARGE", 5)
+    GGUFFile(path, tmp_path / "cache-large")
+    lean = GGUFFile(path, tmp_path / "cache-large")
+    assert len(opened) == 1 and "tokenizer.ggml.tokens" in lean.fields
+    assert lean.fields["tokenizer.ggml.tokens"] == reader.fields["tokenizer.ggml.tokens"].contents()
+    assert len(opened) == 2
