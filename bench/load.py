@@ -30,8 +30,6 @@ import argparse
 import asyncio
 import multiprocessing
 import os
-import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,7 +50,7 @@ from queues.claims import Claimed, Claims, Waiting
 from queues.intake import Intake
 from queues.keys import Keys
 from queues.records import QueuedRequest
-from queues.server import EmbeddedRedis, free_port
+from queues.server import EmbeddedRedis, environ_without_settings, free_port, terminate
 from workers.loop import Worker
 from workers.scheduler import Policy, Reserve
 
@@ -110,7 +108,7 @@ def rss_mib(pids: list[int]) -> float:
 def served(*flags: str) -> Iterator[Stack]:
     data = Path(tempfile.mkdtemp(prefix="strata-load-"))
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_") and k != "REDIS_URL"}
+    env = environ_without_settings()
     serve = subprocess.Popen(
         [sys.executable, "-m", "strata", "serve", "--engine", "fake", "--port", str(port), "--data-dir", str(data),
          "--max-waiting", "0", "--queue-hard-limit", "0", *flags],
@@ -131,11 +129,7 @@ def served(*flags: str) -> Iterator[Stack]:
         yield Stack(base, client, serve)
         client.close()
     finally:
-        serve.send_signal(signal.SIGTERM)
-        try:
-            serve.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            serve.kill()
+        terminate(serve, 60)
         print(f"(serve's log: {data / 'serve.log'})")
 
 

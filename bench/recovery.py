@@ -27,7 +27,7 @@ from rich.table import Table
 
 from engine.files import resolve_model_path, served_model_name
 from queues.keys import Keys
-from queues.server import free_port
+from queues.server import environ_without_settings, free_port
 
 MODEL = served_model_name(resolve_model_path(None))
 K = Keys(MODEL)
@@ -52,7 +52,7 @@ def measure(devices: str, rounds: int, lease_ms: int) -> list[float]:
     """Seconds from each kill to the client's next token."""
     data = Path(tempfile.mkdtemp(prefix="strata-recovery-"))
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_") and k != "REDIS_URL"}
+    env = environ_without_settings()
     serve = subprocess.Popen([sys.executable, "-m", "strata", "serve", "--port", str(port), "--data-dir", str(data),
                               "--devices", devices, "--lease-ms", str(lease_ms)],
                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

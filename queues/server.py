@@ -4,6 +4,7 @@ append-only persistence in the data folder."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -101,12 +102,12 @@ class EmbeddedRedis:
         (self.data_dir / ADDRESS_FILE).unlink(missing_ok=True)
 
 
-def terminate(process: subprocess.Popen | None) -> None:
-    """Stop a server we started: politely, then for sure."""
+def terminate(process: subprocess.Popen | None, timeout_s: float = 10) -> None:
+    """Stop a process we started: politely (SIGTERM), then for sure after timeout_s."""
     if process and process.poll() is None:
         process.terminate()
         try:
-            process.wait(timeout=10)
+            process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
@@ -120,6 +121,12 @@ def recorded_url(data_dir: Path) -> str | None:
 
 # Every process reads its Redis from --redis-url, STRATA_REDIS_URL or the plain REDIS_URL.
 REDIS_URL_ALIASES = AliasChoices("redis_url", "STRATA_REDIS_URL", "REDIS_URL")
+
+
+def environ_without_settings() -> dict[str, str]:
+    """This process's environment minus every STRATA_ setting and REDIS_URL: a `strata` command
+    started with it runs on its defaults and the flags it is given (tests, benches)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("STRATA_") and k != "REDIS_URL"}
 
 
 def redis_cluster_field() -> Any:  # noqa: ANN401 - a pydantic FieldInfo standing for a bool default

@@ -25,7 +25,7 @@ from api.settings import ApiSettings
 from batches.settings import BatchWorkerSettings
 from engine.files import resolve_model_path, served_model_name
 from queues.keys import Keys
-from queues.server import free_port, server_binary
+from queues.server import environ_without_settings, free_port, server_binary
 from strata.cli import ServeCommand, Strata
 from workers.settings import WorkerSettings
 
@@ -147,7 +147,7 @@ def test_the_worker_healthcheck_runs_and_tells_a_live_worker_from_a_gone_one(red
     test = service["healthcheck"]["test"]
     assert test[:2] == ["CMD", "sh"]
     # the service's own environment at its defaults (empty STRATA_MODEL: the bundled model), our Redis
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("STRATA_") and k != "REDIS_URL"},
+    env = {**environ_without_settings(),
            **{k: at_defaults(v) for k, v in service["environment"].items()}, "REDIS_URL": redis_url,
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     model = served_model_name(resolve_model_path(None))

@@ -16,7 +16,7 @@ import redis
 
 from engine.files import resolve_model_path, served_model_name
 from queues.keys import Keys, models_key
-from queues.server import EmbeddedRedis, free_port
+from queues.server import EmbeddedRedis, free_port, terminate
 from tests.conftest import sse  # noqa: F401 - the e2e tests take it from here
 
 MODEL = served_model_name(resolve_model_path(None))
@@ -37,13 +37,7 @@ def start(role: str, env: dict[str, str], *flags: str) -> subprocess.Popen:
 
 
 def stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    terminate(process, 30)
 
 
 def wait_until(check, what: str, timeout_s: float = 180.0) -> None:

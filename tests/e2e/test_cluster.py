@@ -23,7 +23,7 @@ from redis.crc import key_slot
 
 from queues.connect import connect
 from queues.keys import Keys, models_key
-from queues.server import free_port, server_binary
+from queues.server import environ_without_settings, free_port, server_binary
 from tests.e2e.conftest import MODEL, healthy, sse, start, stop, wait_until
 
 MASTERS = 3
@@ -133,7 +133,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     cluster = start_cluster(folder)
     port, port_b = free_port(), free_port()
     model_b = other_model(cluster)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_") and k != "REDIS_URL"}
+    env = environ_without_settings()
     fake = ["--engine", "fake", "--fake-decode-ms-per-step", "20", "--lease-ms", "3000", "--heartbeat-s", "0.5"]
     serve = subprocess.Popen(
         [sys.executable, "-m", "strata", "serve", "--redis-url", cluster.url, "--port", str(port),

@@ -6,7 +6,6 @@ and /metrics reads the same from both."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from engine.fake import FakeDecoder, FakeEngine
 from engine.files import default_model_path
 from engine.protocol import SamplingParams
 from engine.tokenizer import Tokenizer
-from queues.server import free_port
+from queues.server import environ_without_settings, free_port
 from tests.e2e.conftest import MODEL, healthy, sse, wait_until
 
 MESSAGES = [{"role": "user", "content": "Say hello."}]
@@ -38,7 +37,7 @@ def fake_answer(prompt: list[int], max_tokens: int, seed: int | None = None) -> 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_") and k != "REDIS_URL"}
+    env = environ_without_settings()
     serve = subprocess.Popen(
         [sys.executable, "-m", "strata", "serve", "--engine", "fake", "--port", str(port),
          "--data-dir", str(tmp_path_factory.mktemp("fake-serve")), "--parallel", "2",

@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from queues.keys import Keys
-from queues.server import free_port
+from queues.server import environ_without_settings, free_port, terminate
 from tests.e2e.conftest import MODEL, healthy, sse, wait_until
 
 pytestmark = pytest.mark.smollm2
@@ -54,7 +54,7 @@ def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
     folder = tmp_path_factory.mktemp("faults")
     port = free_port()
     log = folder / "serve.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_") and k != "REDIS_URL"}
+    env = environ_without_settings()
     with open(log, "wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "strata", "serve", "--port", str(port), "--data-dir", str(folder / "data"),
@@ -68,11 +68,7 @@ def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
         wait_until(lambda: (s.data / "redis.url").exists() and len(s.worker_pids()) == 2, "two workers", 240)
         yield s
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        terminate(process, 60)
 
 
 @dataclass

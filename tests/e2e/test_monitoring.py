@@ -21,7 +21,7 @@ import httpx
 import pytest
 import yaml
 
-from queues.server import free_port
+from queues.server import environ_without_settings, free_port
 from tests.e2e.conftest import MODEL, healthy, stop, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,7 +72,7 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Monitored]:
     config["global"]["scrape_interval"] = "1s"
     config["scrape_configs"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{port}"]
     (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_") and k != "REDIS_URL"}
+    env = environ_without_settings()
     serve = subprocess.Popen(
         [sys.executable, "-m", "strata", "serve", "--engine", "fake", "--port", str(port),
          "--data-dir", str(folder / "data"), "--parallel", "2", "--prefill-chunk", "16",

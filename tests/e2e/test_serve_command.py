@@ -3,7 +3,6 @@ clean stop on SIGTERM."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -12,7 +11,7 @@ import httpx
 import pytest
 import redis
 
-from queues.server import free_port
+from queues.server import environ_without_settings, free_port
 from tests.e2e.conftest import MODEL, healthy, wait_until
 
 pytestmark = pytest.mark.smollm2
@@ -21,7 +20,7 @@ pytestmark = pytest.mark.smollm2
 def test_serve_starts_everything_answers_and_stops_cleanly(tmp_path):
     port = free_port()
     data = tmp_path / "data"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_") and k != "REDIS_URL"}
+    env = environ_without_settings()
     serve = subprocess.Popen(
         [sys.executable, "-m", "strata", "serve", "--port", str(port), "--data-dir", str(data),
          "--parallel", "2", "--threads", "2"],
