@@ -127,7 +127,7 @@ class Child:
     def __init__(self, name: str, variant: str, args: argparse.Namespace, tree: Path | None) -> None:
         self.name = name
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--variants", variant,
-               "--steps", str(args.steps), "--slots", str(max(args.batches))]
+               "--steps", str(args.steps), "--slots", str(max(2, *args.batches))]  # ttft reads in slot 1
         if args.threads:
             cmd += ["--threads", str(args.threads)]
         if tree is not None:
