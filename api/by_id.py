@@ -22,7 +22,6 @@ from shapes.answers import ENDPOINTS, Endpoint, Job
 from shapes.errors import ApiError
 from shapes.responses import RequestObject
 
-ENDED = frozenset(status.value for status in FINAL)
 _ENTRY_ID = re.compile(r"\d{1,20}-\d{1,20}")
 
 
@@ -47,7 +46,7 @@ async def lookup(services: Services, request_id: str, key: ApiKey | None) -> Req
     record, endpoint = await find(services, request_id, key)
     found = RequestObject(id=request_id, endpoint=endpoint.path, model=services.model_name,
                           created=int(record["created"]), priority=int(record["priority"]), status=record["status"])
-    if found.status in ENDED:
+    if found.status in FINAL:  # RequestStatus is a str enum: its values are members
         try:
             answer = assemble([], (event for _entry_id, event in await services.intake.events(request_id)))
         except ApiError as error:
@@ -68,7 +67,7 @@ async def reattach(request: Request, services: Services, request_id: str, key: A
         raise ApiError(400, f"'{after}' is not an event id of this stream (they look like 1733000000000-0).",
                        code="invalid_event_id", param="Last-Event-ID")
     headers = {"x-request-id": request_id, "x-strata-priority": record["priority"]}
-    if record["status"] in ENDED and not await services.intake.events(request_id, after, count=1):
+    if record["status"] in FINAL and not await services.intake.events(request_id, after, count=1):
         # the client already has the end event: all that is left to say is [DONE]
         return EventSourceResponse(_done_only(), headers=headers)
     events = stream_events(request, services, job_of(services, record), endpoint.shape,

@@ -18,7 +18,6 @@ from queues.scripts import QueueError
 
 RECORD_FIELDS = ("status", "priority", "enqueued_ms", "claimed_ms", "first_token_ms", "finished_ms",
                  "completion_tokens", "yields", "finish_reason", "worker", "claim_seq")
-ENDED = {s.value for s in FINAL}
 
 
 class Replay:
@@ -50,7 +49,7 @@ class Replay:
         ended = {}
         for rid, values in zip(request_ids, pipe.execute()):
             record = {name: text(v) for name, v in zip(RECORD_FIELDS, values) if v is not None}
-            if record.get("status") in ENDED:
+            if record.get("status") in FINAL:
                 ended[rid] = record
         if ended:
             self.client.delete(*[k for rid in ended for k in (self.keys.req(rid), self.keys.out(rid))])
