@@ -1,14 +1,15 @@
 """The decode step's layers under torch.compile: fewer, fused kernels per token.
 
 At batch 1 an eager step is mostly Python and kernel launches (~300 small ops for SmolLM2's 30
-layers); a compiled graph fuses the norms, RoPE, softmax and residual adds around the matmuls.
+layers); a compiled layer fuses the norms, RoPE, softmax and residual adds around the matmuls.
 
-Two graphs cover every batch: one for a single row (sizes of 1 are always specialized) and one
-for 2+ rows whose batch size and attention span are dynamic, so neither a new batch size nor a
-longer context compiles again. Each graph costs tens of seconds to build on 2 cores; `warm`
-builds both at worker start, and inductor's caches live under the engine's cache folder, so a
-restart reuses the generated code. Only the layers are compiled: the embedding lookup (quantized
-rows), the head with its exact top logits (data-dependent shapes) and sampling stay eager.
+Regional: one layer is compiled, not the 30-layer model. Every layer has the same code and its
+weights and K/V buffers go in as the graph's inputs, so dynamo traces once and inductor builds one
+set of kernels that all layers run: the compile takes a layer's time, not the model's. Two graphs
+cover every batch: one for a single row (sizes of 1 are always specialized) and one for 2+ rows
+whose batch size and attention span are dynamic, so neither a new batch size nor a longer context
+compiles again. The embedding lookup, RoPE tables, mask, final norm, the head with its exact top
+logits (data-dependent shapes) and sampling stay eager, once per step.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from engine.model import CacheIndex, Transformer
+from engine.model import Block, CacheIndex, Transformer
 
 log = logging.getLogger(__name__)
 
@@ -32,40 +34,51 @@ def use_cache_dir(cache_dir: str | Path | None) -> None:
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(cache_dir) / "inductor"))
 
 
+def _layer(block: Block, x: Tensor, cos: Tensor, sin: Tensor, keys: Tensor, values: Tensor, rows: Tensor,
+           positions: Tensor, mask: Tensor) -> Tensor:
+    # The span enters as the mask's length (a tensor's size can be dynamic in the graph, a
+    # Python int would be specialized). Every slot's rows are in view and read by gather: inside
+    # a graph the gather fuses into the float32 conversion attention does anyway.
+    index = CacheIndex(0, keys.shape[0], mask.shape[-1], rows, positions, sliced=False)
+    return block(x, cos, sin, keys, values, index, mask)
+
+
 class CompiledDecode:
     def __init__(self, model: Transformer) -> None:
         self.model = model
-        self._step = torch.compile(self._layers, fullgraph=True, dynamic=None)
+        self._layer = torch.compile(_layer, fullgraph=True, dynamic=None)
 
-    def _layers(self, x: Tensor, slots: Tensor, positions: Tensor, cols: Tensor) -> Tensor:
-        # x: [B, 1, dim] float32; slots: [B]; positions: [B, 1]; cols: [span] (only its length is
-        # used: a tensor's size can be dynamic in the graph, a Python int would be specialized).
+    def __call__(self, tokens: Tensor, slots: Tensor, positions: Tensor, span: int,
+                 scratch: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """tokens, slots, positions: [B] long -> [B, dim] normalized residual (see Transformer.forward).
+        scratch: K/V buffers shaped like a layer's that every layer writes instead of its own."""
         model = self.model
-        # Every slot's rows in view, read by gather: inside a graph the gather fuses into the
-        # float32 conversion attention does anyway, so it costs what slicing costs eagerly.
-        index = CacheIndex(0, model.num_slots, cols.shape[0], slots.unsqueeze(1), positions, sliced=False)
-        return model.run_layers(x, index)
-
-    def __call__(self, tokens: Tensor, slots: Tensor, positions: Tensor, span: int) -> Tensor:
-        """tokens, slots, positions: [B] long -> [B, dim] normalized residual (see Transformer.forward)."""
-        x = self.model.embed(tokens.unsqueeze(1))
-        cols = torch.empty(span, dtype=torch.int8, device=tokens.device)
-        pos = positions.unsqueeze(1)
+        x = model.embed(tokens.unsqueeze(1))
+        rows, pos = slots.unsqueeze(1), positions.unsqueeze(1)
+        index = CacheIndex(0, model.num_slots, span, rows, pos, sliced=False)
+        cos, sin = model.cos[pos].to(model.dtype), model.sin[pos].to(model.dtype)
+        mask = index.mask()
         if tokens.shape[0] > 1:
-            for t in (x, slots, pos):
+            for t in (x, cos, sin, rows, pos, mask):
                 torch._dynamo.maybe_mark_dynamic(t, 0)
-        torch._dynamo.maybe_mark_dynamic(cols, 0)
-        return self._step(x, slots, pos, cols)
+        torch._dynamo.maybe_mark_dynamic(mask, mask.dim() - 1)
+        for block in model.layers:
+            keys, values = scratch or (block.k_cache, block.v_cache)
+            x = self._layer(block, x, cos, sin, keys, values, rows, pos, mask)
+        return F.rms_norm(x[:, -1], (model.cfg.dim,), model.norm, model.cfg.norm_eps)
 
     def warm(self, batches: list[int], span: int) -> float:
-        """Build the graphs for these batch sizes now (writing only to positions that a slot's
-        next read overwrites: position 0 of the lowest slots). Returns the seconds it took."""
+        """Build the graphs for these batch sizes now. The layers write to scratch buffers shaped
+        like theirs (the same graph, as guards see only shapes), so no slot's cache is touched.
+        Returns the seconds it took."""
         started = time.perf_counter()
         device = self.model.device
+        first = self.model.layers[0]
+        scratch = (torch.zeros_like(first.k_cache), torch.zeros_like(first.v_cache))
         with torch.inference_mode():
             for batch in batches:
                 zeros = torch.zeros(batch, dtype=torch.long, device=device)
-                self(zeros, torch.arange(batch, device=device), zeros, span)
+                self(zeros, torch.arange(batch, device=device), zeros, span, scratch)
         took = time.perf_counter() - started
         log.info("compiled decode for batches %s in %.1fs", batches, took)
         return took

@@ -47,7 +47,15 @@ def _run(engine: TorchEngine) -> list[list[int]]:
 def test_compiled_decode_gives_eager_tokens_without_recompiling():
     engine = _tiny_engine()
     eager = _run(engine)
-    engine.compile_decode(warm=True)  # two graphs: one row, and 2+ rows with dynamic batch and span
+    caches = [t.clone() for block in engine.model.layers for t in (block.k_cache, block.v_cache)]
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    engine.compile_decode(warm=True)
+    # Two graphs, one layer each, that every layer runs: one row, and 2+ rows with dynamic batch
+    # and span. Warming wrote to scratch buffers, not to any slot's cache.
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
+    assert all(torch.equal(a, b) for a, b in
+               zip(caches, [t for block in engine.model.layers for t in (block.k_cache, block.v_cache)]))
     with torch._dynamo.config.patch(error_on_recompile=True):  # new batch sizes and spans reuse them
         compiled = _run(engine)
     assert compiled == eager
