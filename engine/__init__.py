@@ -3,13 +3,19 @@ uses only `engine.files` and `engine.tokenizer`; `engine.load_engine` pulls torc
 
 import os
 
-# OpenMP threads that wait for work sleep instead of spinning. torch's CPU ops fork and join its
-# threads hundreds of times per decode step; with spinning waiters (libgomp's default), any other
-# process on the cores (the API streaming tokens, Redis, a client) preempts a thread that a
-# spinning partner then waits for, and the step crawls: 2 vs 34-47 tok/s at batch 1 and 8-21 vs
-# 90-111 at batch 8 on a loaded 2-core VM (docs/engine.md). Set here, before anything imports
-# torch (libgomp reads it once, when it loads); an explicit OMP_WAIT_POLICY wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# How torch's OpenMP threads wait between the few hundred parallel regions of an eager step:
+# spin briefly, then sleep. libgomp's default spin (300 000 turns) or OMP_WAIT_POLICY=ACTIVE is
+# fastest alone on the cores but crawls when anything else wants them (a preempted partner is
+# waited for through whole time slices: 2 vs 34-47 tok/s at batch 1 on a loaded 2-core VM);
+# sleeping at once (PASSIVE) pays a futex wake-up at every region, which halves a quiet machine's
+# speed (49 vs 86 tok/s at batch 1). 2 000 turns (tens of microseconds) bridges the gap between
+# two regions of one step and gives up soon after (measurements: docs/engine.md). Set here,
+# before anything imports torch (libgomp reads both once, when it loads); an explicit
+# OMP_WAIT_POLICY or GOMP_SPINCOUNT wins.
+OPENMP_SPIN = "2000"
+if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # the spin count below bounds the waiting instead
+    os.environ["GOMP_SPINCOUNT"] = OPENMP_SPIN
 
 from engine.protocol import Engine, SamplingParams  # noqa: E402
 

@@ -1,5 +1,5 @@
-"""The worker's torch threads sleep when they wait (docs/engine.md: spinning waiters crawl when
-anything else runs on the cores)."""
+"""The worker's torch threads spin briefly, then sleep, when they wait (docs/engine.md: long
+spinning crawls when anything else runs on the cores, sleeping at once halves a quiet step)."""
 
 from __future__ import annotations
 
@@ -7,18 +7,21 @@ import os
 import subprocess
 import sys
 
+SHOW = "import os, sys, engine.runner; print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'))"
+
 
 def run(code: str, **env: str) -> str:
-    clean = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    clean = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     return subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
                           check=True).stdout.strip()
 
 
-def test_importing_the_engine_makes_openmp_waiters_passive_before_torch_loads():
-    code = "import sys, os, engine.runner; print(os.environ['OMP_WAIT_POLICY'])"
-    assert run(code) == "PASSIVE"
+def test_importing_the_engine_bounds_openmp_spinning_before_torch_loads():
+    assert run(SHOW) == "PASSIVE 2000"
     assert run("import engine, sys; print('torch' in sys.modules)") == "False"  # set before torch, not after
 
 
-def test_an_explicit_policy_wins():
-    assert run("import os, engine; print(os.environ['OMP_WAIT_POLICY'])", OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"
+def test_an_explicit_policy_or_spin_count_wins():
+    assert run(SHOW, OMP_WAIT_POLICY="ACTIVE") == "ACTIVE None"
+    assert run(SHOW, OMP_WAIT_POLICY="PASSIVE") == "PASSIVE None"  # sleep at once: no spin count added
+    assert run(SHOW, GOMP_SPINCOUNT="200000") == "None 200000"
