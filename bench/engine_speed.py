@@ -4,7 +4,8 @@ first token, load time and memory, for several engine variants in one run.
     .venv/bin/python -m bench.engine_speed [--variants default float32 ...] [--baseline REF]
 
 A variant is `default` (what `strata serve` runs), `float32`, `bfloat16`, with `+noint4`
-(bf16 linears dequantized instead of int4 from the file's blocks) or `+compile` appended.
+(bf16 linears dequantized instead of int4 from the file's blocks), `+noprefillbf16` (int4 only, no
+bf16 copy for prefill chunks) or `+compile` appended.
 `--baseline REF` adds the engine of a git commit (e.g. `main`) run from a temporary worktree, as
 `REF:VARIANT` (`--baseline-variants`), so old and new are measured in the same run. Each variant
 runs in its own process, so its memory is its own, and the variants are measured in turns, round
@@ -50,6 +51,8 @@ def _load(variant: str, num_slots: int, threads: int | None, legacy: bool):
         kwargs["int4_decode"] = "int4" in flags
     else:
         kwargs["int4"] = "noint4" not in flags
+        if "noprefillbf16" in flags:
+            kwargs["prefill_bf16"] = False
         kwargs["cache_dir"] = Path(tempfile.gettempdir()) / "strata-bench-cache"
         if "compile" in flags:
             kwargs["compile"] = True

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.weights import (
-    DenseLinear, DenseRows, Int4Linear, PackedLinear, RowTable, WeightSource, can_prepack, fuse_int4, int4_available,
-    int4_shape_ok,
+    DenseLinear, DenseRows, Int4Linear, PackedLinear, RowTable, TwoFormLinear, WeightSource, can_prepack,
+    dequantize_int4, fuse_int4, int4_available, int4_shape_ok,
 )
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,9 @@ WEIGHT_NAMES = (
 # Decode attends over the cache sliced to the longest active row, rounded up to this, so the
 # shapes (and a compiled graph's) change only every BUCKET tokens.
 KV_BUCKET = 256
+# Tokens per row from which an int4 matrix's bf16 prepacked copy does the product (a prefill
+# chunk); below, and for every decode step, the int4 kernel (bench/engine_speed.py, docs/engine.md).
+PREFILL_PACKED_MIN_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -160,10 +163,11 @@ class Transformer(nn.Module):
 
     @classmethod
     def build(cls, cfg: ModelConfig, source: WeightSource, *, dtype: torch.dtype, device: torch.device,
-              int4: bool = False, prepack: bool = True) -> "Transformer":
+              int4: bool = False, prepack: bool = True, prefill_bf16: bool = False) -> "Transformer":
         """One copy of each weight in the form the step uses:
         - linears: int4 from the file's Q4_0/Q4_1 blocks when `int4` (CPU, bf16 only), else dense
-          `dtype`, prepacked by oneDNN for CPU bf16;
+          `dtype`, prepacked by oneDNN for CPU bf16; with `prefill_bf16` an int4 matrix also keeps
+          a bf16 prepacked copy for prefill chunks (`TwoFormLinear`: the one exception to one copy);
         - embedding: a row table (a quantized file's own blocks, looked up and dequantized per
           token), so no dense copy;
         - head: `dtype` (bf16 head, int4 changed the top token too often), prepacked on CPU,
@@ -189,6 +193,10 @@ class Transformer(nn.Module):
                 blocks = [source.int4(n) for n in parts]
                 fused = fuse_int4(blocks) if all(x is not None for x in blocks) else None  # type: ignore[arg-type]
                 if fused is not None and int4_shape_ok(fused):
+                    if prefill_bf16 and use_packed:
+                        packed = PackedLinear(dequantize_int4(fused).to(torch.bfloat16), b)
+                        return counted("int4+bf16-packed",
+                                       TwoFormLinear(Int4Linear(fused, b), packed, PREFILL_PACKED_MIN_TOKENS))
                     return counted("int4", Int4Linear(fused, b))
             weight = torch.cat([source.dense(n) for n in parts]).to(dtype)
             if use_packed:

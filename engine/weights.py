@@ -8,6 +8,7 @@ copy of each matrix, in one of the forms below, chosen at load:
 - `DenseLinear`: `F.linear` on a plain weight (float32 anywhere; bf16 on CUDA).
 - `PackedLinear`: bf16 reordered once into oneDNN's blocked layout (CPU).
 - `Int4Linear`: the file's Q4_0/Q4_1 blocks as int4 (CPU), bf16 activations.
+- `TwoFormLinear`: int4 for decode, bf16 prepacked for prefill chunks (CPU).
 """
 
 from __future__ import annotations
@@ -136,6 +137,34 @@ class Int4Linear(nn.Module):
         if self.bias is not None:
             y = (y.float() + self.bias).to(torch.bfloat16)
         return y.view(*x.shape[:-1], self.out_features)
+
+
+class TwoFormLinear(nn.Module):
+    """One matrix kept twice: int4 (`Int4Linear`) for rows of few tokens, the decode step's form,
+    and bf16 prepacked (`PackedLinear`, the exact weights rounded to bf16) for a prefill chunk of
+    `min_tokens` or more, where the int4 kernel was 2.3x slower than oneDNN's bf16 one. Chosen by
+    tokens per row (x's second-to-last dim), not by rows: a decode step has one token per row
+    whatever its batch size, so a row's result never depends on how many neighbours it has."""
+
+    def __init__(self, int4: Int4Linear, packed: PackedLinear, min_tokens: int) -> None:
+        super().__init__()
+        self.int4, self.packed, self.min_tokens = int4, packed, min_tokens
+        self.out_features = int4.out_features
+
+    def forward(self, x: Tensor) -> Tensor:
+        # x: [..., T, in] -> [..., T, out] bf16
+        if x.dim() >= 2 and x.shape[-2] >= self.min_tokens:
+            return self.packed(x)
+        return self.int4(x)
+
+
+def dequantize_int4(blocks: Int4Blocks) -> Tensor:
+    """float32 [out, in]: q * scale + offset per group, the file's exact weights (as dense())."""
+    q, scale, offset = blocks
+    rows, cols = q.shape
+    groups = scale.shape[1]
+    w = q.view(rows, groups, cols // groups).float() * scale.unsqueeze(-1) + offset.unsqueeze(-1)
+    return w.view(rows, cols)
 
 
 def fuse_int4(parts: list[Int4Blocks]) -> Int4Blocks | None:

@@ -47,6 +47,9 @@ class WorkerSettings(BaseSettings):
     threads: int | None = Field(None, description="torch CPU threads; default all cores")
     int4: bool = Field(True, description="CPU + bfloat16: linears stored as Q4_0/Q4_1 run as int4 from the file's own blocks "
                                          "(the only copy kept); off: dequantized to bfloat16 (more memory, faster prompts)")
+    prefill_bf16: bool = Field(True, description="with --int4: each int4 matrix also keeps a bfloat16 prepacked copy that "
+                                                 "prefill chunks use (faster prompt reading, +2 bytes a weight); "
+                                                 "off: int4 only")
     compile: bool = Field(False, description="decode through torch.compile (built at start, tens of seconds; "
                                              "cached under --data-dir); off: eager (docs/engine.md)")
     data_dir: Path = Field(Path("data"), description="where the converted tokenizer and compiled code are cached")

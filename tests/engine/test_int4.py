@@ -12,17 +12,11 @@ from gguf import GGMLQuantizationType as Q
 from engine.gguf_loader import GGUFModel
 from engine.model import Transformer
 from engine.protocol import SamplingParams
-from engine.weights import Int4Blocks, Int4Linear
+from engine.weights import Int4Blocks, Int4Linear, dequantize_int4
 from tests.engine.conftest import decode_logits, prefill_logits
 
 GREEDY = SamplingParams(temperature=0.0)
 STEPS = 16
-
-
-def dequantize_blocks(blocks: Int4Blocks) -> torch.Tensor:
-    q, scale, offset = blocks
-    group = q.shape[1] // scale.shape[1]
-    return q.float() * scale.repeat_interleave(group, 1) + offset.repeat_interleave(group, 1)
 
 
 def kernel_weight(blocks: Int4Blocks) -> torch.Tensor:
@@ -56,7 +50,7 @@ def test_q4_0_file_blocks_are_the_dequantized_weights(tmp_path):
     blocks = loaded.int4_blocks()
     assert blocks is not None and len(blocks) == 2 * 7
     for name, b in blocks.items():
-        assert torch.equal(dequantize_blocks(b), loaded.dense(name)), name
+        assert torch.equal(dequantize_int4(b), loaded.dense(name)), name
 
     logits = {}
     for dtype in (torch.float32, torch.bfloat16):
@@ -82,7 +76,7 @@ def test_int4_linear_matches_dequantized_f32(smollm2):
     gguf = smollm2.gguf
     # The blocks are exactly the file's weights (Q/K rows un-permuted like dense()).
     for name in ("layers.0.q", "layers.0.k", "layers.0.v", "layers.7.o", "layers.29.gate", "layers.29.down"):
-        assert torch.equal(dequantize_blocks(gguf.int4(name)), gguf.dense(name)), name
+        assert torch.equal(dequantize_int4(gguf.int4(name)), gguf.dense(name)), name
     torch.manual_seed(0)
     for name in ("layers.0.q", "layers.29.down"):
         blocks, weight = gguf.int4(name), gguf.dense(name)
@@ -113,9 +107,10 @@ def _greedy(engine, slot, prompt_ids, steps):
 @pytest.mark.smollm2
 def test_default_engine_is_int4_and_a_batch_equals_solo(smollm2, new_smollm2_engine):
     # The int4 kernel works row by row, so a row's result does not depend on its neighbours:
-    # greedy tokens are the same alone and in a batch of 3 (sliced and scattered slots).
+    # greedy tokens are the same alone and in a batch of 3 (sliced and scattered slots). The
+    # prompts (16+ tokens) are read through the bf16 copy, every decode step through int4.
     engine = new_smollm2_engine(torch.bfloat16, num_slots=4, ctx=256)
-    assert engine.model.forms == {"int4": 120}
+    assert engine.model.forms == {"int4+bf16-packed": 120}
     tok = smollm2.tokenizer
     prompts = [tok.encode_chat([{"role": "user", "content": c}])
                for c in ("Write a short poem about the sea.", "What is the capital of France?", "Name three rivers.")]

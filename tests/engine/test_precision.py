@@ -1,5 +1,6 @@
-"""The CPU default (bf16 activations, int4 weights from the file's Q4_1 blocks) and plain bf16
-against the float32 dequantized reference on SmolLM2, beside transformers' own bf16.
+"""The CPU default (bf16 activations; int4 weights from the file's Q4_1 blocks for decode, their bf16
+copy for prompts of 16+ tokens) and plain bf16 against the float32 dequantized reference on
+SmolLM2, beside transformers' own bf16.
 
 Teacher-forced: each prompt's float32 greedy continuation is fed to every model, so position p of
 each model predicts the same next token; agreement = same top token as our float32 engine."""
@@ -63,7 +64,7 @@ def test_default_is_as_close_to_float32_as_transformers_bf16(smollm2, new_smollm
         "default": new_smollm2_engine(torch.bfloat16, num_slots=1, ctx=512),  # int4 linears
         "ours_bf16": new_smollm2_engine(torch.bfloat16, num_slots=1, ctx=512, int4=False),
     }
-    assert engines["default"].model.forms == {"int4": 120}
+    assert engines["default"].model.forms == {"int4+bf16-packed": 120}
     hf = _hf_bf16(smollm2.path)
     tok = smollm2.tokenizer
     stats = {name: [0, 0.0] for name in (*engines, "hf_bf16")}

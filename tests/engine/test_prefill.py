@@ -34,3 +34,68 @@ def test_chunk_attention_matches_the_plain_float32_path():
     for out in (fused, plain):  # each within the bf16 rounding of its output
         torch.testing.assert_close(out.double(), ref, atol=1e-3, rtol=2**-8)
     torch.testing.assert_close(fused.float(), plain.float(), atol=1e-3, rtol=2**-7)
+
+
+def _tensors(module: torch.nn.Module) -> list[torch.Tensor]:
+    """Every tensor a module holds (the linears keep theirs as plain attributes)."""
+    return [v for m in module.modules() for v in vars(m).values() if isinstance(v, torch.Tensor)]
+
+
+def test_two_form_linear_switches_by_tokens_per_row_and_each_form_is_exact(tmp_path):
+    # A tiny Q4_0 file: int4 below PREFILL_PACKED_MIN_TOKENS tokens per row (whatever the batch
+    # size), the bf16 prepacked copy of the exact weights from there on, each bit for bit what
+    # its own form computes, and both close to float32 on the file's exact weights.
+    from gguf import GGMLQuantizationType as Q
+
+    from engine.model import PREFILL_PACKED_MIN_TOKENS as MIN
+    from engine.weights import Int4Linear, PackedLinear, TwoFormLinear, dequantize_int4
+    from tests.engine.test_int4 import _tiny_file
+
+    loaded = _tiny_file(tmp_path, Q.Q4_0)
+    blocks, exact = loaded.int4("layers.1.down"), loaded.dense("layers.1.down")
+    assert torch.equal(dequantize_int4(blocks), exact)
+    int4, packed = Int4Linear(blocks), PackedLinear(exact.bfloat16())
+    both = TwoFormLinear(int4, packed, MIN)
+    torch.manual_seed(0)
+    for rows, tokens, form in ((1, 1, int4), (16, 1, int4), (40, 1, int4), (1, MIN - 1, int4), (1, MIN, packed), (1, 40, packed)):
+        x = torch.randn(rows, tokens, exact.shape[1])
+        y = both(x)
+        assert y.shape == (rows, tokens, exact.shape[0]) and y.dtype == torch.bfloat16
+        assert torch.equal(y, form(x)), (rows, tokens)
+        ref = torch.nn.functional.linear(x, exact)
+        assert float((y.float() - ref).norm() / ref.norm()) < 6e-3, (rows, tokens)
+    # Memory: the int4 nibbles and one bf16 copy, no float32 matrix.
+    held = _tensors(both)
+    assert {(t.dtype, tuple(t.shape)) for t in held if t.numel() >= exact.numel() // 2} == {
+        (torch.uint8, (exact.shape[0], exact.shape[1] // 2)), (torch.bfloat16, tuple(exact.shape))}
+    assert not any(t.dtype == torch.float32 and t.dim() == 2 for t in held)
+
+
+def test_prefill_chunks_use_the_bf16_copy_and_decode_the_int4_kernel(tmp_path):
+    # A model with both forms reads a long chunk exactly as the all-bf16 model does, and a short
+    # read and the decode steps after it exactly as the int4-only model does.
+    from gguf import GGMLQuantizationType as Q
+
+    from engine.model import PREFILL_PACKED_MIN_TOKENS as MIN
+    from engine.model import Transformer
+    from tests.engine.conftest import decode_logits, prefill_logits
+    from tests.engine.test_int4 import _tiny_file
+
+    loaded = _tiny_file(tmp_path, Q.Q4_0)
+    cpu = torch.device("cpu")
+    models = {}
+    for name, kwargs in (("both", {"int4": True, "prefill_bf16": True}), ("int4", {"int4": True}),
+                         ("bf16", {"int4": False}), ("f32", {})):
+        dtype = torch.float32 if name == "f32" else torch.bfloat16
+        models[name] = Transformer.build(loaded.config, loaded, dtype=dtype, device=cpu, **kwargs)
+        models[name].allocate_cache(2, 128)
+    assert models["both"].forms == {"int4+bf16-packed": 8} and models["int4"].forms == {"int4": 8}
+    long_ids, short_ids = list(range(3, 3 + MIN + 20)), list(range(40, 40 + MIN // 2))
+    got = {name: prefill_logits(m, 0, long_ids) for name, m in models.items()}
+    assert torch.equal(got["both"], got["bf16"])
+    torch.testing.assert_close(got["both"], got["f32"], atol=3e-2, rtol=0)
+    got = {name: prefill_logits(m, 1, short_ids) for name, m in models.items()}
+    assert torch.equal(got["both"], got["int4"])
+    for name in ("both", "int4"):
+        got[name] = decode_logits(models[name], [1], [7], [len(short_ids)], span=128)
+    assert torch.equal(got["both"], got["int4"])
