@@ -39,15 +39,17 @@ def _status_mib(key: str) -> float:
     return float("nan")
 
 
-def _load(variant: str, num_slots: int, threads: int | None, legacy: bool):
-    """The engine for a variant; `legacy` speaks the options of the engine before int4 became the
-    default (dtype float32 on CPU, int4 only as `int4_decode`)."""
+def _load(variant: str, num_slots: int, threads: int | None):
+    """The engine for a variant, in the options of the engine found (a baseline's may be older: before
+    int4 became the default it took `int4_decode`; before the prefill copy, no `prefill_bf16`)."""
+    import inspect
+
     from engine.runner import load_engine
 
     name, *flags = variant.split("+")
     dtype = None if name == "default" else name
     kwargs: dict = {}
-    if legacy:
+    if "int4" not in inspect.signature(load_engine).parameters:
         kwargs["int4_decode"] = "int4" in flags
     else:
         kwargs["int4"] = "noint4" not in flags
@@ -64,12 +66,12 @@ class Probe:
     parent can interleave variants round by round: the shared cores' load then hits all of them
     alike, and the median of the rounds is compared."""
 
-    def __init__(self, variant: str, num_slots: int, threads: int | None, legacy: bool) -> None:
+    def __init__(self, variant: str, num_slots: int, threads: int | None) -> None:
         from engine.protocol import SamplingParams
 
         self.rss_start = _status_mib("VmRSS")
         started = time.perf_counter()
-        self.engine = _load(variant, num_slots, threads, legacy)
+        self.engine = _load(variant, num_slots, threads)
         self.load_s = time.perf_counter() - started
         self.rss_loaded = _status_mib("VmRSS")
         self.filler = self.engine.tokenizer.encode("The history of the lighthouse keepers of the northern coast. " * 400)
@@ -133,8 +135,6 @@ class Child:
                "--steps", str(args.steps), "--slots", str(max(2, *args.batches))]  # ttft reads in slot 1
         if args.threads:
             cmd += ["--threads", str(args.threads)]
-        if tree is not None:
-            cmd.append("--legacy")
         root = tree or Path(__file__).resolve().parent.parent
         env = {**os.environ, "PYTHONPATH": str(root)}  # that tree's engine package comes first
         self.process = subprocess.Popen(cmd, cwd=root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -173,11 +173,10 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=16, help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--legacy", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.child:
-        Probe(args.variants[0], args.slots, args.threads, args.legacy).serve_commands(args.steps)
+        Probe(args.variants[0], args.slots, args.threads).serve_commands(args.steps)
         return
 
     from rich.console import Console
