@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.weights import (
-    DenseLinear, DenseRows, Int4Linear, PackedLinear, RowTable, TwoFormLinear, WeightSource, can_prepack,
-    dequantize_int4, fuse_int4, int4_available, int4_shape_ok,
+    DenseLinear, DenseRows, HeadBound, Int4Linear, Int8Linear, PackedLinear, RowTable, TwoFormLinear, WeightSource,
+    can_prepack, dequantize_int4, fuse_int4, int4_available, int4_shape_ok, int8_available, int8_shape_ok,
 )
 
 log = logging.getLogger(__name__)
@@ -151,7 +152,9 @@ class Transformer(nn.Module):
         self.embed: RowTable | None = None
         self.norm = torch.empty(0)
         self.head: nn.Module = nn.Identity()
-        self.head_rows: RowTable | None = None  # exact rows for the top logits when the head is low-precision
+        # A low-precision head: the exact rows for its top logits, and how far off its logits can be.
+        self.head_rows: RowTable | None = None
+        self.head_bound: HeadBound | None = None
         self.dtype = self.cache_dtype = torch.float32
         self.device = torch.device("cpu")
         self.cos = self.sin = torch.empty(0)
@@ -170,8 +173,9 @@ class Transformer(nn.Module):
           a bf16 prepacked copy for prefill chunks (`TwoFormLinear`: the one exception to one copy);
         - embedding: a row table (a quantized file's own blocks, looked up and dequantized per
           token), so no dense copy;
-        - head: `dtype` (bf16 head, int4 changed the top token too often), prepacked on CPU,
-          with the exact rows for the top logits (`logits`).
+        - head: int8 per row on the CPU with bf16 (half the bytes of bf16; int4's error bound
+          covered most of the vocabulary), else `dtype`, prepacked on CPU; with the exact rows
+          for the top logits and the head's error bound (`logits`).
         The residual stream and the RMSNorm weights are float32 whatever `dtype`."""
         model = cls(cfg)
         # The KV cache is float32 on the CPU whatever `dtype`: attention runs in float32 (bf16
@@ -226,9 +230,19 @@ class Transformer(nn.Module):
             if head_name == "embed" and device.type == "cpu":
                 model.embed = DenseRows(weight)  # one float32 copy serves both
         else:
-            weight = source.dense(head_name).to(dtype)
-            model.head = PackedLinear(weight) if use_packed else DenseLinear(weight.to(device))
+            exact = source.dense(head_name)
+            effective: Callable[[slice], Tensor]
+            if cpu_bf16 and int8_available() and int8_shape_ok(exact):
+                head = Int8Linear(exact)
+                model.head, effective = head, head.dequantized
+            else:
+                weight = exact.to(dtype)
+                model.head = PackedLinear(weight) if use_packed else DenseLinear(weight.to(device))
+                effective = lambda rows: weight[rows].float()  # noqa: E731
+            # cuBLAS may add split-K partial sums in bf16; allow a few such roundings there.
+            model.head_bound = HeadBound(exact, effective, reduced_sums=4 if device.type == "cuda" else 0).to(device)
             model.head_rows = model.embed if head_name == "embed" else source.rows(head_name)
+            del exact, effective
         if isinstance(model.embed, nn.Module):
             model.embed.to(device)
         if isinstance(model.head_rows, nn.Module):
@@ -278,18 +292,30 @@ class Transformer(nn.Module):
     def logits(self, h: Tensor) -> Tensor:
         """h: [B, dim] float32 (from `forward`) -> logits [B, V] float32.
 
-        A bf16 head rounds its output to bf16: 1/8 apart at logits of 16-32, so near-ties at the
-        top collapse into exact ties that argmax breaks by token id (SmolLM2's "What is the
-        capital of France?": f32 'The' 25.33 vs 'L' 25.24 -> both 25.125 -> 'L'). The true value
-        is within half a bf16 step of the rounded one (plus the head's own bf16 input rounding),
-        so every token within two steps of the maximum is recomputed in float32 from the file's
-        exact rows: greedy picks as the float32 model would, at the cost of a few dot products."""
-        logits = self.head(h).float()
-        if self.head_rows is None:
+        A low-precision head is off by up to its `HeadBound` on each logit (int8 weights: up to
+        ~0.8 at SmolLM2's logits of 15-30; bf16 rounding of the output alone puts values 1/8
+        apart there), so near-ties at the top would be decided by its error, not by the model
+        (SmolLM2's "What is the capital of France?": f32 'The' 25.33 vs 'L' 25.24 -> both
+        25.125 in bf16 -> 'L'). Every token whose logit could be the maximum within those bounds
+        is recomputed in float32 from the file's exact rows: greedy picks what the float32 model
+        would, and the top of the distribution is the float32 model's.
+
+        With c the head's logits, Q_n = |x| e_n + (|h - x| + g|x|)(|w_n| + e_n) (see HeadBound)
+        and u = 2^-8: the true logit of n lies within Q_n + u|c_n| of c_n. Token n can beat the
+        head's top token j only if c_n + Q_n + u|c_n| >= c_j - Q_j - u|c_j|; since c_n <= c_j,
+        |c_n| <= |c_j| + c_j - c_n, so it suffices that
+            (1 - u) c_n + Q_n >= c_j - Q_j - u (2|c_j| + c_j),
+        whose left side is one addmm over the vocabulary."""
+        x = h.to(torch.bfloat16) if self.head_bound is not None else h
+        logits = self.head(x).float()
+        if self.head_bound is None or self.head_rows is None:
             return logits
-        top = logits.max(dim=-1, keepdim=True).values
-        step = torch.exp2(torch.floor(torch.log2(top.abs().clamp_min(1e-30))) - 7)  # bf16 ulp at top
-        rows, cols = (logits >= top - 2 * step).nonzero(as_tuple=True)
+        u = HeadBound.ROUNDING
+        lhs = torch.addmm(logits, self.head_bound.coefficients(h, x), self.head_bound.table, beta=1 - u)
+        top = logits.argmax(dim=-1, keepdim=True)
+        c_top, lhs_top = logits.gather(1, top), lhs.gather(1, top)
+        q_top = lhs_top - (1 - u) * c_top
+        rows, cols = (lhs >= c_top - q_top - u * (2 * c_top.abs() + c_top)).nonzero(as_tuple=True)
         logits[rows, cols] = (h[rows] * self.head_rows(cols)).sum(-1)
         return logits
 

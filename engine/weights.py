@@ -9,11 +9,15 @@ copy of each matrix, in one of the forms below, chosen at load:
 - `PackedLinear`: bf16 reordered once into oneDNN's blocked layout (CPU).
 - `Int4Linear`: the file's Q4_0/Q4_1 blocks as int4 (CPU), bf16 activations.
 - `TwoFormLinear`: int4 for decode, bf16 prepacked for prefill chunks (CPU).
+- `Int8Linear`: int8 per output row (CPU), bf16 activations: the vocabulary head.
+
+A low-precision head comes with a `HeadBound`: per-row constants that bound how far each of its
+logits can be from the float32 model's, so `Transformer.logits` knows which tokens to recompute.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -180,3 +184,89 @@ def int4_shape_ok(blocks: Int4Blocks) -> bool:
     in_features = blocks.q.shape[1]
     group = in_features // blocks.scale.shape[1]
     return group in (32, 64, 128, 256) and in_features % group == 0
+
+
+def int8_available() -> bool:
+    return hasattr(torch.ops.aten, "_weight_int8pack_mm")
+
+
+def int8_shape_ok(weight: Tensor) -> bool:
+    """The CPU kernel steps through the input dim 16 (AVX512) or 8 (AVX2) at a time."""
+    return weight.shape[1] % 16 == 0
+
+
+class Int8Linear(nn.Module):
+    """`F.linear` with int8 weights, one scale per output row, via
+    torch.ops.aten._weight_int8pack_mm (CPU): half the bytes of bf16, the same bf16 activations.
+
+    The kernel multiplies each int8 weight by its row's scale in float32 (exact: a 7-bit integer
+    times a bf16 scale fits float32's mantissa), accumulates in float32 and rounds the result to
+    bf16. The scale is a bf16 number (the kernel takes it in the activations' dtype) chosen at
+    least max|w| / 127, so no weight is clipped; `dequantized` is exactly the matrix it multiplies."""
+
+    def __init__(self, weight: Tensor) -> None:
+        super().__init__()
+        weight = weight.float()
+        self.out_features = weight.shape[0]
+        self.scale = _bf16_at_least(weight.abs().amax(dim=1).clamp_min(1e-30) / 127)
+        self.q = torch.round(weight / self.scale.float().unsqueeze(1)).clamp_(-127, 127).to(torch.int8)
+
+    def dequantized(self, rows: slice = slice(None)) -> Tensor:
+        """float32 rows of the matrix the kernel multiplies."""
+        return self.q[rows].float() * self.scale[rows].float().unsqueeze(1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        # x: [..., in] -> [..., out] bf16
+        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, x.shape[-1]).to(torch.bfloat16), self.q, self.scale)
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+def _bf16_at_least(values: Tensor) -> Tensor:
+    """float32 -> the smallest bf16 numbers >= each value (positive values)."""
+    rounded = values.to(torch.bfloat16)
+    return torch.where(rounded.float() < values, (rounded.view(torch.int16) + 1).view(torch.bfloat16), rounded)
+
+
+class HeadBound:
+    """A bound on |h . w_n - head(h)_n| for every row n of a low-precision head, cheap per step.
+
+    The head computes c_n = bf16( sum_k x_k W_nk ) with x = bf16(h), W its own (quantized or
+    bf16) copy of the exact rows w, accumulated in float32. Then
+        h.w_n - x.W_n = (h - x).w_n + x.(w_n - W_n) + (float32 accumulation error),
+    so by Cauchy-Schwarz
+        |h.w_n - sum| <= |x| e_n + (|h - x| + g |x|) (|w_n| + e_n),   e_n = |w_n - W_n|,
+    with g = K 2^-24 (K float32 additions, each rounding by at most 2^-24 relative, of terms whose
+    absolute sum is at most |x| |W_n| <= |x| (|w_n| + e_n)), and rounding the sum to bf16 moves it
+    by at most 2^-8 |c_n|. `table` holds [e_n; |w_n| + e_n] and `coefficients` gives
+    [|x|; |h - x| + g |x|] per row, so the first two terms for all rows are one small matmul.
+    Norms are taken in float32 and padded by 2^-10 relative, far above their own rounding."""
+
+    ROUNDING = 2.0**-8 * (1 + 2.0**-6)  # bf16 output rounding, with slack for float32 arithmetic
+    PAD = 1 + 2.0**-10
+
+    def __init__(self, exact: Tensor, effective: Callable[[slice], Tensor], *, reduced_sums: int = 0,
+                 chunk: int = 4096) -> None:
+        """exact: float32 [V, K] rows; effective(rows): those rows of the matrix the head multiplies,
+        as float32 (taken a chunk at a time, so no second full-size copy exists). reduced_sums:
+        partial sums the head's matmul may round to bf16 before adding them (cuBLAS's split-K
+        reduction in bf16 on CUDA), each adding up to 2^-8 |x| |W_n|."""
+        errors, norms = [], []
+        for lo in range(0, exact.shape[0], chunk):
+            rows = slice(lo, lo + chunk)
+            w = exact[rows].float()
+            errors.append(torch.linalg.vector_norm(w - effective(rows), dim=1))
+            norms.append(torch.linalg.vector_norm(w, dim=1))
+        error, norm = torch.cat(errors), torch.cat(norms)
+        self.table = (torch.stack([error, norm + error]) * self.PAD).contiguous()  # [2, V] float32
+        self.accumulation = exact.shape[1] * 2.0**-24 + reduced_sums * 2.0**-8
+
+    def to(self, device: torch.device) -> "HeadBound":
+        self.table = self.table.to(device)
+        return self
+
+    def coefficients(self, h: Tensor, x: Tensor) -> Tensor:
+        """h: [B, K] float32, x: [B, K] what the head was given (bf16) -> [B, 2] float32."""
+        xf = x.float()
+        norms = torch.linalg.vector_norm(torch.stack([xf, h - xf]), dim=-1)  # [2, B]
+        norms[1] += self.accumulation * norms[0]
+        return (norms * self.PAD).t()

@@ -1,0 +1,108 @@
+"""The vocabulary head on the CPU default: int8 rows (half a bf16 head's bytes) whose error bound
+decides which top logits `Transformer.logits` recomputes exactly, so the top token is the
+float32 model's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.model import CacheIndex, ModelConfig, Transformer
+from engine.weights import DenseRows, HeadBound, Int8Linear
+
+PROMPTS = ["What is the capital of France?", "Write a short poem about the sea.", "What is 17 times 23?"]
+STEPS = 12
+
+
+def _model_with_head(weight: torch.Tensor) -> Transformer:
+    """A model with no layers: only `logits` (int8 head, its bound, exact rows) is used."""
+    vocab, dim = weight.shape
+    model = Transformer(ModelConfig(dim=dim, n_layers=0, n_heads=1, n_kv_heads=1, head_dim=dim, hidden_dim=dim,
+                                    vocab_size=vocab))
+    head = Int8Linear(weight)
+    model.head, model.head_bound, model.head_rows = head, HeadBound(weight, head.dequantized), DenseRows(weight)
+    return model
+
+
+class RowCounter(torch.nn.Module):
+    """Wraps a row table and counts the rows asked for (the exact recomputations)."""
+
+    def __init__(self, rows) -> None:
+        super().__init__()
+        self.rows, self.counts = rows, []
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        self.counts.append(ids.numel())
+        return self.rows(ids)
+
+
+def test_int8_head_error_is_within_its_bound():
+    torch.manual_seed(0)
+    weight = torch.randn(4096, 256) * torch.rand(4096, 1)  # rows of different scales
+    model = _model_with_head(weight)
+    h = torch.randn(8, 256) * 4
+    h[:, 3] = 60.0  # an outlier dimension, as RMSNorm outputs have
+    x = h.bfloat16()
+    c = model.head(x).float()
+    exact = h.double() @ weight.double().T
+    bound = (model.head_bound.coefficients(h, x) @ model.head_bound.table).double() + HeadBound.ROUNDING * c.abs().double()
+    err = (c.double() - exact).abs()
+    assert bool((err <= bound).all())
+    assert float((err / bound).max()) > 0.02  # a bound, not a wild overestimate
+
+
+def test_near_tie_goes_to_the_true_maximum():
+    # 256 rows whose exact logits for h[0] are 20 + 0.05 k / 256 in random order: 2e-4 apart, far
+    # above float32's rounding but far below the int8 head's error (bf16 alone rounds them all to
+    # 20.0), so the head alone picks a wrong top token; the recomputed window must hold the right one.
+    torch.manual_seed(1)
+    dim, vocab = 256, 256
+    h = torch.randn(4, dim)
+    base = torch.randn(dim)
+    weight = base + 0.05 * torch.randn(vocab, dim)
+    unit = h[0] / h[0].norm()
+    target = 20.0 + 0.05 * torch.randperm(vocab).float().unsqueeze(1) / vocab
+    weight = weight - (weight @ unit).unsqueeze(1) * unit + target * unit / h[0].norm()  # each row's part along h[0]
+    model = _model_with_head(weight)
+    counter = RowCounter(model.head_rows)
+    model.head_rows = counter
+    exact = h.double() @ weight.double().T
+    assert float(exact[0].max() - exact[0].min()) < 0.05
+    cheap = model.head(h.bfloat16()).float()
+    assert not torch.equal(cheap.argmax(-1), exact.argmax(-1))  # the head alone gets it wrong
+    logits = model.logits(h)
+    assert torch.equal(logits.argmax(-1), exact.argmax(-1))
+    top = exact.argmax(-1)
+    torch.testing.assert_close(logits.gather(1, top[:, None]).double(), exact.gather(1, top[:, None]), rtol=1e-6, atol=1e-5)
+    assert sum(counter.counts) > 1
+
+
+@pytest.mark.smollm2
+def test_default_head_picks_the_float32_top_token(smollm2, smollm2_default):
+    # Teacher-forced on the default's own greedy continuation: at every position, the default's
+    # logits (int8 head + exact window) have the top token of the float32 head on the same hidden
+    # state, and only a few rows are recomputed.
+    model, tok = smollm2_default.model, smollm2.tokenizer
+    assert isinstance(model.head, Int8Linear)
+    exact_rows = smollm2.gguf.dense("embed")
+    counter = RowCounter(model.head_rows)
+    rows_before, model.head_rows = model.head_rows, counter
+    hidden = []
+    try:
+        with torch.inference_mode():
+            for prompt in PROMPTS:
+                ids = tok.encode_chat([{"role": "user", "content": prompt}])
+                for step in range(STEPS):
+                    positions = torch.arange(len(ids)).unsqueeze(0)
+                    h = model(torch.tensor([ids]), CacheIndex.for_slots([0], positions, len(ids)))
+                    hidden.append(h)
+                    ids.append(int(model.logits(h).argmax()))
+            h = torch.cat(hidden)
+            ours = model.logits(h).argmax(-1)
+    finally:
+        model.head_rows = rows_before
+    float32 = (h @ exact_rows.T).argmax(-1)
+    assert torch.equal(ours, float32)
+    per_row = counter.counts[:-1]  # one count per single-row call (the last call was the batch)
+    print("rows recomputed per position: mean", sum(per_row) / len(per_row), "max", max(per_row))
+    assert max(per_row) <= 256 and sum(per_row) / len(per_row) <= 32
