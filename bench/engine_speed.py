@@ -5,7 +5,11 @@ first token, load time and memory, for several engine variants in one run.
 
 A variant is `default` (what `strata serve` runs), `float32`, `bfloat16`, with `+noint4`
 (bf16 linears dequantized instead of int4 from the file's blocks), `+noprefillbf16` (int4 only, no
-bf16 copy for prefill chunks) or `+compile` appended.
+bf16 copy for prefill chunks) or `+eager` (no compiled decode step, `--no-compile`) appended;
+`+compile` asks for the compiled step from an engine that did not compile by default (a
+`--baseline` before it did). `load s` includes the compile: inductor's cache is under the
+temporary folder's strata-bench-cache (TORCHINDUCTOR_CACHE_DIR wins), so the first run after a
+change pays the cold compile and later ones the warm.
 `--baseline REF` adds the engine of a git commit (e.g. `main`) run from a temporary worktree, as
 `REF:VARIANT` (`--baseline-variants`), so old and new are measured in the same run. Each variant
 runs in its own process, so its memory is its own, and the variants are measured in turns, round
@@ -56,8 +60,8 @@ def _load(variant: str, num_slots: int, threads: int | None):
         if "noprefillbf16" in flags:
             kwargs["prefill_bf16"] = False
         kwargs["cache_dir"] = Path(tempfile.gettempdir()) / "strata-bench-cache"
-        if "compile" in flags:
-            kwargs["compile"] = True
+        if "eager" in flags or "compile" in flags:
+            kwargs["compile"] = "eager" not in flags
     return load_engine(None, num_slots=num_slots, ctx=CTX, dtype=dtype, threads=threads, **kwargs)
 
 
@@ -164,7 +168,7 @@ class Child:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--variants", nargs="+", default=["default", "bfloat16+noint4", "float32"])
+    parser.add_argument("--variants", nargs="+", default=["default", "default+eager", "float32"])
     parser.add_argument("--baseline", default=None, help="a git ref whose engine runs too (e.g. main)")
     parser.add_argument("--baseline-variants", nargs="+", default=["float32", "bfloat16+int4"])
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 4, 8, 16])

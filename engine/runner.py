@@ -143,7 +143,7 @@ def load_engine(
     int4: bool = True,
     prefill_bf16: bool = True,
     cache_dir: str | Path | None = None,
-    compile: bool = False,
+    compile: bool = True,
 ) -> TorchEngine:
     """Open a GGUF file or HF folder (None: the default SmolLM2) and allocate its slots.
 
@@ -152,7 +152,7 @@ def load_engine(
     bf16 (more memory, faster prompt reading). prefill_bf16: with int4, each int4 matrix also keeps a
     bf16 prepacked copy that prefill chunks use (2.3x faster there; +2 bytes a weight). cache_dir: where the converted tokenizer is kept
     so a restart does not convert it again (seconds for a GGUF), and inductor's generated code.
-    compile: decode through torch.compile (engine/compiled.py), graphs built here."""
+    compile: decode through torch.compile (engine/compiled.py), graphs built here; off: eager."""
     if num_slots < 1 or ctx < 1:
         raise ValueError("num_slots and ctx must be positive")
     if threads is not None:

@@ -25,7 +25,7 @@ def live_workers(client: redis.Redis, model: str) -> list[str]:
 def test_two_cpu_workers_share_the_queue_and_a_killed_one_restarts(tiny_model, redis_url, redis_client):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
-    env.update(REDIS_URL=redis_url, STRATA_RESTART_DELAY_S="0.2", STRATA_THREADS="1")
+    env.update(REDIS_URL=redis_url, STRATA_RESTART_DELAY_S="0.2", STRATA_THREADS="1", STRATA_COMPILE="0")
     serve = subprocess.Popen([sys.executable, "-m", "strata", "serve", "--devices", "cpu,cpu", "--port", str(port),
                               "--model", str(tiny_model), "--parallel", "1"], env=env)
     model = tiny_model.name

@@ -32,6 +32,11 @@ class Stack:
     keys: Keys = Keys(MODEL)
 
 
+# Workers whose tests are not about the compiled step decode eagerly: each would compile at start
+# (seconds to tens of seconds on 2 loaded cores). test_serve_command runs the compiled default.
+EAGER = {"STRATA_COMPILE": "0"}
+
+
 def start(role: str, env: dict[str, str], *flags: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "strata", role, *flags], env=env)
 
@@ -55,7 +60,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     port = free_port()
     env = {**os.environ, "STRATA_REDIS_URL": server.url, "STRATA_PORT": str(port),
            "STRATA_PARALLEL": "1", "STRATA_DTYPE": "float32", "STRATA_PREFILL_CHUNK": "64",
-           "STRATA_CTX": "2048", "STRATA_THREADS": "2"}
+           "STRATA_CTX": "2048", "STRATA_THREADS": "2", **EAGER}
     env.pop("REDIS_URL", None)
     worker = start("worker", env)
     api = start("api", env)

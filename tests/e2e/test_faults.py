@@ -58,7 +58,7 @@ def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
     with open(log, "wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "strata", "serve", "--port", str(port), "--data-dir", str(folder / "data"),
-             "--devices", "cpu,cpu", "--parallel", "2", "--threads", "1", "--dtype", "float32",
+             "--devices", "cpu,cpu", "--parallel", "2", "--threads", "1", "--dtype", "float32", "--no-compile",
              "--lease-ms", "3000", "--heartbeat-s", "0.5", "--restart-delay-s", "0.5", "--prefill-chunk", "64",
              "--max-attempts", "10"],  # three kills may all hit one request: no poison
             env=env, stdout=out, stderr=subprocess.STDOUT)

@@ -16,7 +16,7 @@ import redis
 from queues.keys import Keys, models_key
 from queues.server import EmbeddedRedis, free_port
 from queues.worker_state import WorkerState
-from tests.e2e.conftest import MODEL, healthy, start, stop, wait_until
+from tests.e2e.conftest import EAGER, MODEL, healthy, start, stop, wait_until
 
 K = Keys(MODEL)
 
@@ -26,7 +26,7 @@ def policed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, red
     server = EmbeddedRedis(tmp_path_factory.mktemp("e2e-policies"), appendonly=False).start()
     port = free_port()
     env = {**os.environ, "STRATA_REDIS_URL": server.url, "STRATA_PORT": str(port), "STRATA_DTYPE": "float32",
-           "STRATA_PREFILL_CHUNK": "64", "STRATA_CTX": "1024", "STRATA_THREADS": "2"}
+           "STRATA_PREFILL_CHUNK": "64", "STRATA_CTX": "1024", "STRATA_THREADS": "2", **EAGER}
     env.pop("REDIS_URL", None)
     worker = start("worker", env, "--parallel", "2", "--reserve", "1:10", "--aging-s", "30")
     api = start("api", env)

@@ -20,7 +20,7 @@ import redis
 
 from queues.keys import Keys, models_key
 from queues.server import EmbeddedRedis, free_port
-from tests.e2e.conftest import MODEL, healthy, sse, start, stop, wait_until
+from tests.e2e.conftest import EAGER, MODEL, healthy, sse, start, stop, wait_until
 
 pytestmark = pytest.mark.smollm2
 
@@ -59,7 +59,7 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
     server = EmbeddedRedis(tmp_path_factory.mktemp("reattach-redis"), appendonly=False).start()
     port = free_port()
     env = {**os.environ, "STRATA_REDIS_URL": server.url, "STRATA_PORT": str(port), "STRATA_PARALLEL": "1",
-           "STRATA_DTYPE": "float32", "STRATA_CTX": "2048", "STRATA_THREADS": "2"}
+           "STRATA_DTYPE": "float32", "STRATA_CTX": "2048", "STRATA_THREADS": "2", **EAGER}
     env.pop("REDIS_URL", None)
     client = redis.Redis.from_url(server.url, decode_responses=True)
     r = Replicas(f"http://127.0.0.1:{port}", env, client, start("api", env), start("worker", env))

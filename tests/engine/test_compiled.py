@@ -1,9 +1,10 @@
-"""The compiled decode step (engine/compiled.py) on a tiny random model: the only test that
-compiles (tens of seconds on 2 cores). The real model's compiled speed is measured by
-bench/engine_speed.py (`default+compile`), never here."""
+"""The compiled decode step (engine/compiled.py): on a tiny random model against eager, and on
+SmolLM2 as `strata serve` runs it (compiled is the default). The real model's compiled speed and
+compile time are measured by bench/engine_speed.py (`default` vs `default+eager`), never here."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from engine.model import ModelConfig, Transformer
@@ -59,3 +60,34 @@ def test_compiled_decode_gives_eager_tokens_without_recompiling():
     with torch._dynamo.config.patch(error_on_recompile=True):  # new batch sizes and spans reuse them
         compiled = _run(engine)
     assert compiled == eager
+
+
+@pytest.mark.smollm2
+def test_default_engine_decodes_compiled_and_a_row_does_not_depend_on_its_neighbours(tmp_path):
+    """Compiled and eager greedy tokens can part at near-ties (bf16 rounding inside fused
+    kernels; docs/engine.md), so a worker never mixes them: the default compiles at load, and a
+    request's tokens must be the same whatever else shares its step."""
+    from engine.runner import load_engine
+
+    engine = load_engine(None, num_slots=4, ctx=512, cache_dir=tmp_path)
+    assert engine.compiled is not None
+    prompts = [engine.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in
+               ("What is the capital of France?", "Write a short poem about the sea.", "What is 17 times 23?",
+                "Who wrote Romeo and Juliet?")]
+
+    def greedy(group: list[int]) -> list[list[int]]:
+        out = {}
+        for slot in group:
+            engine.begin(slot, GREEDY)
+            out[slot] = [engine.read(slot, prompts[slot], sample=True)]
+        for _ in range(12):
+            for slot, token in zip(group, engine.decode(group, [out[s][-1] for s in group])):
+                out[slot].append(token)
+        return [out[s] for s in group]
+
+    with torch._dynamo.config.patch(error_on_recompile=True):  # warmed at load: batch 1 and 2+
+        together = greedy([0, 1, 2, 3])
+        alone = [greedy([slot])[0] for slot in range(4)]
+        pair = greedy([3, 1])
+    assert together == alone
+    assert pair == [alone[3], alone[1]]
