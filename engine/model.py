@@ -333,7 +333,9 @@ def attend(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
     A step of one token per row (decode): plain matmul -> softmax -> matmul (SDPA with one query
     was ~4x slower in bf16). Several tokens (a prefill chunk): torch's fused kernel, in float32
     too, which never holds the [T, L] scores whole: 2.3x faster at 256 queries over 2 000 keys,
-    4.6x at 512, same error (the plain path spent as long in attention as in the linears)."""
+    4.6x at 512, the same error against float64 (the plain path spent as long in attention as in
+    the linears). Its bf16-rounded outputs differ from the plain path's in a few elements, which
+    moves greedy near-ties downstream (docs/engine.md, "Beside llama.cpp")."""
     bsz, n_heads, seq, head_dim = q.shape
     if seq == 1:
         return attend_plain(q, keys, values, mask)
