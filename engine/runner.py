@@ -151,7 +151,8 @@ def load_engine(
     as int4 straight from the file's blocks (the only copy kept); off, they are dequantized to
     bf16 (more memory, faster prompt reading). prefill_bf16: with int4, each int4 matrix also keeps
     a bf16 prepacked copy that prefill chunks use (2.3x faster there; +2 bytes a weight).
-    cache_dir: where the converted tokenizer is kept so a restart does not convert it again (seconds for a GGUF), and inductor's generated code.
+    cache_dir: where the converted tokenizer is kept so a restart does not convert it again
+    (seconds for a GGUF), and inductor's generated code.
     compile: decode through torch.compile (engine/compiled.py), graphs built here; off: eager."""
     if num_slots < 1 or ctx < 1:
         raise ValueError("num_slots and ctx must be positive")
