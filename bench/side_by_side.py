@@ -43,6 +43,8 @@ class Server:
     argv: list[str]
     port: int
     ready_path: str
+    env: dict[str, str] | None = None
+    cwd: Path | None = None  # `python -m` puts its working directory first on the path
     model: str = ""
     process: subprocess.Popen | None = None
     log: Path = field(default_factory=lambda: Path(tempfile.mkstemp(suffix=".log")[1]))
@@ -53,7 +55,7 @@ class Server:
 
     def __enter__(self) -> "Server":
         self.process = subprocess.Popen(self.argv, stdout=self.log.open("wb"), stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+                                        start_new_session=True, env=self.env, cwd=self.cwd)
         try:
             return self._wait_ready()
         except BaseException:  # not ready, a timeout, a SIGTERM: `with` will not call __exit__
@@ -122,12 +124,56 @@ def words(seed: int, count: int) -> str:
     return " ".join(vocab[(seed * 7 + i * (seed % 5 + 3)) % len(vocab)] + str((seed + i) % 97) for i in range(count))
 
 
-async def decode_rate(server: Server, clients: int, round_: int) -> float:
+async def decode_rate(server: Server, clients: int, round_: int, cpu: dict[str, float] | None = None) -> float:
+    """Total completion tokens / wall time. `cpu`: adds each process's CPU ms per token (the
+    server's processes by name, and this client) over the run."""
     async with httpx.AsyncClient() as client:
+        before = cpu_seconds(server.process.pid) if cpu is not None else {}
         started = time.monotonic()
         results = await asyncio.gather(*(
             chat(client, server, f"Story {round_}-{i}: " + words(100 * round_ + i, 20), TOKENS) for i in range(clients)))
-        return sum(r["completion_tokens"] for r in results) / (time.monotonic() - started)
+        wall = time.monotonic() - started
+        tokens = sum(r["completion_tokens"] for r in results)
+        if cpu is not None:
+            after = cpu_seconds(server.process.pid)
+            for name, seconds in after.items():
+                cpu[name] = cpu.get(name, 0.0) + 1000 * (seconds - before.get(name, 0.0)) / tokens
+            cpu["wall"] = cpu.get("wall", 0.0) + 1000 * wall / tokens
+        return tokens / wall
+
+
+def cpu_seconds(root: int) -> dict[str, float]:
+    """User + system CPU seconds of `root` and its descendants by process name (the second word
+    of a `python -m strata api` command line, else the program's name), and of this process
+    ("client"). Tick resolution (10 ms a process): meant for runs of seconds."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    tree, frontier = {root}, [root]
+    while frontier:
+        children = [pid for pid, parent in parents.items() if parent in frontier and pid not in tree]
+        tree.update(children)
+        frontier = children
+    out: dict[str, float] = {}
+    for pid in [*tree, os.getpid()]:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if pid == os.getpid():
+            name = "client"
+        elif b"strata" in argv and argv.index(b"strata") + 1 < len(argv):
+            name = argv[argv.index(b"strata") + 1].decode()
+        else:
+            name = Path(argv[0].decode().split()[0]).name  # redis-server retitles itself "redis-server host:port"
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+    return out
 
 
 async def prompt_rate(server: Server, prompt_words: int) -> float:
@@ -149,9 +195,11 @@ async def alert_during_battery(server: Server) -> float:
         return alert["ttft_s"]
 
 
-def strata_server(args: argparse.Namespace, parallel: int, extra: list[str]) -> Server:
+def strata_server(args: argparse.Namespace, parallel: int, extra: list[str], tree: Path | None = None,
+                  name: str = "strata") -> Server:
     """`strata serve` in a fresh data folder (its embedded Redis keeps queues across restarts: a
-    run killed midway must not leave requests for the next one), sharing one tokenizer cache."""
+    run killed midway must not leave requests for the next one), sharing one tokenizer cache.
+    `tree`: another checkout whose packages come first (--baseline)."""
     port = free_port()
     args.data_dir.mkdir(parents=True, exist_ok=True)
     data = Path(tempfile.mkdtemp(prefix="run-", dir=args.data_dir))
@@ -161,7 +209,8 @@ def strata_server(args: argparse.Namespace, parallel: int, extra: list[str]) -> 
             "--data-dir", str(data)]
     if args.model:
         argv += ["--model", args.model]
-    return Server("strata", argv + extra, port, "/v1/models")
+    env = {**os.environ, "PYTHONPATH": str(tree)} if tree else None
+    return Server(name, argv + extra, port, "/v1/models", env, tree)
 
 
 def llama_server(binary: str, model: str | Path | None, parallel: int, ctx_per_slot: int = 2048) -> Server:
@@ -182,8 +231,11 @@ def measure(make, args: argparse.Namespace) -> dict[str, float]:
             asyncio.run(decode_rate(server, 1, 0))  # warm-up
             if "decode" in args.stages:
                 for clients in args.clients:
-                    rates = [asyncio.run(decode_rate(server, clients, r + 1)) for r in range(args.rounds)]
+                    cpu: dict[str, float] = {}
+                    rates = [asyncio.run(decode_rate(server, clients, r + 1, cpu)) for r in range(args.rounds)]
                     out[f"clients_{clients}"] = statistics.median(rates)
+                    for name, ms in cpu.items():  # summed over the rounds: their mean
+                        out[f"cpu_{clients}_{name}"] = ms / args.rounds
             if "prompt" in args.stages:
                 out["prompt"] = asyncio.run(prompt_rate(server, args.prompt_words))
     if "alert" in args.stages:
@@ -210,18 +262,35 @@ def main() -> None:
     parser.add_argument("--servers", nargs="+", choices=["strata", "llama.cpp"], default=["strata", "llama.cpp"],
                         help="which to run (llama.cpp needs LLAMA_SERVER)")
     parser.add_argument("--start-with", choices=["strata", "llama.cpp"], default="strata")
+    parser.add_argument("--baseline", default=None, metavar="REF",
+                        help="also run `strata serve` of this git ref (e.g. main) from a temporary worktree, as strata@REF")
     parser.add_argument("strata_args", nargs="*", help="extra `strata serve` flags (after --)")
     args = parser.parse_args()
-
-    from rich.console import Console
-    from rich.table import Table
 
     # A SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so the servers' `with` blocks stop them.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     makers = {"strata": lambda n: strata_server(args, n, args.strata_args)} if "strata" in args.servers else {}
+    worktree = None
+    if args.baseline:
+        repo = Path(__file__).resolve().parent.parent
+        worktree = Path(tempfile.mkdtemp(prefix="strata-baseline-"))
+        subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", str(worktree), args.baseline],
+                       check=True, capture_output=True)
+        baseline = f"strata@{args.baseline}"
+        makers[baseline] = lambda n: strata_server(args, n, args.strata_args, worktree, baseline)
     binary = os.environ.get("LLAMA_SERVER")
     if binary and "llama.cpp" in args.servers:
         makers["llama.cpp"] = lambda n: llama_server(binary, args.model, n)
+    try:
+        results, loads = run_all(makers, args)
+    finally:
+        if worktree is not None:
+            subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=Path(__file__).resolve().parent,
+                           capture_output=True)
+    report(results, loads, args)
+
+
+def run_all(makers: dict, args: argparse.Namespace) -> tuple[dict[str, dict[str, float]], list[str]]:
     samples: dict[str, dict[str, list[float]]] = {name: {} for name in makers}
     loads = [load_average()]
     for repeat in range(args.repeats):
@@ -234,14 +303,21 @@ def main() -> None:
             for key, value in result.items():
                 samples[name].setdefault(key, []).append(value)
     results = {name: {k: statistics.median(v) for k, v in got.items()} for name, got in samples.items()}
+    return results, loads
 
+
+def report(results: dict[str, dict[str, float]], loads: list[str], args: argparse.Namespace) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    others = [name for name in results if name != "strata"] if "strata" in results else []
     table = Table(title=f"Same GGUF, same streaming client, one server after the other; median of {args.repeats} "
                         f"run(s) x {args.rounds} round(s); load average {' -> '.join(loads)}")
     table.add_column("measure")
     for name in results:
         table.add_column(name, justify="right")
-    if len(results) == 2:
-        table.add_column("strata / llama.cpp", justify="right")
+    for other in others:
+        table.add_column(f"strata / {other}", justify="right")
     rows = [(f"clients_{c}", f"decode tok/s, {c} client{'s' if c > 1 else ''}") for c in args.clients]
     rows += [("prompt", "prompt tok/s (one ~2000-token prompt)"), ("alert_ttft_s", "alert during a battery: TTFT s"),
              ("start_s", "start until ready, s")]
@@ -249,9 +325,28 @@ def main() -> None:
         if not all(key in r for r in results.values()):
             continue
         cells = [f"{r[key]:.1f}" for r in results.values()]
-        if len(results) == 2:
-            cells.append(f"{results['strata'][key] / results['llama.cpp'][key]:.2f}×")
+        cells += [f"{results['strata'][key] / results[other][key]:.2f}×" for other in others]
         table.add_row(title, *cells)
+    Console(width=160).print(table)
+    for name, r in results.items():
+        cpu_table(name, r, args.clients)
+
+
+def cpu_table(server: str, result: dict[str, float], clients: list[int]) -> None:
+    """Per completion token: wall ms and each process's CPU ms (2 cores: the sum can reach twice the wall)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    names = sorted({k.split("_", 2)[2] for k in result if k.startswith("cpu_")} - {"wall"})
+    if not names:
+        return
+    table = Table(title=f"{server}: ms per completion token, wall and CPU by process (decode stage)")
+    for column in ("clients", "wall", *names, "CPU total"):
+        table.add_column(column, justify="right")
+    for c in clients:
+        cells = [result.get(f"cpu_{c}_{name}", 0.0) for name in names]
+        table.add_row(str(c), f"{result.get(f'cpu_{c}_wall', 0.0):.2f}", *(f"{ms:.2f}" for ms in cells),
+                      f"{sum(cells):.2f}")
     Console(width=160).print(table)
 
 
