@@ -286,7 +286,9 @@ class Worker:
 
     def _admit(self, now: int, out: StepOutput) -> None:
         none_waiting, self._none_waiting = self._none_waiting, False
-        if none_waiting:
+        # Trusted only by a step that has work anyway: a step with every slot free would
+        # otherwise go idle while a request that arrived after that report waits.
+        if none_waiting and not all(s.is_free for s in self.slots):
             return
         while not self.stopping and any(s.is_free for s in self.slots):
             head = self.claims.head()
