@@ -61,13 +61,11 @@ class Held:
 
 @dataclass(frozen=True)
 class Verdict:
-    """report's answer: claims this worker lost (drop them, write nothing more), requests whose
-    client asked to cancel, and the head of the waiting queue as the report left it (None: not
-    asked)."""
+    """report's answer: claims this worker lost (drop them, write nothing more) and requests whose
+    client asked to cancel."""
 
     lost: frozenset[str]
     cancelled: frozenset[str]
-    head: list[Waiting] | None = None
 
 
 class Claims:
@@ -148,15 +146,13 @@ class Claims:
                 pieces.append(event.text)
         return Resumed(ids, "".join(pieces))
 
-    def report(self, held: Sequence[Held], now_ms: int, head: int = 0) -> Verdict:
-        """One round trip per step (report.lua), fenced per request; with `head` > 0 it also
-        reads that many of the first waiting requests, as head() would right after it. Nothing
-        held: no round trip (and no head)."""
+    def report(self, held: Sequence[Held], now_ms: int) -> Verdict:
+        """One round trip per step (report.lua), fenced per request."""
         if not held:
             return Verdict(frozenset(), frozenset())
         k = self.keys
-        keys = [k.running, k.metrics, k.waiting]
-        args: list = [self.worker_id, now_ms, now_ms + self.lease_ms, len(held), head, k.req_prefix]
+        keys = [k.running, k.metrics]
+        args: list = [self.worker_id, now_ms, now_ms + self.lease_ms, len(held)]
         for h in held:
             keys += [k.req(h.id), k.out(h.id)]
             args += [h.id, h.claim_seq, h.generated, "" if h.slot is None else h.slot, int(h.first_token),
@@ -164,10 +160,9 @@ class Claims:
             for token in h.tokens:
                 fields = event_fields(token)
                 args += [fields["text"], fields["ids"]]
-        codes, first = self._scripts["report"](keys=keys, args=args)
+        codes = self._scripts["report"](keys=keys, args=args)
         return Verdict(frozenset(h.id for h, c in zip(held, codes) if int(c) == 0),
-                       frozenset(h.id for h, c in zip(held, codes) if int(c) == 2),
-                       [_waiting(text(first[i]), first[i + 1]) for i in range(0, len(first), 2)] if head else None)
+                       frozenset(h.id for h, c in zip(held, codes) if int(c) == 2))
 
     def finish(self, request_id: str, claim_seq: int, event: Event | None, status: RequestStatus,
                completion_tokens: int, now_ms: int) -> bool:

@@ -81,11 +81,6 @@ class Keys:
     def req(self, request_id: str) -> str:
         return f"{self.base}:req:{request_id}"
 
-    @property
-    def req_prefix(self) -> str:
-        """req(id) is this followed by the id: for a script that reads the hash of a member it found."""
-        return self.req("")
-
     def out(self, request_id: str) -> str:
         return f"{self.base}:out:{request_id}"
 

@@ -16,7 +16,7 @@ Claims (WatchedClaims) and Replay calls of queues/ carry every Redis write."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import redis
@@ -73,14 +73,10 @@ class WatchedClaims(Claims):
         self.ended.add(request_id)
         return super().finish(request_id, *args, **kwargs)
 
-    def report(self, held: Sequence[Held], now_ms: int, head: int = 0) -> Verdict:
-        sent = held if self.exact else [h for h in held if h.slot is not None or h.first_token or h.gave_way_to]
-        verdict = super().report(sent, now_ms, head)
-        if head and held and verdict.head is None:  # the report it left out would have read the head
-            verdict = replace(verdict, head=self.head(head))
-        if verdict.head is not None:
-            self.queue.known_empty = not verdict.head
-        return verdict
+    def report(self, held: Sequence[Held], now_ms: int) -> Verdict:
+        if not self.exact:
+            held = [h for h in held if h.slot is not None or h.first_token or h.gave_way_to]
+        return super().report(held, now_ms)
 
     def head(self, count: int = 1) -> list[Waiting]:
         if self.queue.known_empty and not self.exact:

@@ -75,10 +75,6 @@ class Worker:
         self.blame: Slot | None = None  # the slot being worked on: whom an unexpected error is about
         self._next_beat = 0
         self._idle: bool | None = None
-        # the last step's report found nothing waiting: the next admission need not ask Redis
-        # (an arrival after that report is seen by the step after). Only from that report to
-        # the next admission: anything between (a wait, a sweep) forgets it.
-        self._none_waiting = False
         self.redis_up = True
         self._dropped: list[tuple[str, int]] = []  # claims let go while Redis was away: handed back once it is back
 
@@ -142,7 +138,6 @@ class Worker:
 
     def _wait(self) -> None:
         """Nothing to do: block until an enqueue wakes us (or Redis is back)."""
-        self._none_waiting = False
         if self.redis_up:
             try:
                 self.claims.wait_for_work(self.idle_wait_s)
@@ -185,7 +180,6 @@ class Worker:
             back = self.claims.give_back(self._dropped, now)
             log.info("Redis is back: handed back %d of the %d requests dropped", len(back), len(self._dropped))
             self._dropped = []
-            self._none_waiting = False
         if now >= self._next_beat:
             self._maintain(now)
         self.steps += 1
@@ -215,27 +209,22 @@ class Worker:
         for slot in self.slots:
             if slot.request:
                 out.of(slot).generated = slot.generated
-        # is anything waiting? the next step's admission asks this every time a slot is free: the
-        # report answers it in the same round trip (what waits is read afresh when something does)
-        verdict = self.claims.report(list(out.held.values()), self.clock(), head=1)
-        self._none_waiting = verdict.head == []
-        lost = verdict.lost | early.lost
+        verdict = self.claims.report(list(out.held.values()), self.clock())
+        verdict = Verdict(verdict.lost | early.lost, verdict.cancelled | early.cancelled)
         for slot in self.slots:
-            if slot.request and slot.request.id in lost:
+            if slot.request and slot.request.id in verdict.lost:
                 self._drop(slot)
         for slot, event, status in out.ended:
             if slot.request:  # not dropped above
                 self._finish(slot, event, status)
-        cancelled = verdict.cancelled | early.cancelled
         for slot in self.slots:
-            if slot.request and slot.request.id in cancelled:
+            if slot.request and slot.request.id in verdict.cancelled:
                 self._finish(slot, None, RequestStatus.CANCELLED)
         self._note_idle(now)
         return bool(lines.read or decoding)
 
     # -- the parts --------------------------------------------------------------------------
     def _maintain(self, now: int) -> None:
-        self._none_waiting = False  # its sweeps may put requests back in the queue
         back = self.claims.requeue_expired(now)
         if back:
             log.warning("took back %d requests whose worker stopped renewing: %s", len(back), back)
@@ -285,11 +274,6 @@ class Worker:
         )
 
     def _admit(self, now: int, out: StepOutput) -> None:
-        none_waiting, self._none_waiting = self._none_waiting, False
-        # Trusted only by a step that has work anyway: a step with every slot free would
-        # otherwise go idle while a request that arrived after that report waits.
-        if none_waiting and not all(s.is_free for s in self.slots):
-            return
         while not self.stopping and any(s.is_free for s in self.slots):
             head = self.claims.head()
             if not head:

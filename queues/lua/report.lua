@@ -5,25 +5,19 @@ worker chooses it once it has seen the prompt: rule 9), note the first token's t
 stays), note a give-way, renew the lease, and say whether its client asked to cancel. A claim
 the worker lost (its lease ran out while it was frozen; the request went back to the queue and
 perhaps to another worker, or ended) gets nothing written.
-It also reads the head of the waiting queue for the worker's next admission, so a step with a
-free slot makes one round trip, not two (workers/loop.py).
-KEYS[1] running zset   KEYS[2] metrics hash   KEYS[3] waiting zset
-KEYS[2+2i], KEYS[3+2i] request hash and output stream of the i-th request (i = 1..n)
+KEYS[1] running zset   KEYS[2] metrics hash
+KEYS[1+2i], KEYS[2+2i] request hash and output stream of the i-th request (i = 1..n)
 ARGV[1] worker id   ARGV[2] now (ms)   ARGV[3] lease deadline (ms)   ARGV[4] n
-ARGV[5] how many of the waiting queue's first members to return (0: none)
-ARGV[6] the request hashes' key prefix (a member's hash is prefix .. its id, same hash tag: the
-priority of a head member is read from it, as Claims.head does)
 then per request: id, claim_seq, tokens generated so far, slot ('' unless claimed this step),
 first token now (1|0), gave way to
 (a request id, '' for none), priority, number of token events m, then m pairs text, ids
-Returns {codes, head}: one code per request, in order: 0 lost (the worker drops it and writes
-nothing more), 1 held, 2 held and its client asked to cancel; head: member, priority, ... of the
-first ARGV[5] waiting requests in service order.
+Returns one code per request, in order: 0 lost (the worker drops it and writes nothing more),
+1 held, 2 held and its client asked to cancel.
 Metrics: give_ways:<priority> +1 per give-way (queues/metrics.py). ]]
 local codes = {}
-local a = 7
+local a = 5
 for i = 1, tonumber(ARGV[4]) do
-  local req, out = KEYS[2 + 2 * i], KEYS[3 + 2 * i]
+  local req, out = KEYS[1 + 2 * i], KEYS[2 + 2 * i]
   local id, generated, slot = ARGV[a], ARGV[a + 2], ARGV[a + 3]
   local first, gave_way_to, priority = ARGV[a + 4], ARGV[a + 5], ARGV[a + 6]
   local m = tonumber(ARGV[a + 7])
@@ -54,13 +48,4 @@ for i = 1, tonumber(ARGV[4]) do
   end
   a = a + 8 + 2 * m
 end
-local head = {}
-local count = tonumber(ARGV[5])
-if count > 0 then
-  for _, member in ipairs(redis.call('ZRANGE', KEYS[3], 0, count - 1)) do
-    local id = string.sub(member, string.find(member, ':', 1, true) + 1)
-    head[#head + 1] = member
-    head[#head + 1] = redis.call('HGET', ARGV[6] .. id, 'priority') or '0'
-  end
-end
-return {codes, head}
+return codes

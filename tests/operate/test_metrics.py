@@ -51,7 +51,6 @@ def test_metrics_after_a_known_run(start_api, redis_url, redis_client, clock):
     enqueue(redis_url, clock, "long", priority=0, prompt_len=1000)
     worker.step()  # long reads its first chunk
     enqueue(redis_url, clock, "urgent", priority=5, prompt_len=1000)
-    worker.step()  # long reads its second; this step's report sees urgent (workers/loop.py)
     worker.step()  # urgent takes the other slot; long gives way and is parked
     for rid, priority in [("a", -3), ("b", -3), ("c", 7), ("d", 20), ("e", 0), ("f", -50)]:
         enqueue(redis_url, clock, rid, priority=priority)

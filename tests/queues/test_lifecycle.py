@@ -96,7 +96,6 @@ def test_report_streams_tokens_records_the_slot_renews_and_sees_cancels(redis_ur
 
     assert cancel(redis_url, "b") == "running"
     assert w.report([held(a, generated=1), held(b, generated=1)], now_ms=200).cancelled == {"b"}
-    assert w.report([held(a, generated=1)], now_ms=250, head=1).head == []  # nothing waits
     assert redis_client.hget(k.req("a"), "slot") == "1"  # written once, when it was claimed
 
 
@@ -234,12 +233,3 @@ def test_a_full_queue_sheds_low_priorities_first(redis_url, redis_client):
 
 def test_duplicate_ids_are_refused(redis_url):
     assert enqueue(redis_url, request("a"), request("a")) == [0, QueueError.DUPLICATE]
-
-
-def test_report_reads_the_head_as_head_does(redis_url, redis_client):
-    enqueue(redis_url, request("a"), request("low", priority=-2), request("high", priority=3))
-    w = Claims(redis_client, MODEL, "w1", lease_ms=1000)
-    a = w.claim(w.head()[0], now_ms=0)  # high
-    verdict = w.report([held(a, generated=1)], now_ms=10, head=2)
-    assert verdict.head == w.head(2) and [(x.id, x.priority) for x in verdict.head] == [("a", 0), ("low", -2)]
-    assert w.report([held(a, generated=2)], now_ms=20).head is None  # not asked

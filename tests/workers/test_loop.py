@@ -153,22 +153,3 @@ def test_a_conversation_continues_in_the_slot_that_holds_its_prefix(redis_client
     submit("fresh", prompt=turn2, max_tokens=4)
     run_until_idle(make_worker(redis_client, slots=2, chunk=64, worker_id="w2"))
     assert stream(redis_client, "fresh") == stream(redis_client, "turn2")  # same answer as read from scratch
-
-
-def test_a_decoding_step_with_a_free_slot_asks_redis_once(redis_client, submit):
-    """Whether anything waits comes with the step's report: no separate head read while the
-    queue is empty; one as soon as the report finds a newcomer."""
-    submit("a", max_tokens=6)
-    worker = make_worker(redis_client, slots=2)
-    calls = []
-    for name in ("head", "report"):
-        real = getattr(worker.claims, name)
-        setattr(worker.claims, name, lambda *a, _real=real, _name=name, **kw: calls.append(_name) or _real(*a, **kw))
-    for _ in range(3):
-        worker.step()
-    assert calls == ["head", "head", "report", "report", "report"]  # the first step knew nothing yet (a, then none)
-    submit("b", max_tokens=2)
-    worker.step()  # its report sees b
-    worker.step()
-    assert calls[5:] == ["report", "head", "report", "report"]  # b takes the last slot; its first token goes out early
-    assert [s.request.id for s in worker.slots] == ["a", "b"]
