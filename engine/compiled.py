@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from engine.model import Block, CacheIndex, Transformer
@@ -56,7 +55,7 @@ class CompiledDecode:
         x = model.embed(tokens.unsqueeze(1))
         rows, pos = slots.unsqueeze(1), positions.unsqueeze(1)
         index = CacheIndex(0, model.num_slots, span, rows, pos, sliced=False)
-        cos, sin = model.cos[pos].to(model.dtype), model.sin[pos].to(model.dtype)
+        cos, sin = model.rope(pos)
         mask = index.mask()
         if tokens.shape[0] > 1:
             for t in (x, cos, sin, rows, pos, mask):
@@ -65,7 +64,7 @@ class CompiledDecode:
         for block in model.layers:
             keys, values = scratch or (block.k_cache, block.v_cache)
             x = self._layer(block, x, cos, sin, keys, values, rows, pos, mask)
-        return F.rms_norm(x[:, -1], (model.cfg.dim,), model.norm, model.cfg.norm_eps)
+        return model.last_normed(x)
 
     def warm(self, batches: list[int], span: int) -> float:
         """Build the graphs for these batch sizes now. The layers write to scratch buffers shaped

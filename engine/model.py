@@ -280,13 +280,21 @@ class Transformer(nn.Module):
 
     def run_layers(self, x: Tensor, index: CacheIndex) -> Tensor:
         """x: [B, T, dim] float32 embeddings -> [B, dim] normalized residual of the last token.
-        The part of a step a compiled graph covers (engine/compiled.py)."""
-        # Rounded once per step to the activations' dtype (as transformers does), not per layer.
-        cos, sin = self.cos[index.positions].to(self.dtype), self.sin[index.positions].to(self.dtype)  # [B, T, hd]
+        engine/compiled.py runs the same step with each layer compiled."""
+        cos, sin = self.rope(index.positions)
         mask = index.mask()
         lo, hi = index.lo, index.hi
         for block in self.layers:
             x = block(x, cos, sin, block.k_cache[lo:hi], block.v_cache[lo:hi], index, mask)
+        return self.last_normed(x)
+
+    def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """positions [B, T] -> cos, sin [B, T, hd], rounded once per step to the activations'
+        dtype (as transformers does), not per layer."""
+        return self.cos[positions].to(self.dtype), self.sin[positions].to(self.dtype)
+
+    def last_normed(self, x: Tensor) -> Tensor:
+        """The last layer's output [B, T, dim] -> the final-normed residual of each row's last token."""
         return F.rms_norm(x[:, -1], (self.cfg.dim,), self.norm, self.cfg.norm_eps)
 
     def logits(self, h: Tensor) -> Tensor:
