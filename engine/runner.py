@@ -41,15 +41,17 @@ class TorchEngine:
         self._samplers = [SlotSampler.start(SamplingParams(temperature=0.0)) for _ in range(self.num_slots)]
         self.compiled: CompiledDecode | None = None
 
-    def compile_decode(self, warm: bool = True) -> float:
+    def compile_decode(self, warm: bool = True, ahead: bool = True, wait: bool = True) -> float:
         """Decode through torch.compile from now on (engine/compiled.py); with `warm`, build the
-        graphs now. Returns the seconds spent warming."""
+        graphs now, and with `ahead` the one-row step compiled ahead of time (engine/aot.py; in
+        the background unless `wait`). Returns the seconds spent warming."""
         from engine.compiled import CompiledDecode
 
         self.compiled = CompiledDecode(self.model)
         if not warm:
             return 0.0
-        return self.compiled.warm(sorted({1, min(2, self.num_slots), self.num_slots}), min(self.ctx, KV_BUCKET))
+        return self.compiled.warm(sorted({1, min(2, self.num_slots), self.num_slots}), min(self.ctx, KV_BUCKET),
+                                  ahead=ahead, wait=wait)
 
     @property
     def config(self) -> ModelConfig:
@@ -144,6 +146,7 @@ def load_engine(
     prefill_bf16: bool = True,
     cache_dir: str | Path | None = None,
     compile: bool = True,
+    wait: bool = True,
 ) -> TorchEngine:
     """Open a GGUF file or HF folder (None: the default SmolLM2) and allocate its slots.
 
@@ -153,7 +156,9 @@ def load_engine(
     a bf16 prepacked copy that prefill chunks use (2.3x faster there; +2 bytes a weight).
     cache_dir: where the converted tokenizer is kept so a restart does not convert it again
     (seconds for a GGUF), and inductor's generated code.
-    compile: decode through torch.compile (engine/compiled.py), graphs built here; off: eager."""
+    compile: decode through torch.compile (engine/compiled.py), graphs built here; off: eager.
+    wait: with compile, return once the one-row step compiled ahead of time (engine/aot.py) is
+    ready; off (a worker), it builds in the background while the per-layer graph serves."""
     if num_slots < 1 or ctx < 1:
         raise ValueError("num_slots and ctx must be positive")
     if threads is not None:
@@ -186,7 +191,7 @@ def load_engine(
         from engine.compiled import use_cache_dir
 
         use_cache_dir(cache_dir)
-        engine.compile_decode(warm=True)
+        engine.compile_decode(warm=True, wait=wait)
     log.info("loaded %s in %.1fs: %s, linears %s, KV cache %.0f MiB", path.name, time.perf_counter() - started,
              torch_dtype, engine.model.forms, engine.model.kv_bytes() / 2**20)
     return engine

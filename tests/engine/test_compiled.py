@@ -1,5 +1,6 @@
-"""The compiled decode step (engine/compiled.py): on a tiny random model against eager, and on
-SmolLM2 as `strata serve` runs it (compiled is the default). The real model's compiled speed and
+"""The compiled decode step (engine/compiled.py) and its one-row step compiled ahead of time
+(engine/aot.py): on a tiny random model against eager and against each other, and on SmolLM2 as
+`strata serve` runs it (compiled is the default). The real model's compiled speed and
 compile time are measured by bench/engine_speed.py (`default` vs `default+eager`), never here."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from engine.weights import DictSource
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def _tiny_engine() -> TorchEngine:
+def _tiny_engine(num_slots: int = 4) -> TorchEngine:
     torch.manual_seed(0)
     cfg = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=128, vocab_size=256,
                       tie_embeddings=True)
@@ -27,7 +28,7 @@ def _tiny_engine() -> TorchEngine:
         for name, shape in shapes.items():
             weights[f"layers.{i}.{name}"] = torch.randn(shape) * 0.2
     model = Transformer.build(cfg, DictSource(weights), dtype=torch.float32, device=torch.device("cpu"))
-    model.allocate_cache(num_slots=4, ctx=400)
+    model.allocate_cache(num_slots=num_slots, ctx=400)
     return TorchEngine(model, None, eos_token_ids=frozenset())
 
 
@@ -51,7 +52,7 @@ def test_compiled_decode_gives_eager_tokens_without_recompiling():
     caches = [t.clone() for block in engine.model.layers for t in (block.k_cache, block.v_cache)]
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    engine.compile_decode(warm=True)
+    engine.compile_decode(warm=True, ahead=False)
     # Two graphs, one layer each, that every layer runs: one row, and 2+ rows with dynamic batch
     # and span. Warming wrote to scratch buffers, not to any slot's cache.
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
@@ -62,15 +63,70 @@ def test_compiled_decode_gives_eager_tokens_without_recompiling():
     assert compiled == eager
 
 
+def _one_row_run(engine: TorchEngine) -> list[int]:
+    """Slot 2 alone: a prompt, then one-row steps across the 256-token attention bucket."""
+    engine.begin(2, GREEDY)
+    out = [engine.read(2, [(5 * i) % 256 for i in range(200)], sample=True)]
+    for _ in range(120):
+        out += engine.decode([2], [out[-1]])
+    return out
+
+
+def test_one_row_step_ahead_of_time_is_the_one_row_graph_bit_for_bit(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    regional, ahead = _tiny_engine(), _tiny_engine()
+    regional.compile_decode(warm=True, ahead=False)
+    ahead.compile_decode(warm=True)
+    one_row = ahead.compiled.one_row
+    assert regional.compiled.one_row is None and one_row is not None and one_row.ready
+    calls = []
+    run = one_row._run
+    monkeypatch.setattr(one_row, "_run", lambda inputs: calls.append(1) or run(inputs))
+    assert _one_row_run(ahead) == _one_row_run(regional)
+    assert len(calls) == 120  # every step went through the package
+    for a, b in zip(ahead.model.layers, regional.model.layers):  # the K/V it wrote in place, too
+        assert torch.equal(a.k_cache, b.k_cache) and torch.equal(a.v_cache, b.v_cache)
+
+
+def test_one_row_package_is_kept_by_shape_and_built_in_the_background(tmp_path, monkeypatch):
+    from engine.aot import OneRowStep
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    first = _tiny_engine()
+    first.compile_decode(warm=True)
+    path = first.compiled.one_row.path
+    assert path.parent == tmp_path / "strata-aot" and [p.name for p in path.parent.iterdir()] == [path.name]
+
+    def no_export(self):
+        raise AssertionError("exported although the package was cached")
+
+    with monkeypatch.context() as patch:  # same shapes: loaded, neither exported nor compiled
+        patch.setattr(OneRowStep, "_export", no_export)
+        again = _tiny_engine()
+        again.compile_decode(warm=True, wait=False)
+        assert again.compiled.one_row.ready and again.compiled.one_row.thread is None
+    other = _tiny_engine(num_slots=3)  # other K/V shapes: another package, built while decoding
+    other.compile_decode(warm=True, wait=False)
+    one_row = other.compiled.one_row
+    assert one_row.path != path and one_row.thread is not None
+    reference = _tiny_engine(num_slots=3)
+    reference.compile_decode(warm=True, ahead=False)
+    assert _one_row_run(other) == _one_row_run(reference)  # whichever path each step took
+    one_row.thread.join()
+    assert one_row.ready and one_row.error is None and one_row.path.exists()
+    assert _one_row_run(other) == _one_row_run(reference)
+
+
 @pytest.mark.smollm2
 def test_default_engine_decodes_compiled_and_a_row_does_not_depend_on_its_neighbours(tmp_path):
     """Compiled and eager greedy tokens can part at near-ties (bf16 rounding inside fused
     kernels; docs/engine.md), so a worker never mixes them: the default compiles at load, and a
-    request's tokens must be the same whatever else shares its step."""
+    request's tokens must be the same whatever else shares its step (alone, a row goes through
+    the package compiled ahead of time; with others, through the per-layer graph)."""
     from engine.runner import load_engine
 
     engine = load_engine(None, num_slots=4, ctx=512, cache_dir=tmp_path)
-    assert engine.compiled is not None
+    assert engine.compiled is not None and engine.compiled.one_row.ready
     prompts = [engine.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in
                ("What is the capital of France?", "Write a short poem about the sea.", "What is 17 times 23?",
                 "Who wrote Romeo and Juliet?")]
