@@ -20,6 +20,7 @@ engine.aot`), whose torch marks itself as compiling/exporting in flags a serving
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import subprocess
@@ -38,6 +39,7 @@ from engine.weights import PackedLinear
 
 log = logging.getLogger(__name__)
 
+READY_LOG = "compiled ahead of time, ready"  # bench/side_by_side.py waits for it
 FORMAT = "1"  # bump when what a package is called with changes
 _SOURCES = ("model.py", "weights.py", "aot.py")
 
@@ -79,26 +81,27 @@ class _Layers(nn.Module):
                 setattr(module, name, tensor)
 
 
-def example_inputs(model: Transformer, span: int) -> tuple[Tensor, ...]:
-    """The step's own inputs for one row: x [1, 1, dim] float32, cos, sin [1, 1, hd], rows,
-    positions [1, 1] long, mask [1, 1, 1, 1, span] bool."""
-    rows = torch.zeros(1, 1, dtype=torch.long, device=model.device)
-    positions = torch.zeros(1, 1, dtype=torch.long, device=model.device)
-    x = torch.zeros(1, 1, model.cfg.dim, device=model.device)
+def example_inputs(model: Transformer, rows: int, span: int) -> tuple[Tensor, ...]:
+    """The step's own inputs for `rows` rows: x [B, 1, dim] float32, cos, sin [B, 1, hd], rows,
+    positions [B, 1] long, mask [B, 1, 1, 1, span] bool."""
+    slots = torch.arange(rows, device=model.device).unsqueeze(1)
+    positions = torch.zeros(rows, 1, dtype=torch.long, device=model.device)
+    x = torch.zeros(rows, 1, model.cfg.dim, device=model.device)
     cos, sin = model.rope(positions)
-    mask = CacheIndex(0, model.num_slots, span, rows, positions, sliced=False).mask()
-    return x, cos, sin, rows, positions, mask
+    mask = CacheIndex(0, model.num_slots, span, slots, positions, sliced=False).mask()
+    return x, cos, sin, slots, positions, mask
 
 
-def package_key(model: Transformer, tensors: list[Tensor]) -> str:
+def package_key(model: Transformer, batched: bool, tensors: list[Tensor]) -> str:
     from torch._inductor import cpu_vec_isa
 
     digest = hashlib.sha256()
     here = Path(__file__).parent
     for name in _SOURCES:
         digest.update((here / name).read_bytes())
-    parts = [FORMAT, torch.__version__, repr(model.cfg), str(model.dtype), str(model.num_slots), str(model.ctx),
-             str(cpu_vec_isa.pick_vec_isa()), str(torch.backends.cpu.get_cpu_capability())]
+    parts = [FORMAT, "batched" if batched else "one row", torch.__version__, repr(model.cfg), str(model.dtype),
+             str(model.num_slots), str(model.ctx), str(cpu_vec_isa.pick_vec_isa()),
+             str(torch.backends.cpu.get_cpu_capability())]
     parts += [f"{tuple(t.shape)}{t.stride()}{t.dtype}" for t in tensors]
     digest.update("\n".join(parts).encode())
     return digest.hexdigest()[:32]
@@ -110,62 +113,71 @@ def _package_folder() -> Path:
     return Path(cache_dir()) / "strata-aot"
 
 
-class OneRowStep:
-    """The layers of a one-row decode step from an AOTInductor package; `ready` once loaded.
+class PackagedLayers:
+    """A decode step's layers from an AOTInductor package: one row, or (`batched`) 2 to
+    num_slots rows; `ready` once loaded. Until then callers use the per-layer graph, whose
+    results these are, bit for bit."""
 
-    `prepare` loads the package if one is cached, else exports the layers and compiles them,
-    at once or (`wait=False`) in a background thread. Until `ready`, callers use their own path."""
-
-    def __init__(self, model: Transformer) -> None:
-        self.model = model
+    def __init__(self, model: Transformer, batched: bool) -> None:
+        self.model, self.batched = model, batched
+        self.name = "batched step" if batched else "one-row step"
         self.places = _step_tensors(model)
         self.tensors = [getattr(module, name) for module, name in self.places]
         self._run: Callable[[list[Tensor]], list[Tensor]] | None = None
-        self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
-        self.path = _package_folder() / f"{package_key(model, self.tensors)}.pt2"
+        self.path = _package_folder() / f"{package_key(model, batched, self.tensors)}.pt2"
 
     @property
     def ready(self) -> bool:
         return self._run is not None
 
-    def fits(self, span: int) -> bool:
-        return 2 <= span <= self.model.ctx
+    def fits(self, rows: int, span: int) -> bool:
+        return (rows >= 2 if self.batched else rows == 1) and rows <= self.model.num_slots and 2 <= span <= self.model.ctx
 
     def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, rows: Tensor, positions: Tensor, mask: Tensor) -> Tensor:
-        """x: [1, 1, dim] float32 residual -> after every layer (Block.forward's contract)."""
+        """x: [B, 1, dim] float32 residual -> after every layer (Block.forward's contract)."""
         assert self._run is not None
         return self._run([x, cos, sin, rows, positions, mask, *self.tensors])[0]
 
-    def prepare(self, wait: bool = True) -> None:
-        if self.path.exists():
-            try:
-                self._load()
-                return
-            except Exception:  # a package from an interrupted or older write: build it again
-                log.warning("could not load %s; building it again", self.path, exc_info=True)
+    def load_cached(self) -> bool:
+        if not self.path.exists():
+            return False
+        try:
+            self._load()
+            return True
+        except Exception:  # not a package this torch can load: build it again
+            log.warning("could not load %s; building it again", self.path, exc_info=True)
+            return False
+
+    def export(self) -> str:
+        """Trace the layers (the model's tensors are swapped for the trace's inputs meanwhile, so
+        nothing may run the model concurrently) and save the program for `build`."""
         started = time.perf_counter()
+        rows = 2 if self.batched else 1
+        inputs = example_inputs(self.model, rows, min(self.model.ctx, 256))
+        span = torch.export.Dim("span", min=2, max=self.model.ctx)
+        if self.batched:
+            batch = torch.export.Dim("batch", min=2, max=self.model.num_slots)
+            dims: list[Any] = [{0: batch} for _ in inputs]
+            dims[-1] = {0: batch, 4: span}
+        else:
+            dims = [None] * len(inputs)
+            dims[-1] = {4: span}
+        with torch.inference_mode():
+            exported = torch.export.export(_Layers(self.model, self.places), (*inputs, *self.tensors),
+                                           dynamic_shapes=(*dims, tuple(None for _ in self.tensors)))
+        shapes = [(tuple(t.shape), t.stride(), str(t.dtype).removeprefix("torch.")) for t in exported.example_inputs[0]]
+        exported.example_inputs = None  # the weights and K/V buffers themselves: ~1 GB to write for nothing
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, program = tempfile.mkstemp(suffix=".pt2", prefix="exported-", dir=self.path.parent)
         os.close(fd)
-        torch.export.save(self._export(), program)
-        log.info("exported the one-row step in %.1fs", time.perf_counter() - started)
-        if wait:
-            self._build(program)
-        else:
-            self.thread = threading.Thread(target=self._build, args=(program,), name="strata-aot", daemon=True)
-            self.thread.start()
+        torch.export.save(exported, program, extra_files={"inputs.json": json.dumps(shapes)})
+        log.info("exported the %s in %.1fs", self.name, time.perf_counter() - started)
+        return program
 
-    def _export(self) -> Any:
-        span = min(self.model.ctx, 256)
-        inputs = example_inputs(self.model, span)
-        dims: list[Any] = [None] * len(inputs)
-        dims[-1] = {4: torch.export.Dim("span", min=2, max=self.model.ctx)}
-        with torch.inference_mode():
-            return torch.export.export(_Layers(self.model, self.places), (*inputs, *self.tensors),
-                                       dynamic_shapes=(*dims, tuple(None for _ in self.tensors)))
-
-    def _build(self, program: str) -> None:
+    def build(self, program: str) -> None:
+        """Compile the exported program in a child process, then load it; on failure the
+        per-layer graph keeps serving."""
         started = time.perf_counter()
         try:
             try:
@@ -177,22 +189,47 @@ class OneRowStep:
                 os.unlink(program)
             if done.returncode != 0:
                 raise RuntimeError(f"python -m engine.aot exited with {done.returncode}: {done.stderr[-2000:]}")
+            log.info("%s compiled ahead of time in %.1fs", self.name, time.perf_counter() - started)
             self._load()
-            log.info("one-row step compiled ahead of time in %.1fs: %s", time.perf_counter() - started, self.path.name)
-        except Exception as error:  # the regional graph keeps serving
+        except Exception as error:
             self.error = error
-            log.warning("compiling the one-row step ahead of time failed; staying on the per-layer graph",
+            log.warning("compiling the %s ahead of time failed; staying on the per-layer graph", self.name,
                         exc_info=True)
 
     def _load(self) -> None:
         runner = torch._inductor.aoti_load_package(str(self.path))
         self._run = runner.loader.boxed_run
+        log.info("%s: %s (%s)", READY_LOG, self.name, self.path.name)
+
+
+def prepare(model: Transformer, wait: bool = True) -> tuple[list[PackagedLayers], threading.Thread | None]:
+    """The one-row and the batched step's packages: loaded where cached, the others exported now
+    and compiled now (`wait`) or one after the other in a background thread (returned)."""
+    steps = [PackagedLayers(model, batched=False)]
+    if model.num_slots > 1:
+        steps.append(PackagedLayers(model, batched=True))
+    pending = [(step, step.export()) for step in steps if not step.load_cached()]
+
+    def build_all() -> None:
+        for step, program in pending:
+            step.build(program)
+
+    if not pending or wait:
+        build_all()
+        return steps, None
+    thread = threading.Thread(target=build_all, name="strata-aot", daemon=True)
+    thread.start()
+    return steps, thread
 
 
 def compile_package(program: str, path: str) -> None:
     """An exported program (torch.export.save) -> an AOTInductor package at `path`, written whole
     or not at all (a worker may be killed mid-build; two may build the same key)."""
-    exported = torch.export.load(program)
+    files = {"inputs.json": ""}
+    exported = torch.export.load(program, extra_files=files)
+    # inductor reads only the inputs' shapes, strides and dtypes; these are never touched
+    exported.example_inputs = (tuple(torch.empty_strided(shape, stride, dtype=getattr(torch, dtype))
+                                     for shape, stride, dtype in json.loads(files["inputs.json"])), {})
     fd, scratch = tempfile.mkstemp(suffix=".pt2", prefix="package-", dir=os.path.dirname(path))
     os.close(fd)
     try:

@@ -11,21 +11,23 @@ whose batch size and attention span are dynamic, so neither a new batch size nor
 compiles again. The embedding lookup, RoPE tables, mask, final norm, the head with its exact top
 logits (data-dependent shapes) and sampling stay eager, once per step.
 
-On the CPU a one-row step then moves to the same layers compiled ahead of time into one C++ call
-(engine/aot.py), bit for bit the one-row graph's results without its per-layer Python cost.
+On the CPU a step then moves to the same layers compiled ahead of time into one C++ call
+(engine/aot.py: a one-row and a batched package), bit for bit the per-layer graphs' results
+without their per-layer Python cost.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from engine.aot import OneRowStep
+from engine import aot
 from engine.model import Block, CacheIndex, Transformer
 
 log = logging.getLogger(__name__)
@@ -50,7 +52,8 @@ class CompiledDecode:
     def __init__(self, model: Transformer) -> None:
         self.model = model
         self._layer = torch.compile(_layer, fullgraph=True, dynamic=None)
-        self.one_row: OneRowStep | None = None
+        self.packaged: list[aot.PackagedLayers] = []
+        self.building: threading.Thread | None = None  # the packages' background build, if any
 
     def __call__(self, tokens: Tensor, slots: Tensor, positions: Tensor, span: int,
                  scratch: tuple[Tensor, Tensor] | None = None) -> Tensor:
@@ -66,9 +69,10 @@ class CompiledDecode:
             for t in (x, cos, sin, rows, pos, mask):
                 torch._dynamo.maybe_mark_dynamic(t, 0)
         torch._dynamo.maybe_mark_dynamic(mask, mask.dim() - 1)
-        one_row = self.one_row
-        if scratch is None and tokens.shape[0] == 1 and one_row is not None and one_row.ready and one_row.fits(span):
-            return model.last_normed(one_row(x, cos, sin, rows, pos, mask))
+        if scratch is None:
+            for packaged in self.packaged:
+                if packaged.ready and packaged.fits(tokens.shape[0], span):
+                    return model.last_normed(packaged(x, cos, sin, rows, pos, mask))
         for block in model.layers:
             keys, values = scratch or (block.k_cache, block.v_cache)
             x = self._layer(block, x, cos, sin, keys, values, rows, pos, mask)
@@ -77,8 +81,8 @@ class CompiledDecode:
     def warm(self, batches: list[int], span: int, ahead: bool = True, wait: bool = True) -> float:
         """Build the graphs for these batch sizes now. The layers write to scratch buffers shaped
         like theirs (the same graph, as guards see only shapes), so no slot's cache is touched.
-        With `ahead` (CPU), then the one-row step compiled ahead of time: loaded if cached, else
-        built now or (`wait=False`) in the background. Returns the seconds it took."""
+        With `ahead` (CPU), then the steps compiled ahead of time: loaded if cached, else built
+        now or (`wait=False`) in the background. Returns the seconds it took."""
         started = time.perf_counter()
         device = self.model.device
         first = self.model.layers[0]
@@ -88,8 +92,7 @@ class CompiledDecode:
                 zeros = torch.zeros(batch, dtype=torch.long, device=device)
                 self(zeros, torch.arange(batch, device=device), zeros, span, scratch)
         if ahead and device.type == "cpu":
-            self.one_row = OneRowStep(self.model)
-            self.one_row.prepare(wait)
+            self.packaged, self.building = aot.prepare(self.model, wait)
         took = time.perf_counter() - started
         log.info("compiled decode for batches %s in %.1fs", batches, took)
         return took

@@ -63,58 +63,72 @@ def test_compiled_decode_gives_eager_tokens_without_recompiling():
     assert compiled == eager
 
 
-def _one_row_run(engine: TorchEngine) -> list[int]:
-    """Slot 2 alone: a prompt, then one-row steps across the 256-token attention bucket."""
-    engine.begin(2, GREEDY)
-    out = [engine.read(2, [(5 * i) % 256 for i in range(200)], sample=True)]
-    for _ in range(120):
-        out += engine.decode([2], [out[-1]])
-    return out
+def _packaged_run(engine: TorchEngine) -> list[list[int]]:
+    """Slot 2 alone (a prompt, one-row steps across the 256-token attention bucket), then slots
+    0, 2 and 3 together, then 3 and 1."""
+    out = {}
+    for slot, length in ((2, 200), (0, 30), (3, 90), (1, 5)):
+        engine.begin(slot, GREEDY)
+        out[slot] = [engine.read(slot, [(5 * i + slot) % 256 for i in range(length)], sample=True)]
+    for group, steps in (([2], 70), ([0, 2, 3], 40), ([3, 1], 20)):
+        for _ in range(steps):
+            for slot, token in zip(group, engine.decode(group, [out[s][-1] for s in group])):
+                out[slot].append(token)
+    return [out[s] for s in range(4)]
 
 
-def test_one_row_step_ahead_of_time_is_the_one_row_graph_bit_for_bit(tmp_path, monkeypatch):
+def _counted(engine: TorchEngine, monkeypatch: pytest.MonkeyPatch) -> dict[bool, list[int]]:
+    """Calls into each package, by `batched`."""
+    calls: dict[bool, list[int]] = {False: [], True: []}
+    for packaged in engine.compiled.packaged:
+        run = packaged._run
+        monkeypatch.setattr(packaged, "_run", lambda inputs, run=run, b=packaged.batched: calls[b].append(1) or run(inputs))
+    return calls
+
+
+def test_steps_ahead_of_time_are_the_per_layer_graphs_bit_for_bit(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     regional, ahead = _tiny_engine(), _tiny_engine()
     regional.compile_decode(warm=True, ahead=False)
     ahead.compile_decode(warm=True)
-    one_row = ahead.compiled.one_row
-    assert regional.compiled.one_row is None and one_row is not None and one_row.ready
-    calls = []
-    run = one_row._run
-    monkeypatch.setattr(one_row, "_run", lambda inputs: calls.append(1) or run(inputs))
-    assert _one_row_run(ahead) == _one_row_run(regional)
-    assert len(calls) == 120  # every step went through the package
-    for a, b in zip(ahead.model.layers, regional.model.layers):  # the K/V it wrote in place, too
+    assert not regional.compiled.packaged
+    assert [p.batched for p in ahead.compiled.packaged] == [False, True]
+    assert all(p.ready for p in ahead.compiled.packaged)
+    calls = _counted(ahead, monkeypatch)
+    assert _packaged_run(ahead) == _packaged_run(regional)
+    assert (len(calls[False]), len(calls[True])) == (70, 60)  # every step went through a package
+    for a, b in zip(ahead.model.layers, regional.model.layers):  # the K/V they wrote in place, too
         assert torch.equal(a.k_cache, b.k_cache) and torch.equal(a.v_cache, b.v_cache)
 
 
-def test_one_row_package_is_kept_by_shape_and_built_in_the_background(tmp_path, monkeypatch):
-    from engine.aot import OneRowStep
+def test_packages_are_kept_by_shape_and_built_in_the_background(tmp_path, monkeypatch):
+    from engine.aot import PackagedLayers
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     first = _tiny_engine()
     first.compile_decode(warm=True)
-    path = first.compiled.one_row.path
-    assert path.parent == tmp_path / "strata-aot" and [p.name for p in path.parent.iterdir()] == [path.name]
+    paths = {p.path for p in first.compiled.packaged}
+    assert len(paths) == 2 and {p.name for p in (tmp_path / "strata-aot").iterdir()} == {p.name for p in paths}
 
     def no_export(self):
         raise AssertionError("exported although the package was cached")
 
     with monkeypatch.context() as patch:  # same shapes: loaded, neither exported nor compiled
-        patch.setattr(OneRowStep, "_export", no_export)
+        patch.setattr(PackagedLayers, "export", no_export)
         again = _tiny_engine()
         again.compile_decode(warm=True, wait=False)
-        assert again.compiled.one_row.ready and again.compiled.one_row.thread is None
-    other = _tiny_engine(num_slots=3)  # other K/V shapes: another package, built while decoding
+        assert all(p.ready for p in again.compiled.packaged) and again.compiled.building is None
+    other = _tiny_engine(num_slots=5)  # other K/V shapes: other packages, built while decoding
     other.compile_decode(warm=True, wait=False)
-    one_row = other.compiled.one_row
-    assert one_row.path != path and one_row.thread is not None
-    reference = _tiny_engine(num_slots=3)
+    assert not paths & {p.path for p in other.compiled.packaged} and other.compiled.building is not None
+    reference = _tiny_engine(num_slots=5)
     reference.compile_decode(warm=True, ahead=False)
-    assert _one_row_run(other) == _one_row_run(reference)  # whichever path each step took
-    one_row.thread.join()
-    assert one_row.ready and one_row.error is None and one_row.path.exists()
-    assert _one_row_run(other) == _one_row_run(reference)
+    assert _packaged_run(other) == _packaged_run(reference)  # whichever path each step took
+    other.compiled.building.join()
+    assert all(p.ready and p.error is None and p.path.exists() for p in other.compiled.packaged)
+    calls = _counted(other, monkeypatch)
+    assert _packaged_run(other) == _packaged_run(reference)
+    assert (len(calls[False]), len(calls[True])) == (70, 60)
 
 
 @pytest.mark.smollm2
@@ -122,11 +136,11 @@ def test_default_engine_decodes_compiled_and_a_row_does_not_depend_on_its_neighb
     """Compiled and eager greedy tokens can part at near-ties (bf16 rounding inside fused
     kernels; docs/engine.md), so a worker never mixes them: the default compiles at load, and a
     request's tokens must be the same whatever else shares its step (alone, a row goes through
-    the package compiled ahead of time; with others, through the per-layer graph)."""
+    the one-row package compiled ahead of time; with others, through the batched one)."""
     from engine.runner import load_engine
 
     engine = load_engine(None, num_slots=4, ctx=512, cache_dir=tmp_path)
-    assert engine.compiled is not None and engine.compiled.one_row.ready
+    assert engine.compiled is not None and all(p.ready for p in engine.compiled.packaged)
     prompts = [engine.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in
                ("What is the capital of France?", "Write a short poem about the sea.", "What is 17 times 23?",
                 "Who wrote Romeo and Juliet?")]
