@@ -46,7 +46,6 @@ class Server:
     env: dict[str, str] | None = None
     cwd: Path | None = None  # `python -m` puts its working directory first on the path
     model: str = ""
-    full_speed_log: str | None = None  # a line the server logs once its fastest path is in place
     process: subprocess.Popen | None = None
     log: Path = field(default_factory=lambda: Path(tempfile.mkstemp(suffix=".log")[1]))
 
@@ -74,25 +73,11 @@ class Server:
                     data = httpx.get(self.url + "/v1/models", timeout=2).json().get("data") or [{}]
                     self.model = data[0].get("id", "")
                     self.start_s = time.monotonic() - started
-                    self._wait_full_speed(started)
                     return self
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
         raise TimeoutError(f"{self.name} did not become ready; see {self.log}")
-
-    def _wait_full_speed(self, started: float) -> None:
-        """Strata serves before its steps compiled ahead of time are ready (a fresh data folder
-        builds them in the background, ~2 min); measure what it serves once they are."""
-        self.full_speed_s = self.start_s
-        if self.full_speed_log is None:
-            return
-        while time.monotonic() - started < 600:
-            if self.full_speed_log in self.log.read_text(errors="replace"):
-                self.full_speed_s = time.monotonic() - started
-                return
-            time.sleep(0.5)
-        print(f"warning: {self.name} never logged {self.full_speed_log!r}; measuring anyway", file=sys.stderr)
 
     def __exit__(self, *exc: object) -> None:
         if self.process and self.process.poll() is None:
@@ -225,13 +210,7 @@ def strata_server(args: argparse.Namespace, parallel: int, extra: list[str], tre
     if args.model:
         argv += ["--model", args.model]
     env = {**os.environ, "PYTHONPATH": str(tree)} if tree else None
-    server = Server(name, argv + extra, port, "/v1/models", env, tree)
-    if tree is None and "--no-compile" not in extra and not any(flag.startswith("cuda") for flag in extra):
-        from engine.aot import READY_LOG
-
-        # the batched step's package builds after the one-row step's
-        server.full_speed_log = f"{READY_LOG}: {'batched step' if parallel > 1 else 'one-row step'}"
-    return server
+    return Server(name, argv + extra, port, "/v1/models", env, tree)
 
 
 def llama_server(binary: str, model: str | Path | None, parallel: int, ctx_per_slot: int = 2048) -> Server:
@@ -249,7 +228,6 @@ def measure(make, args: argparse.Namespace) -> dict[str, float]:
     if {"decode", "prompt"} & set(args.stages):
         with make(args.parallel) as server:
             out["start_s"] = server.start_s
-            out["full_speed_s"] = server.full_speed_s
             asyncio.run(decode_rate(server, 1, 0))  # warm-up
             if "decode" in args.stages:
                 for clients in args.clients:
@@ -342,7 +320,7 @@ def report(results: dict[str, dict[str, float]], loads: list[str], args: argpars
         table.add_column(f"strata / {other}", justify="right")
     rows = [(f"clients_{c}", f"decode tok/s, {c} client{'s' if c > 1 else ''}") for c in args.clients]
     rows += [("prompt", "prompt tok/s (one ~2000-token prompt)"), ("alert_ttft_s", "alert during a battery: TTFT s"),
-             ("start_s", "start until ready, s"), ("full_speed_s", "start until full speed, s")]
+             ("start_s", "start until ready, s")]
     for key, title in rows:
         if not all(key in r for r in results.values()):
             continue

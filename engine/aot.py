@@ -1,20 +1,22 @@
-"""The one-row decode step compiled ahead of time: every layer in one C++ call.
+"""The decode step's layers compiled ahead of time: all of them in one C++ call.
 
 At one row, calling each layer's compiled graph from Python costs about as much as the layer's
 arithmetic: dynamo's guards, the wrapper's allocations and calls, ~80 of ~230 us a layer on this
 machine. AOTInductor compiles the stack of layers — the graph inductor builds for one layer,
-repeated — into a shared library with a C++ wrapper that a step calls once (SmolLM2's 30 layers:
-3.9 ms against 7.1 ms). Its kernels are the regional one-row graph's kernels, so its results are
-the same bit for bit (tests/engine/test_aot.py): a worker serves with the regional graph while the
-package builds, then switches, and no request's text depends on when.
+repeated — into a shared library with a C++ wrapper that a step calls once (SmolLM2's 30
+layers: 3.9 ms against 7.1 ms). Two packages: one row, and 2 to num_slots rows (batch size and
+attention span dynamic). A row's results do not depend on its neighbours (one-row package =
+batched package, bit for bit), but they are not always the per-layer graphs' bit for bit (a
+residual added in another kernel rounds the same float32 sums in another order; a bf16 step apart
+in a few logits), so a worker never mixes the two: it builds the packages before it serves, and
+uses them for every step or (a build failed) for none.
 
-The weights and K/V buffers are the package's inputs, not constants: the package holds only code
+The weights and K/V buffers are the package's inputs, not constants: a package holds only code
 (a few MB), runs on the model's own tensors and writes the K/V buffers in place. Packages are kept
 under inductor's cache folder (`--data-dir`/cache/inductor/strata-aot) by a key of everything the
 code depends on: torch, this engine's source, the tensors' shapes and strides, the CPU's vector
-instructions. Export takes seconds and swaps the model's tensors for traced inputs, so it runs
-before serving; the compile (~45 s cold for SmolLM2) runs in a child process (`python -m
-engine.aot`), whose torch marks itself as compiling/exporting in flags a serving thread would see.
+instructions; a restart loads them in well under a second. Export takes seconds; the compile
+(~1 min a package for SmolLM2, both side by side) runs in child processes (`python -m engine.aot`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -39,22 +40,21 @@ from engine.weights import PackedLinear
 
 log = logging.getLogger(__name__)
 
-READY_LOG = "compiled ahead of time, ready"  # bench/side_by_side.py waits for it
-FORMAT = "1"  # bump when what a package is called with changes
+FORMAT = "3"  # bump when what a package is called with changes
 _SOURCES = ("model.py", "weights.py", "aot.py")
 
 
-def _step_tensors(model: Transformer) -> list[tuple[nn.Module, str]]:
-    """Every tensor the layers read at one token per row, as (module, attribute): the package's
-    inputs after the step's own. A bf16 prepacked copy serves only prefill chunks: left out."""
+def _tensors(owners: list[nn.Module]) -> list[tuple[nn.Module, str]]:
+    """Every tensor attribute of these modules and their submodules, as (module, attribute). A
+    bf16 prepacked copy (oneDNN's layout, not a graph input) serves only prefill chunks: left out."""
     found = []
-    for block in model.layers:
-        for module in block.modules():
-            if isinstance(module, PackedLinear):
+    for owner in owners:
+        for part in owner.modules():
+            if isinstance(part, PackedLinear):
                 continue
-            for name, value in vars(module).items():
+            for name, value in vars(part).items():
                 if isinstance(value, Tensor) and value.layout == torch.strided and value.numel() > 0:
-                    found.append((module, name))
+                    found.append((part, name))
     return found
 
 
@@ -62,7 +62,7 @@ class _Layers(nn.Module):
     """The layers as a function of their tensors, for export: each call puts the given tensors
     where the layers look for them, so the traced graph takes them as inputs."""
 
-    def __init__(self, model: Transformer, places: list[tuple[nn.Module, str]]) -> None:
+    def __init__(self, model: Transformer, places: list[tuple[object, str]]) -> None:
         super().__init__()
         self.model, self.places = model, places
 
@@ -115,16 +115,16 @@ def _package_folder() -> Path:
 
 class PackagedLayers:
     """A decode step's layers from an AOTInductor package: one row, or (`batched`) 2 to
-    num_slots rows; `ready` once loaded. Until then callers use the per-layer graph, whose
-    results these are, bit for bit."""
+    num_slots rows; `ready` once loaded."""
 
     def __init__(self, model: Transformer, batched: bool) -> None:
         self.model, self.batched = model, batched
         self.name = "batched step" if batched else "one-row step"
-        self.places = _step_tensors(model)
+        self.places = _tensors(list(model.layers))
         self.tensors = [getattr(module, name) for module, name in self.places]
         self._run: Callable[[list[Tensor]], list[Tensor]] | None = None
         self.error: BaseException | None = None
+        self._started = 0.0
         self.path = _package_folder() / f"{package_key(model, batched, self.tensors)}.pt2"
 
     @property
@@ -135,19 +135,16 @@ class PackagedLayers:
         return (rows >= 2 if self.batched else rows == 1) and rows <= self.model.num_slots and 2 <= span <= self.model.ctx
 
     def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, rows: Tensor, positions: Tensor, mask: Tensor) -> Tensor:
-        """x: [B, 1, dim] float32 residual -> after every layer (Block.forward's contract)."""
+        """x: [B, 1, dim] float32 embeddings -> after every layer (Block.forward's contract)."""
         assert self._run is not None
         return self._run([x, cos, sin, rows, positions, mask, *self.tensors])[0]
 
-    def load_cached(self) -> bool:
-        if not self.path.exists():
-            return False
-        try:
-            self._load()
-            return True
-        except Exception:  # not a package this torch can load: build it again
-            log.warning("could not load %s; building it again", self.path, exc_info=True)
-            return False
+    def load_cached(self) -> None:
+        if self.path.exists():
+            try:
+                self._load()
+            except Exception:  # not a package this torch can load: build it again
+                log.warning("could not load %s; building it again", self.path, exc_info=True)
 
     def export(self) -> str:
         """Trace the layers (the model's tensors are swapped for the trace's inputs meanwhile, so
@@ -175,51 +172,52 @@ class PackagedLayers:
         log.info("exported the %s in %.1fs", self.name, time.perf_counter() - started)
         return program
 
-    def build(self, program: str) -> None:
-        """Compile the exported program in a child process, then load it; on failure the
-        per-layer graph keeps serving."""
-        started = time.perf_counter()
+    def start_build(self, program: str) -> subprocess.Popen:
+        """Compile the exported program in a child process (`finish_build` waits for it)."""
+        self._started = time.perf_counter()
+        root = str(Path(__file__).resolve().parent.parent)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+        return subprocess.Popen([sys.executable, "-m", "engine.aot", program, str(self.path)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def finish_build(self, program: str, child: subprocess.Popen) -> None:
+        """Wait for the child and load its package; on failure `error` says why."""
         try:
             try:
-                root = str(Path(__file__).resolve().parent.parent)
-                env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-                done = subprocess.run([sys.executable, "-m", "engine.aot", program, str(self.path)],
-                                      capture_output=True, text=True, env=env)
+                _, errors = child.communicate()
             finally:
                 os.unlink(program)
-            if done.returncode != 0:
-                raise RuntimeError(f"python -m engine.aot exited with {done.returncode}: {done.stderr[-2000:]}")
-            log.info("%s compiled ahead of time in %.1fs", self.name, time.perf_counter() - started)
+            if child.returncode != 0:
+                raise RuntimeError(f"python -m engine.aot exited with {child.returncode}: {errors[-2000:]}")
+            log.info("%s compiled ahead of time in %.1fs", self.name, time.perf_counter() - self._started)
             self._load()
         except Exception as error:
             self.error = error
-            log.warning("compiling the %s ahead of time failed; staying on the per-layer graph", self.name,
-                        exc_info=True)
+            log.warning("compiling the %s ahead of time failed", self.name, exc_info=True)
 
     def _load(self) -> None:
         runner = torch._inductor.aoti_load_package(str(self.path))
         self._run = runner.loader.boxed_run
-        log.info("%s: %s (%s)", READY_LOG, self.name, self.path.name)
+        log.info("%s compiled ahead of time: loaded %s", self.name, self.path.name)
 
 
-def prepare(model: Transformer, wait: bool = True) -> tuple[list[PackagedLayers], threading.Thread | None]:
-    """The one-row and the batched step's packages: loaded where cached, the others exported now
-    and compiled now (`wait`) or one after the other in a background thread (returned)."""
+def packages(model: Transformer) -> list[PackagedLayers]:
+    """The one-row and (more than one slot) the batched step's packages, loaded where cached."""
     steps = [PackagedLayers(model, batched=False)]
     if model.num_slots > 1:
         steps.append(PackagedLayers(model, batched=True))
-    pending = [(step, step.export()) for step in steps if not step.load_cached()]
+    for step in steps:
+        step.load_cached()
+    return steps
 
-    def build_all() -> None:
-        for step, program in pending:
-            step.build(program)
 
-    if not pending or wait:
-        build_all()
-        return steps, None
-    thread = threading.Thread(target=build_all, name="strata-aot", daemon=True)
-    thread.start()
-    return steps, thread
+def build(steps: list[PackagedLayers]) -> None:
+    """Export the steps not loaded yet, compile them side by side (one child process each: the
+    compiler is mostly one thread) and load them."""
+    pending = [(step, step.export()) for step in steps if not step.ready]
+    children = [(step, program, step.start_build(program)) for step, program in pending]
+    for step, program, child in children:
+        step.finish_build(program, child)
 
 
 def compile_package(program: str, path: str) -> None:

@@ -11,16 +11,15 @@ whose batch size and attention span are dynamic, so neither a new batch size nor
 compiles again. The embedding lookup, RoPE tables, mask, final norm, the head with its exact top
 logits (data-dependent shapes) and sampling stay eager, once per step.
 
-On the CPU a step then moves to the same layers compiled ahead of time into one C++ call
-(engine/aot.py: a one-row and a batched package), bit for bit the per-layer graphs' results
-without their per-layer Python cost.
+On the CPU the layers run compiled ahead of time instead, all of them in one C++ call
+(engine/aot.py: a one-row and a batched package), without the per-layer Python cost; the head's
+graph serves both.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -48,16 +47,23 @@ def _layer(block: Block, x: Tensor, cos: Tensor, sin: Tensor, keys: Tensor, valu
     return block(x, cos, sin, keys, values, index, mask)
 
 
+def _head(model: Transformer, x: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+    # The final norm, the head and which logits to recompute exactly, in one graph (eager they
+    # were a dozen passes over the vocabulary); the recomputation's shapes depend on the data.
+    h = model.last_normed(x)
+    return h, *model.head_logits(h)
+
+
 class CompiledDecode:
     def __init__(self, model: Transformer) -> None:
         self.model = model
         self._layer = torch.compile(_layer, fullgraph=True, dynamic=None)
-        self.packaged: list[aot.PackagedLayers] = []
-        self.building: threading.Thread | None = None  # the packages' background build, if any
+        self._head = torch.compile(_head, fullgraph=True, dynamic=None)
+        self.packaged: list[aot.PackagedLayers] = []  # all of them or none
 
     def __call__(self, tokens: Tensor, slots: Tensor, positions: Tensor, span: int,
                  scratch: tuple[Tensor, Tensor] | None = None) -> Tensor:
-        """tokens, slots, positions: [B] long -> [B, dim] normalized residual (see Transformer.forward).
+        """tokens, slots, positions: [B] long -> logits [B, V] float32 (Transformer.logits').
         scratch: K/V buffers shaped like a layer's that every layer writes instead of its own."""
         model = self.model
         x = model.embed(tokens.unsqueeze(1))
@@ -69,30 +75,43 @@ class CompiledDecode:
             for t in (x, cos, sin, rows, pos, mask):
                 torch._dynamo.maybe_mark_dynamic(t, 0)
         torch._dynamo.maybe_mark_dynamic(mask, mask.dim() - 1)
-        if scratch is None:
-            for packaged in self.packaged:
-                if packaged.ready and packaged.fits(tokens.shape[0], span):
-                    return model.last_normed(packaged(x, cos, sin, rows, pos, mask))
-        for block in model.layers:
-            keys, values = scratch or (block.k_cache, block.v_cache)
-            x = self._layer(block, x, cos, sin, keys, values, rows, pos, mask)
-        return model.last_normed(x)
+        packaged = next((p for p in self.packaged if p.ready and p.fits(tokens.shape[0], span)), None)
+        if scratch is None and packaged is not None:
+            x = packaged(x, cos, sin, rows, pos, mask)
+        else:
+            for block in model.layers:
+                keys, values = scratch or (block.k_cache, block.v_cache)
+                x = self._layer(block, x, cos, sin, keys, values, rows, pos, mask)
+        if tokens.shape[0] > 1:
+            torch._dynamo.maybe_mark_dynamic(x, 0)
+        return model.exact_top(*self._head(model, x))
 
-    def warm(self, batches: list[int], span: int, ahead: bool = True, wait: bool = True) -> float:
-        """Build the graphs for these batch sizes now. The layers write to scratch buffers shaped
-        like theirs (the same graph, as guards see only shapes), so no slot's cache is touched.
-        With `ahead` (CPU), then the steps compiled ahead of time: loaded if cached, else built
-        now or (`wait=False`) in the background. Returns the seconds it took."""
+    def warm(self, batches: list[int], span: int, ahead: bool = True) -> float:
+        """With `ahead` (CPU), the steps compiled ahead of time (engine/aot.py): loaded if cached,
+        else built now. Without them (or if a build failed), the per-layer graphs for these batch
+        sizes, built now on scratch buffers shaped like a layer's K/V (the same graph, as guards
+        see only shapes), so no slot's cache is touched. Returns the seconds it took."""
         started = time.perf_counter()
         device = self.model.device
+        if ahead and device.type == "cpu":
+            packaged = aot.packages(self.model)
+            aot.build(packaged)
+            if all(p.ready for p in packaged):
+                self.packaged = packaged
+            else:  # every step through the same kernels: the per-layer graphs for all
+                log.warning("decoding with the per-layer graphs: a step could not be compiled ahead of time")
         first = self.model.layers[0]
         scratch = (torch.zeros_like(first.k_cache), torch.zeros_like(first.v_cache))
         with torch.inference_mode():
             for batch in batches:
+                if self.packaged:  # only the head's graphs: the layers go through the packages
+                    x = torch.zeros(batch, 1, self.model.cfg.dim, device=device)
+                    if batch > 1:
+                        torch._dynamo.maybe_mark_dynamic(x, 0)
+                    self._head(self.model, x)
+                    continue
                 zeros = torch.zeros(batch, dtype=torch.long, device=device)
                 self(zeros, torch.arange(batch, device=device), zeros, span, scratch)
-        if ahead and device.type == "cpu":
-            self.packaged, self.building = aot.prepare(self.model, wait)
         took = time.perf_counter() - started
         log.info("compiled decode for batches %s in %.1fs", batches, took)
         return took

@@ -314,16 +314,28 @@ class Transformer(nn.Module):
         |c_n| <= |c_j| + c_j - c_n, so it suffices that
             (1 - u) c_n + Q_n >= c_j - Q_j - u (2|c_j| + c_j),
         whose left side is one addmm over the vocabulary."""
+        return self.exact_top(h, *self.head_logits(h))
+
+    def head_logits(self, h: Tensor) -> tuple[Tensor, Tensor | None]:
+        """h: [B, dim] -> the head's logits [B, V] float32 and, for a low-precision head, the
+        tokens whose logit could be the top within its bound ([B, V] bool; see `logits`). Fixed
+        shapes, so a compiled step computes them in its graph."""
         x = h.to(torch.bfloat16) if self.head_bound is not None else h
         logits = self.head(x).float()
         if self.head_bound is None or self.head_rows is None:
-            return logits
+            return logits, None
         u = HeadBound.ROUNDING
         lhs = torch.addmm(logits, self.head_bound.coefficients(h, x), self.head_bound.table, beta=1 - u)
         top = logits.argmax(dim=-1, keepdim=True)
         c_top, lhs_top = logits.gather(1, top), lhs.gather(1, top)
         q_top = lhs_top - (1 - u) * c_top
-        rows, cols = (lhs >= c_top - q_top - u * (2 * c_top.abs() + c_top)).nonzero(as_tuple=True)
+        return logits, lhs >= c_top - q_top - u * (2 * c_top.abs() + c_top)
+
+    def exact_top(self, h: Tensor, logits: Tensor, candidates: Tensor | None) -> Tensor:
+        """The candidates' logits recomputed in float32 from the file's exact rows (in place)."""
+        if candidates is None or self.head_rows is None:
+            return logits
+        rows, cols = candidates.nonzero(as_tuple=True)
         logits[rows, cols] = (h[rows] * self.head_rows(cols)).sum(-1)
         return logits
 

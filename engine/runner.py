@@ -41,17 +41,17 @@ class TorchEngine:
         self._samplers = [SlotSampler.start(SamplingParams(temperature=0.0)) for _ in range(self.num_slots)]
         self.compiled: CompiledDecode | None = None
 
-    def compile_decode(self, warm: bool = True, ahead: bool = True, wait: bool = True) -> float:
+    def compile_decode(self, warm: bool = True, ahead: bool = True) -> float:
         """Decode through torch.compile from now on (engine/compiled.py); with `warm`, build the
-        graphs now, and with `ahead` the one-row step compiled ahead of time (engine/aot.py; in
-        the background unless `wait`). Returns the seconds spent warming."""
+        graphs now, and with `ahead` the steps' layers compiled ahead of time (engine/aot.py).
+        Returns the seconds spent warming."""
         from engine.compiled import CompiledDecode
 
         self.compiled = CompiledDecode(self.model)
         if not warm:
             return 0.0
         return self.compiled.warm(sorted({1, min(2, self.num_slots), self.num_slots}), min(self.ctx, KV_BUCKET),
-                                  ahead=ahead, wait=wait)
+                                  ahead=ahead)
 
     @property
     def config(self) -> ModelConfig:
@@ -100,10 +100,9 @@ class TorchEngine:
             pos = torch.tensor(positions, dtype=torch.long, device=dev)
             ids = torch.tensor(list(tokens), dtype=torch.long, device=dev)
             if self.compiled is not None:
-                hidden = self.compiled(ids, torch.tensor(slots, dtype=torch.long, device=dev), pos, span)
+                logits = self.compiled(ids, torch.tensor(slots, dtype=torch.long, device=dev), pos, span)
             else:
-                hidden = self.model(ids.unsqueeze(1), CacheIndex.for_slots(slots, pos.unsqueeze(1), span))
-            logits = self.model.logits(hidden)
+                logits = self.model.logits(self.model(ids.unsqueeze(1), CacheIndex.for_slots(slots, pos.unsqueeze(1), span)))
         for slot in slots:
             self._positions[slot] += 1
         return sample_tokens(logits, [self._samplers[s] for s in slots], self.eos_token_ids)
@@ -146,7 +145,6 @@ def load_engine(
     prefill_bf16: bool = True,
     cache_dir: str | Path | None = None,
     compile: bool = True,
-    wait: bool = True,
 ) -> TorchEngine:
     """Open a GGUF file or HF folder (None: the default SmolLM2) and allocate its slots.
 
@@ -156,9 +154,8 @@ def load_engine(
     a bf16 prepacked copy that prefill chunks use (2.3x faster there; +2 bytes a weight).
     cache_dir: where the converted tokenizer is kept so a restart does not convert it again
     (seconds for a GGUF), and inductor's generated code.
-    compile: decode through torch.compile (engine/compiled.py), graphs built here; off: eager.
-    wait: with compile, return once the one-row step compiled ahead of time (engine/aot.py) is
-    ready; off (a worker), it builds in the background while the per-layer graph serves."""
+    compile: decode compiled (engine/compiled.py; on the CPU the layers ahead of time, engine/aot.py),
+    built here or loaded from cache_dir; off: eager."""
     if num_slots < 1 or ctx < 1:
         raise ValueError("num_slots and ctx must be positive")
     if threads is not None:
@@ -191,7 +188,7 @@ def load_engine(
         from engine.compiled import use_cache_dir
 
         use_cache_dir(cache_dir)
-        engine.compile_decode(warm=True, wait=wait)
+        engine.compile_decode(warm=True)
     log.info("loaded %s in %.1fs: %s, linears %s, KV cache %.0f MiB", path.name, time.perf_counter() - started,
              torch_dtype, engine.model.forms, engine.model.kv_bytes() / 2**20)
     return engine

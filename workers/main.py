@@ -48,8 +48,7 @@ def build_engine(settings: WorkerSettings, path: Path) -> Engine:
 
     return load_engine(path, num_slots=settings.parallel, ctx=settings.ctx, device=settings.device,
                        dtype=settings.dtype, threads=settings.threads, int4=settings.int4,
-                       prefill_bf16=settings.prefill_bf16, cache_dir=settings.data_dir / "cache", compile=settings.compile,
-                       wait=False)  # the one-row step compiled ahead of time builds while serving
+                       prefill_bf16=settings.prefill_bf16, cache_dir=settings.data_dir / "cache", compile=settings.compile)
 
 
 def run_worker(settings: WorkerSettings) -> None:

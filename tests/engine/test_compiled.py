@@ -53,9 +53,9 @@ def test_compiled_decode_gives_eager_tokens_without_recompiling():
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     engine.compile_decode(warm=True, ahead=False)
-    # Two graphs, one layer each, that every layer runs: one row, and 2+ rows with dynamic batch
-    # and span. Warming wrote to scratch buffers, not to any slot's cache.
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
+    # Four graphs: one layer's, that every layer runs, and the head's; each for one row and for
+    # 2+ rows with dynamic batch and span. Warming wrote to scratch buffers, not to any slot's cache.
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 4
     assert all(torch.equal(a, b) for a, b in
                zip(caches, [t for block in engine.model.layers for t in (block.k_cache, block.v_cache)]))
     with torch._dynamo.config.patch(error_on_recompile=True):  # new batch sizes and spans reuse them
@@ -86,7 +86,9 @@ def _counted(engine: TorchEngine, monkeypatch: pytest.MonkeyPatch) -> dict[bool,
     return calls
 
 
-def test_steps_ahead_of_time_are_the_per_layer_graphs_bit_for_bit(tmp_path, monkeypatch):
+def test_steps_ahead_of_time_give_the_per_layer_graphs_tokens(tmp_path, monkeypatch):
+    """Tokens, and here (float32, small) the K/V they wrote in place bit for bit; on SmolLM2 a
+    few logits can come out a bf16 step apart (engine/aot.py), so a worker never mixes them."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     regional, ahead = _tiny_engine(), _tiny_engine()
     regional.compile_decode(warm=True, ahead=False)
@@ -97,12 +99,12 @@ def test_steps_ahead_of_time_are_the_per_layer_graphs_bit_for_bit(tmp_path, monk
     calls = _counted(ahead, monkeypatch)
     assert _packaged_run(ahead) == _packaged_run(regional)
     assert (len(calls[False]), len(calls[True])) == (70, 60)  # every step went through a package
-    for a, b in zip(ahead.model.layers, regional.model.layers):  # the K/V they wrote in place, too
+    for a, b in zip(ahead.model.layers, regional.model.layers):
         assert torch.equal(a.k_cache, b.k_cache) and torch.equal(a.v_cache, b.v_cache)
 
 
-def test_packages_are_kept_by_shape_and_built_in_the_background(tmp_path, monkeypatch):
-    from engine.aot import PackagedLayers
+def test_packages_are_kept_by_shape_and_a_failed_build_leaves_the_per_layer_graphs(tmp_path, monkeypatch):
+    from engine import aot
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     first = _tiny_engine()
@@ -114,21 +116,19 @@ def test_packages_are_kept_by_shape_and_built_in_the_background(tmp_path, monkey
         raise AssertionError("exported although the package was cached")
 
     with monkeypatch.context() as patch:  # same shapes: loaded, neither exported nor compiled
-        patch.setattr(PackagedLayers, "export", no_export)
+        patch.setattr(aot.PackagedLayers, "export", no_export)
         again = _tiny_engine()
-        again.compile_decode(warm=True, wait=False)
-        assert all(p.ready for p in again.compiled.packaged) and again.compiled.building is None
-    other = _tiny_engine(num_slots=5)  # other K/V shapes: other packages, built while decoding
-    other.compile_decode(warm=True, wait=False)
-    assert not paths & {p.path for p in other.compiled.packaged} and other.compiled.building is not None
-    reference = _tiny_engine(num_slots=5)
+        again.compile_decode(warm=True)
+        assert {p.path for p in again.compiled.packaged} == paths and all(p.ready for p in again.compiled.packaged)
+    # other K/V shapes: other packages; the batched one fails to build, so neither is used
+    real = aot.PackagedLayers.start_build
+    monkeypatch.setattr(aot.PackagedLayers, "start_build", lambda self, program: real(
+        self, program if not self.batched else str(tmp_path / "missing.pt2")))
+    other, reference = _tiny_engine(num_slots=5), _tiny_engine(num_slots=5)
+    other.compile_decode(warm=True)
     reference.compile_decode(warm=True, ahead=False)
-    assert _packaged_run(other) == _packaged_run(reference)  # whichever path each step took
-    other.compiled.building.join()
-    assert all(p.ready and p.error is None and p.path.exists() for p in other.compiled.packaged)
-    calls = _counted(other, monkeypatch)
+    assert other.compiled.packaged == [] and not list((tmp_path / "strata-aot").glob("exported-*"))
     assert _packaged_run(other) == _packaged_run(reference)
-    assert (len(calls[False]), len(calls[True])) == (70, 60)
 
 
 @pytest.mark.smollm2
@@ -136,7 +136,8 @@ def test_default_engine_decodes_compiled_and_a_row_does_not_depend_on_its_neighb
     """Compiled and eager greedy tokens can part at near-ties (bf16 rounding inside fused
     kernels; docs/engine.md), so a worker never mixes them: the default compiles at load, and a
     request's tokens must be the same whatever else shares its step (alone, a row goes through
-    the one-row package compiled ahead of time; with others, through the batched one)."""
+    the one-row package compiled ahead of time; with others, through the batched one): its
+    logits, bit for bit."""
     from engine.runner import load_engine
 
     engine = load_engine(None, num_slots=4, ctx=512, cache_dir=tmp_path)
@@ -161,3 +162,11 @@ def test_default_engine_decodes_compiled_and_a_row_does_not_depend_on_its_neighb
         pair = greedy([3, 1])
     assert together == alone
     assert pair == [alone[3], alone[1]]
+    with torch.inference_mode():
+        def logits(group: list[int]) -> torch.Tensor:
+            return engine.compiled(torch.tensor([5] * len(group)), torch.tensor(group),
+                                   torch.tensor([engine.position(s) for s in group]), 256)
+
+        together = logits([0, 1, 2, 3])
+        for slot in range(4):
+            assert torch.equal(logits([slot])[0], together[slot])
