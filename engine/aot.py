@@ -153,11 +153,11 @@ class PackagedLayers:
         rows = 2 if self.batched else 1
         inputs = example_inputs(self.model, rows, min(self.model.ctx, 256))
         span = torch.export.Dim("span", min=2, max=self.model.ctx)
-        if self.batched:
+        if self.batched and self.model.num_slots > 2:
             batch = torch.export.Dim("batch", min=2, max=self.model.num_slots)
             dims: list[Any] = [{0: batch} for _ in inputs]
             dims[-1] = {0: batch, 4: span}
-        else:
+        else:  # one row, or two slots: always 2
             dims = [None] * len(inputs)
             dims[-1] = {4: span}
         with torch.inference_mode():
@@ -214,8 +214,17 @@ def packages(model: Transformer) -> list[PackagedLayers]:
 def build(steps: list[PackagedLayers]) -> None:
     """Export the steps not loaded yet, compile them side by side (one child process each: the
     compiler is mostly one thread) and load them."""
-    pending = [(step, step.export()) for step in steps if not step.ready]
-    children = [(step, program, step.start_build(program)) for step, program in pending]
+    children = []
+    for step in steps:
+        if step.ready:
+            continue
+        try:
+            program = step.export()
+        except Exception as error:  # this torch cannot trace it: no packages (the caller checks)
+            step.error = error
+            log.warning("exporting the %s failed", step.name, exc_info=True)
+            continue
+        children.append((step, program, step.start_build(program)))
     for step, program, child in children:
         step.finish_build(program, child)
 

@@ -50,8 +50,9 @@ class WorkerSettings(BaseSettings):
     prefill_bf16: bool = Field(True, description="with --int4: each int4 matrix also keeps a bfloat16 prepacked copy that "
                                                  "prefill chunks use (faster prompt reading, +2 bytes a weight); "
                                                  "off: int4 only")
-    compile: bool = Field(True, description="decode through torch.compile, one layer's graph built at start (seconds; "
-                                            "its code cached under --data-dir); --no-compile: eager (docs/engine.md)")
+    compile: bool = Field(True, description="compiled decode, built at start: on the CPU every layer ahead of time in "
+                                            "one C++ call (~1 min on a fresh machine, loaded in a second from --data-dir "
+                                            "after); --no-compile: eager (docs/engine.md)")
     data_dir: Path = Field(Path("data"), description="where the converted tokenizer and compiled code are cached")
     lease_ms: int = Field(15_000, ge=100, description="a claim not renewed for this long goes back to the queue")
     max_attempts: int = Field(3, ge=1, description="a request whose workers died this many times while running it fails (worker_lost)")

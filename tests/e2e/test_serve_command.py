@@ -29,7 +29,8 @@ def test_serve_starts_everything_answers_and_stops_cleanly(tmp_path):
     base = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: healthy(base), "the API", 180)
-        wait_until(lambda: MODEL in [m["id"] for m in httpx.get(f"{base}/v1/models").json()["data"]], "the model", 180)
+        # a fresh data folder: the worker compiles its decode step ahead of time first (~1-2 min)
+        wait_until(lambda: MODEL in [m["id"] for m in httpx.get(f"{base}/v1/models").json()["data"]], "the model", 400)
         r = httpx.post(f"{base}/v1/chat/completions", timeout=120, json={
             "model": MODEL, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8})
         assert r.status_code == 200, r.text

@@ -120,6 +120,9 @@ def test_packages_are_kept_by_shape_and_a_failed_build_leaves_the_per_layer_grap
         again = _tiny_engine()
         again.compile_decode(warm=True)
         assert {p.path for p in again.compiled.packaged} == paths and all(p.ready for p in again.compiled.packaged)
+    two = _tiny_engine(num_slots=2)  # the batched package's batch is then always 2
+    two.compile_decode(warm=True)
+    assert [p.ready for p in two.compiled.packaged] == [True, True]
     # other K/V shapes: other packages; the batched one fails to build, so neither is used
     real = aot.PackagedLayers.start_build
     monkeypatch.setattr(aot.PackagedLayers, "start_build", lambda self, program: real(
