@@ -62,7 +62,7 @@ class _Layers(nn.Module):
     """The layers as a function of their tensors, for export: each call puts the given tensors
     where the layers look for them, so the traced graph takes them as inputs."""
 
-    def __init__(self, model: Transformer, places: list[tuple[object, str]]) -> None:
+    def __init__(self, model: Transformer, places: list[tuple[nn.Module, str]]) -> None:
         super().__init__()
         self.model, self.places = model, places
 

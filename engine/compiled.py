@@ -8,12 +8,13 @@ weights and K/V buffers go in as the graph's inputs, so dynamo traces once and i
 set of kernels that all layers run: the compile takes a layer's time, not the model's. Two graphs
 cover every batch: one for a single row (sizes of 1 are always specialized) and one for 2+ rows
 whose batch size and attention span are dynamic, so neither a new batch size nor a longer context
-compiles again. The embedding lookup, RoPE tables, mask, final norm, the head with its exact top
-logits (data-dependent shapes) and sampling stay eager, once per step.
+compiles again. The final norm, the head and its bound are one more graph (`_head`, also one row
+and 2+ rows); the embedding lookup, RoPE rows, mask, the exact top logits (data-dependent shapes)
+and sampling stay eager, once per step.
 
 On the CPU the layers run compiled ahead of time instead, all of them in one C++ call
-(engine/aot.py: a one-row and a batched package), without the per-layer Python cost; the head's
-graph serves both.
+(engine/aot.py: a one-row and a batched package), without the per-layer Python cost; `_head`
+follows them the same way.
 """
 
 from __future__ import annotations
@@ -101,10 +102,10 @@ class CompiledDecode:
             else:  # every step through the same kernels: the per-layer graphs for all
                 log.warning("decoding with the per-layer graphs: a step could not be compiled ahead of time")
         first = self.model.layers[0]
-        scratch = (torch.zeros_like(first.k_cache), torch.zeros_like(first.v_cache))
+        scratch = None if self.packaged else (torch.zeros_like(first.k_cache), torch.zeros_like(first.v_cache))
         with torch.inference_mode():
             for batch in batches:
-                if self.packaged:  # only the head's graphs: the layers go through the packages
+                if scratch is None:  # only the head's graphs: the layers go through the packages
                     x = torch.zeros(batch, 1, self.model.cfg.dim, device=device)
                     if batch > 1:
                         torch._dynamo.maybe_mark_dynamic(x, 0)
