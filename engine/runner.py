@@ -184,6 +184,11 @@ def load_engine(
     engine = build_engine(config, source, tokenizer, num_slots=num_slots, ctx=ctx, device=dev,
                           dtype=torch_dtype, int4=int4, prefill_bf16=prefill_bf16)
     release_freed_memory()
+    if compile and "bf16-packed" in engine.model.forms:
+        # oneDNN's prepacked linear (bf16 without int4: --no-int4, Q8_0 and K-quant files) fails
+        # in inductor's lowering (an assertion on its arguments): such an engine decodes eagerly
+        log.warning("decoding eagerly: the compiled step cannot take oneDNN-prepacked linears (%s)", engine.model.forms)
+        compile = False
     if compile:
         from engine.compiled import use_cache_dir
 

@@ -173,3 +173,15 @@ def test_default_engine_decodes_compiled_and_a_row_does_not_depend_on_its_neighb
         together = logits([0, 1, 2, 3])
         for slot in range(4):
             assert torch.equal(logits([slot])[0], together[slot])
+
+
+def test_prepacked_linears_decode_eagerly_instead_of_failing_to_compile(tiny_model):
+    """bf16 without int4 (`--no-int4`, a Q8_0 file) keeps oneDNN-prepacked linears, which
+    inductor cannot lower: the default (compile) must still load and decode, eagerly."""
+    from engine.runner import load_engine
+
+    engine = load_engine(tiny_model, num_slots=2, ctx=256, dtype="bfloat16", threads=1)
+    assert engine.model.forms.get("bf16-packed") and engine.compiled is None
+    engine.begin(0, GREEDY)
+    first = engine.read(0, [1, 2, 3, 4], sample=True)
+    assert len(engine.decode([0], [first])) == 1
