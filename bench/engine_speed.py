@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.baseline import checkout
+
 DECODE_CONTEXT = 200
 PREFILL_TOKENS = 2000
 PREFILL_CHUNK = 512
@@ -187,36 +189,28 @@ def main() -> None:
     from rich.table import Table
 
     children: list[Child] = []
-    worktree = None
-    try:
-        if args.baseline:
-            repo = Path(__file__).resolve().parent.parent
-            worktree = Path(tempfile.mkdtemp(prefix="strata-baseline-"))
-            subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", str(worktree), args.baseline],
-                           check=True, capture_output=True)
-            for variant in args.baseline_variants:
+    with checkout(args.baseline) as worktree:
+        try:
+            for variant in args.baseline_variants if worktree else []:
                 children.append(Child(f"{args.baseline}:{variant}", variant, args, worktree))
-        for variant in args.variants:
-            children.append(Child(variant, variant, args, None))
-        samples: dict[str, dict[str, list[float]]] = {c.name: {} for c in children}
-        commands = [(f"decode_b{b}", f"decode {b}") for b in args.batches] + [("prefill", "prefill"), ("ttft_ms", "ttft")]
-        for round_ in range(args.rounds):
-            for key, command in commands:
-                for child in children if round_ % 2 == 0 else children[::-1]:
-                    samples[child.name].setdefault(key, []).append(float(child.ask_line(command)))  # type: ignore[arg-type]
-            print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr, flush=True)
-        runs = []
-        for child in children:
-            result = {key: statistics.median(values) for key, values in samples[child.name].items()}
-            result.update(child.ask_line("stats"))  # type: ignore[arg-type]
-            runs.append((child.name, result))
-            print(child.name, json.dumps(result), file=sys.stderr, flush=True)
-    finally:
-        for child in children:
-            child.close()
-        if worktree is not None:
-            subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=Path(__file__).resolve().parent,
-                           capture_output=True)
+            for variant in args.variants:
+                children.append(Child(variant, variant, args, None))
+            samples: dict[str, dict[str, list[float]]] = {c.name: {} for c in children}
+            commands = [(f"decode_b{b}", f"decode {b}") for b in args.batches] + [("prefill", "prefill"), ("ttft_ms", "ttft")]
+            for round_ in range(args.rounds):
+                for key, command in commands:
+                    for child in children if round_ % 2 == 0 else children[::-1]:
+                        samples[child.name].setdefault(key, []).append(float(child.ask_line(command)))  # type: ignore[arg-type]
+                print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+            runs = []
+            for child in children:
+                result = {key: statistics.median(values) for key, values in samples[child.name].items()}
+                result.update(child.ask_line("stats"))  # type: ignore[arg-type]
+                runs.append((child.name, result))
+                print(child.name, json.dumps(result), file=sys.stderr, flush=True)
+        finally:
+            for child in children:
+                child.close()
 
     base_name, base = runs[0]
     table = Table(title=f"SmolLM2-135M-Instruct Q4_1, decode at ~{DECODE_CONTEXT} tokens of context; median of "

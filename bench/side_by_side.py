@@ -30,6 +30,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.baseline import checkout
 from queues.server import free_port
 
 TOKENS = 128
@@ -270,23 +271,14 @@ def main() -> None:
     # A SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so the servers' `with` blocks stop them.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     makers = {"strata": lambda n: strata_server(args, n, args.strata_args)} if "strata" in args.servers else {}
-    worktree = None
-    if args.baseline:
-        repo = Path(__file__).resolve().parent.parent
-        worktree = Path(tempfile.mkdtemp(prefix="strata-baseline-"))
-        subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", str(worktree), args.baseline],
-                       check=True, capture_output=True)
-        baseline = f"strata@{args.baseline}"
-        makers[baseline] = lambda n: strata_server(args, n, args.strata_args, worktree, baseline)
     binary = os.environ.get("LLAMA_SERVER")
     if binary and "llama.cpp" in args.servers:
         makers["llama.cpp"] = lambda n: llama_server(binary, args.model, n)
-    try:
-        results, loads = run_all(makers, args)
-    finally:
+    with checkout(args.baseline) as worktree:
         if worktree is not None:
-            subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=Path(__file__).resolve().parent,
-                           capture_output=True)
+            baseline = f"strata@{args.baseline}"
+            makers[baseline] = lambda n: strata_server(args, n, args.strata_args, worktree, baseline)
+        results, loads = run_all(makers, args)
     report(results, loads, args)
 
 

@@ -40,7 +40,6 @@ from engine.weights import PackedLinear
 
 log = logging.getLogger(__name__)
 
-FORMAT = "3"  # bump when what a package is called with changes
 _SOURCES = ("model.py", "weights.py", "aot.py")
 
 
@@ -99,9 +98,9 @@ def package_key(model: Transformer, batched: bool, tensors: list[Tensor]) -> str
     here = Path(__file__).parent
     for name in _SOURCES:
         digest.update((here / name).read_bytes())
-    parts = [FORMAT, "batched" if batched else "one row", torch.__version__, repr(model.cfg), str(model.dtype),
-             str(model.num_slots), str(model.ctx), str(cpu_vec_isa.pick_vec_isa()),
-             str(torch.backends.cpu.get_cpu_capability())]
+    # slot count and context are in the K/V buffers' shapes
+    parts = ["batched" if batched else "one row", torch.__version__, repr(model.cfg), str(model.dtype),
+             str(cpu_vec_isa.pick_vec_isa()), str(torch.backends.cpu.get_cpu_capability())]
     parts += [f"{tuple(t.shape)}{t.stride()}{t.dtype}" for t in tensors]
     digest.update("\n".join(parts).encode())
     return digest.hexdigest()[:32]
@@ -124,15 +123,11 @@ class PackagedLayers:
         self.tensors = [getattr(module, name) for module, name in self.places]
         self._run: Callable[[list[Tensor]], list[Tensor]] | None = None
         self.error: BaseException | None = None
-        self._started = 0.0
         self.path = _package_folder() / f"{package_key(model, batched, self.tensors)}.pt2"
 
     @property
     def ready(self) -> bool:
         return self._run is not None
-
-    def fits(self, rows: int, span: int) -> bool:
-        return (rows >= 2 if self.batched else rows == 1) and rows <= self.model.num_slots and 2 <= span <= self.model.ctx
 
     def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, rows: Tensor, positions: Tensor, mask: Tensor) -> Tensor:
         """x: [B, 1, dim] float32 embeddings -> after every layer (Block.forward's contract)."""
@@ -174,13 +169,12 @@ class PackagedLayers:
 
     def start_build(self, program: str) -> subprocess.Popen:
         """Compile the exported program in a child process (`finish_build` waits for it)."""
-        self._started = time.perf_counter()
         root = str(Path(__file__).resolve().parent.parent)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
         return subprocess.Popen([sys.executable, "-m", "engine.aot", program, str(self.path)], env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
-    def finish_build(self, program: str, child: subprocess.Popen) -> None:
+    def finish_build(self, program: str, child: subprocess.Popen, started: float) -> None:
         """Wait for the child and load its package; on failure `error` says why."""
         try:
             try:
@@ -189,7 +183,7 @@ class PackagedLayers:
                 os.unlink(program)
             if child.returncode != 0:
                 raise RuntimeError(f"python -m engine.aot exited with {child.returncode}: {errors[-2000:]}")
-            log.info("%s compiled ahead of time in %.1fs", self.name, time.perf_counter() - self._started)
+            log.info("%s compiled ahead of time in %.1fs", self.name, time.perf_counter() - started)
             self._load()
         except Exception as error:
             self.error = error
@@ -214,7 +208,7 @@ def packages(model: Transformer) -> list[PackagedLayers]:
 def build(steps: list[PackagedLayers]) -> None:
     """Export the steps not loaded yet, compile them side by side (one child process each: the
     compiler is mostly one thread) and load them."""
-    children = []
+    started, children = time.perf_counter(), []
     for step in steps:
         if step.ready:
             continue
@@ -226,7 +220,7 @@ def build(steps: list[PackagedLayers]) -> None:
             continue
         children.append((step, program, step.start_build(program)))
     for step, program, child in children:
-        step.finish_build(program, child)
+        step.finish_build(program, child, started)
 
 
 def compile_package(program: str, path: str) -> None:

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from engine import aot
 from engine.model import Block, CacheIndex, Transformer
+from engine.weights import PackedLinear
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +56,20 @@ def _head(model: Transformer, x: Tensor) -> tuple[Tensor, Tensor, Tensor | None]
     return h, *model.head_logits(h)
 
 
+def compilable(model: Transformer) -> bool:
+    """Whether the layers' linears can go into a graph: oneDNN's prepacked bf16 linear (bf16
+    without int4: --no-int4, Q8_0 and K-quant files) fails in inductor's lowering (an assertion
+    on its arguments). A TwoFormLinear's prepacked copy serves prefill only and does not count."""
+    return not any(isinstance(linear, PackedLinear) for block in model.layers
+                   for linear in (block.wqkv, block.wo, block.w_gate_up, block.w_down))
+
+
 class CompiledDecode:
     def __init__(self, model: Transformer) -> None:
         self.model = model
         self._layer = torch.compile(_layer, fullgraph=True, dynamic=None)
         self._head = torch.compile(_head, fullgraph=True, dynamic=None)
-        self.packaged: list[aot.PackagedLayers] = []  # all of them or none
+        self.packaged: list[aot.PackagedLayers] = []  # [one row, batched], all of them or none
 
     def __call__(self, tokens: Tensor, slots: Tensor, positions: Tensor, span: int,
                  scratch: tuple[Tensor, Tensor] | None = None) -> Tensor:
@@ -72,18 +81,17 @@ class CompiledDecode:
         index = CacheIndex(0, model.num_slots, span, rows, pos, sliced=False)
         cos, sin = model.rope(pos)
         mask = index.mask()
-        if tokens.shape[0] > 1:
-            for t in (x, cos, sin, rows, pos, mask):
-                torch._dynamo.maybe_mark_dynamic(t, 0)
-        torch._dynamo.maybe_mark_dynamic(mask, mask.dim() - 1)
-        packaged = next((p for p in self.packaged if p.ready and p.fits(tokens.shape[0], span)), None)
-        if scratch is None and packaged is not None:
-            x = packaged(x, cos, sin, rows, pos, mask)
+        batched = tokens.shape[0] > 1
+        if self.packaged and scratch is None:
+            x = self.packaged[batched](x, cos, sin, rows, pos, mask)  # [one row, batched]
         else:
+            for t in (x, cos, sin, rows, pos, mask) if batched else ():
+                torch._dynamo.maybe_mark_dynamic(t, 0)
+            torch._dynamo.maybe_mark_dynamic(mask, mask.dim() - 1)
             for block in model.layers:
                 keys, values = scratch or (block.k_cache, block.v_cache)
                 x = self._layer(block, x, cos, sin, keys, values, rows, pos, mask)
-        if tokens.shape[0] > 1:
+        if batched:
             torch._dynamo.maybe_mark_dynamic(x, 0)
         return model.exact_top(*self._head(model, x))
 
@@ -102,17 +110,19 @@ class CompiledDecode:
             else:  # every step through the same kernels: the per-layer graphs for all
                 log.warning("decoding with the per-layer graphs: a step could not be compiled ahead of time")
         first = self.model.layers[0]
+        # made outside inference mode, like the K/V buffers: the guards see how a tensor was made
         scratch = None if self.packaged else (torch.zeros_like(first.k_cache), torch.zeros_like(first.v_cache))
         with torch.inference_mode():
-            for batch in batches:
-                if scratch is None:  # only the head's graphs: the layers go through the packages
+            if scratch is None:  # only the head's graphs: the layers go through the packages
+                for batch in batches:
                     x = torch.zeros(batch, 1, self.model.cfg.dim, device=device)
                     if batch > 1:
                         torch._dynamo.maybe_mark_dynamic(x, 0)
                     self._head(self.model, x)
-                    continue
-                zeros = torch.zeros(batch, dtype=torch.long, device=device)
-                self(zeros, torch.arange(batch, device=device), zeros, span, scratch)
+            else:
+                for batch in batches:
+                    zeros = torch.zeros(batch, dtype=torch.long, device=device)
+                    self(zeros, torch.arange(batch, device=device), zeros, span, scratch)
         took = time.perf_counter() - started
         log.info("compiled decode for batches %s in %.1fs", batches, took)
         return took

@@ -44,9 +44,13 @@ class TorchEngine:
     def compile_decode(self, warm: bool = True, ahead: bool = True) -> float:
         """Decode through torch.compile from now on (engine/compiled.py); with `warm`, build the
         graphs now, and with `ahead` the steps' layers compiled ahead of time (engine/aot.py).
-        Returns the seconds spent warming."""
-        from engine.compiled import CompiledDecode
+        Returns the seconds spent warming. Layers in oneDNN's prepacked form decode eagerly
+        (`compiled.compilable`), and `compiled` stays None."""
+        from engine.compiled import CompiledDecode, compilable
 
+        if not compilable(self.model):
+            log.warning("decoding eagerly: the compiled step cannot take oneDNN-prepacked linears (%s)", self.model.forms)
+            return 0.0
         self.compiled = CompiledDecode(self.model)
         if not warm:
             return 0.0
@@ -184,11 +188,6 @@ def load_engine(
     engine = build_engine(config, source, tokenizer, num_slots=num_slots, ctx=ctx, device=dev,
                           dtype=torch_dtype, int4=int4, prefill_bf16=prefill_bf16)
     release_freed_memory()
-    if compile and "bf16-packed" in engine.model.forms:
-        # oneDNN's prepacked linear (bf16 without int4: --no-int4, Q8_0 and K-quant files) fails
-        # in inductor's lowering (an assertion on its arguments): such an engine decodes eagerly
-        log.warning("decoding eagerly: the compiled step cannot take oneDNN-prepacked linears (%s)", engine.model.forms)
-        compile = False
     if compile:
         from engine.compiled import use_cache_dir
 

@@ -144,7 +144,8 @@ def test_default_engine_decodes_compiled_and_a_row_does_not_depend_on_its_neighb
     from engine.runner import load_engine
 
     engine = load_engine(None, num_slots=4, ctx=512, cache_dir=tmp_path)
-    assert engine.compiled is not None and all(p.ready for p in engine.compiled.packaged)
+    assert engine.compiled is not None and [p.batched for p in engine.compiled.packaged] == [False, True]
+    assert all(p.ready for p in engine.compiled.packaged)
     prompts = [engine.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in
                ("What is the capital of France?", "Write a short poem about the sea.", "What is 17 times 23?",
                 "Who wrote Romeo and Juliet?")]
