@@ -1,4 +1,4 @@
-"""The decode step's layers compiled ahead of time: all of them in one C++ call.
+"""The decode step compiled ahead of time: every layer, the final norm and the head in one C++ call.
 
 At one row, calling each layer's compiled graph from Python costs about as much as the layer's
 arithmetic: dynamo's guards, the wrapper's allocations and calls, ~80 of ~230 us a layer on this
@@ -11,20 +11,27 @@ residual added in another kernel rounds the same float32 sums in another order; 
 in a few logits), so a worker never mixes the two: it builds the packages before it serves, and
 uses them for every step or (a build failed) for none.
 
+The head is inside (its logits and which of them to recompute exactly; `Transformer.head_logits`)
+unless it is oneDNN-prepacked (not a tensor a graph can take), and then `compiled._head` follows.
+With the head inside, a restart with cached packages never starts dynamo or inductor: it loads two
+shared libraries (~3 s less than tracing the head's graphs; the start-up in docs/engine.md).
+
 The weights and K/V buffers are the package's inputs, not constants: a package holds only code
 (a few MB), runs on the model's own tensors and writes the K/V buffers in place. Packages are kept
 under inductor's cache folder (`--data-dir`/cache/inductor/strata-aot) by a key of everything the
-code depends on: torch, this engine's source, the tensors' shapes and strides, the CPU's vector
-instructions; a restart loads them in well under a second. Export takes seconds; the compile
-(~1 min a package for SmolLM2, both side by side) runs in child processes (`python -m engine.aot`).
+code depends on: torch, this engine's source, the tensors' shapes and strides, the CPU; a restart
+loads them in well under a second. Export takes seconds; the compile (~1 min a package for
+SmolLM2, both side by side) runs in child processes (`python -m engine.aot`).
 """
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import json
 import logging
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -43,12 +50,19 @@ log = logging.getLogger(__name__)
 _SOURCES = ("model.py", "weights.py", "aot.py")
 
 
-def _tensors(owners: list[nn.Module]) -> list[tuple[nn.Module, str]]:
-    """Every tensor attribute of these modules and their submodules, as (module, attribute). A
-    bf16 prepacked copy (oneDNN's layout, not a graph input) serves only prefill chunks: left out."""
+def head_inside(model: Transformer) -> bool:
+    """Whether the packages hold the head too: not when it is oneDNN-prepacked (a bf16 head where
+    the int8 kernel is missing), which a graph cannot take as an input."""
+    return not isinstance(model.head, PackedLinear)
+
+
+def _tensors(owners: list[object]) -> list[tuple[object, str]]:
+    """Every tensor attribute of these objects (a module's submodules included), as (owner,
+    attribute). A bf16 prepacked copy (oneDNN's layout, not a graph input) serves only prefill
+    chunks: left out."""
     found = []
     for owner in owners:
-        for part in owner.modules():
+        for part in owner.modules() if isinstance(owner, nn.Module) else [owner]:
             if isinstance(part, PackedLinear):
                 continue
             for name, value in vars(part).items():
@@ -57,27 +71,32 @@ def _tensors(owners: list[nn.Module]) -> list[tuple[nn.Module, str]]:
     return found
 
 
-class _Layers(nn.Module):
-    """The layers as a function of their tensors, for export: each call puts the given tensors
-    where the layers look for them, so the traced graph takes them as inputs."""
+class _Step(nn.Module):
+    """The step as a function of the model's tensors, for export: each call puts the given
+    tensors where the model looks for them, so the traced graph takes them as inputs."""
 
-    def __init__(self, model: Transformer, places: list[tuple[nn.Module, str]]) -> None:
+    def __init__(self, model: Transformer, places: list[tuple[object, str]], head: bool) -> None:
         super().__init__()
-        self.model, self.places = model, places
+        self.model, self.places, self.head = model, places, head
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, rows: Tensor, positions: Tensor, mask: Tensor,
-                *tensors: Tensor) -> Tensor:
-        kept = [getattr(module, name) for module, name in self.places]
-        for (module, name), tensor in zip(self.places, tensors):
-            setattr(module, name, tensor)
+                *tensors: Tensor) -> tuple[Tensor, ...]:
+        model = self.model
+        kept = [getattr(owner, name) for owner, name in self.places]
+        for (owner, name), tensor in zip(self.places, tensors):
+            setattr(owner, name, tensor)
         try:
-            index = CacheIndex(0, self.model.num_slots, mask.shape[-1], rows, positions, sliced=False)
-            for block in self.model.layers:
+            index = CacheIndex(0, model.num_slots, mask.shape[-1], rows, positions, sliced=False)
+            for block in model.layers:
                 x = block(x, cos, sin, block.k_cache, block.v_cache, index, mask)
-            return x
+            if not self.head:
+                return (x,)
+            h = model.last_normed(x)
+            logits, candidates = model.head_logits(h)
+            return (h, logits) if candidates is None else (h, logits, candidates)
         finally:
-            for (module, name), tensor in zip(self.places, kept):
-                setattr(module, name, tensor)
+            for (owner, name), tensor in zip(self.places, kept):
+                setattr(owner, name, tensor)
 
 
 def example_inputs(model: Transformer, rows: int, span: int) -> tuple[Tensor, ...]:
@@ -91,48 +110,62 @@ def example_inputs(model: Transformer, rows: int, span: int) -> tuple[Tensor, ..
     return x, cos, sin, slots, positions, mask
 
 
-def package_key(model: Transformer, batched: bool, tensors: list[Tensor]) -> str:
-    from torch._inductor import cpu_vec_isa
+def _cpu() -> str:
+    """What the generated code may rely on: the CPU's model and flags. (inductor's own pick_vec_isa
+    builds and loads a probe per instruction set in child processes: ~1 s at every start.)"""
+    try:
+        info = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+        return "\n".join(line for line in info.splitlines() if line.startswith(("model name", "flags")))
+    except OSError:
+        return platform.processor() or platform.machine()
 
+
+def package_key(model: Transformer, batched: bool, tensors: list[Tensor], head: bool) -> str:
     digest = hashlib.sha256()
     here = Path(__file__).parent
     for name in _SOURCES:
         digest.update((here / name).read_bytes())
     # slot count and context are in the K/V buffers' shapes
-    parts = ["batched" if batched else "one row", torch.__version__, repr(model.cfg), str(model.dtype),
-             str(cpu_vec_isa.pick_vec_isa()), str(torch.backends.cpu.get_cpu_capability())]
+    parts = ["batched" if batched else "one row", "head" if head else "layers", torch.__version__,
+             repr(model.cfg), str(model.dtype), _cpu(), str(torch.backends.cpu.get_cpu_capability())]
     parts += [f"{tuple(t.shape)}{t.stride()}{t.dtype}" for t in tensors]
     digest.update("\n".join(parts).encode())
     return digest.hexdigest()[:32]
 
 
 def _package_folder() -> Path:
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    # inductor's cache folder, found as inductor does (importing it to ask costs a second)
+    base = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
+    return Path(base) / "strata-aot"
 
-    return Path(cache_dir()) / "strata-aot"
 
-
-class PackagedLayers:
-    """A decode step's layers from an AOTInductor package: one row, or (`batched`) 2 to
-    num_slots rows; `ready` once loaded."""
+class PackagedStep:
+    """A decode step from an AOTInductor package: one row, or (`batched`) 2 to num_slots rows;
+    `ready` once loaded. `head`: the package ends with the head (`head_inside`)."""
 
     def __init__(self, model: Transformer, batched: bool) -> None:
-        self.model, self.batched = model, batched
+        self.model, self.batched, self.head = model, batched, head_inside(model)
         self.name = "batched step" if batched else "one-row step"
-        self.places = _tensors(list(model.layers))
-        self.tensors = [getattr(module, name) for module, name in self.places]
+        owners: list[object] = list(model.layers)
+        self.places = _tensors(owners)
+        if self.head:
+            self.places += [(model, "norm"), *_tensors([model.head, model.head_bound] if model.head_bound else [model.head])]
+        self.tensors = [getattr(owner, name) for owner, name in self.places]
         self._run: Callable[[list[Tensor]], list[Tensor]] | None = None
         self.error: BaseException | None = None
-        self.path = _package_folder() / f"{package_key(model, batched, self.tensors)}.pt2"
+        self.path = _package_folder() / f"{package_key(model, batched, self.tensors, self.head)}.pt2"
 
     @property
     def ready(self) -> bool:
         return self._run is not None
 
-    def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, rows: Tensor, positions: Tensor, mask: Tensor) -> Tensor:
-        """x: [B, 1, dim] float32 embeddings -> after every layer (Block.forward's contract)."""
+    def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, rows: Tensor, positions: Tensor,
+                 mask: Tensor) -> list[Tensor]:
+        """x: [B, 1, dim] float32 embeddings -> with the head: the final-normed rows h [B, dim],
+        the head's logits and (a low-precision head) the candidates for `Transformer.exact_top`;
+        without: the last layer's output [B, 1, dim]."""
         assert self._run is not None
-        return self._run([x, cos, sin, rows, positions, mask, *self.tensors])[0]
+        return self._run([x, cos, sin, rows, positions, mask, *self.tensors])
 
     def load_cached(self) -> None:
         if self.path.exists():
@@ -156,7 +189,7 @@ class PackagedLayers:
             dims = [None] * len(inputs)
             dims[-1] = {4: span}
         with torch.inference_mode():
-            exported = torch.export.export(_Layers(self.model, self.places), (*inputs, *self.tensors),
+            exported = torch.export.export(_Step(self.model, self.places, self.head), (*inputs, *self.tensors),
                                            dynamic_shapes=(*dims, tuple(None for _ in self.tensors)))
         shapes = [(tuple(t.shape), t.stride(), str(t.dtype).removeprefix("torch.")) for t in exported.example_inputs[0]]
         exported.example_inputs = None  # the weights and K/V buffers themselves: ~1 GB to write for nothing
@@ -190,22 +223,24 @@ class PackagedLayers:
             log.warning("compiling the %s ahead of time failed", self.name, exc_info=True)
 
     def _load(self) -> None:
-        runner = torch._inductor.aoti_load_package(str(self.path))
-        self._run = runner.loader.boxed_run
+        # the loader aoti_load_package wraps, without its check of the CPU's vector instructions
+        # against the package's (the key already holds the CPU's flags; the check probes ~1 s)
+        loader = torch._C._aoti.AOTIModelPackageLoader(str(self.path), "model", False, 1, -1)
+        self._run = loader.boxed_run
         log.info("%s compiled ahead of time: loaded %s", self.name, self.path.name)
 
 
-def packages(model: Transformer) -> list[PackagedLayers]:
+def packages(model: Transformer) -> list[PackagedStep]:
     """The one-row and (more than one slot) the batched step's packages, loaded where cached."""
-    steps = [PackagedLayers(model, batched=False)]
+    steps = [PackagedStep(model, batched=False)]
     if model.num_slots > 1:
-        steps.append(PackagedLayers(model, batched=True))
+        steps.append(PackagedStep(model, batched=True))
     for step in steps:
         step.load_cached()
     return steps
 
 
-def build(steps: list[PackagedLayers]) -> None:
+def build(steps: list[PackagedStep]) -> None:
     """Export the steps not loaded yet, compile them side by side (one child process each: the
     compiler is mostly one thread) and load them."""
     started, children = time.perf_counter(), []

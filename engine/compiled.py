@@ -12,9 +12,9 @@ compiles again. The final norm, the head and its bound are one more graph (`_hea
 and 2+ rows); the embedding lookup, RoPE rows, mask, the exact top logits (data-dependent shapes)
 and sampling stay eager, once per step.
 
-On the CPU the layers run compiled ahead of time instead, all of them in one C++ call
-(engine/aot.py: a one-row and a batched package), without the per-layer Python cost; `_head`
-follows them the same way.
+On the CPU the step runs compiled ahead of time instead, every layer and the head in one C++ call
+(engine/aot.py: a one-row and a batched package), without the per-layer Python cost. The graphs
+here are then never made: dynamo is not even started.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from __future__ import annotations
 import logging
 import os
 import time
+from functools import cached_property
+from typing import Callable
 from pathlib import Path
 
 import torch
@@ -67,9 +69,17 @@ def compilable(model: Transformer) -> bool:
 class CompiledDecode:
     def __init__(self, model: Transformer) -> None:
         self.model = model
-        self._layer = torch.compile(_layer, fullgraph=True, dynamic=None)
-        self._head = torch.compile(_head, fullgraph=True, dynamic=None)
-        self.packaged: list[aot.PackagedLayers] = []  # [one row, batched], all of them or none
+        self.packaged: list[aot.PackagedStep] = []  # [one row, batched], all of them or none
+
+    # made on first use: torch.compile starts dynamo (a second or more), which packages holding
+    # the head never need
+    @cached_property
+    def _layer(self) -> Callable[..., Tensor]:
+        return torch.compile(_layer, fullgraph=True, dynamic=None)
+
+    @cached_property
+    def _head(self) -> Callable[..., tuple[Tensor, Tensor, Tensor | None]]:
+        return torch.compile(_head, fullgraph=True, dynamic=None)
 
     def __call__(self, tokens: Tensor, slots: Tensor, positions: Tensor, span: int,
                  scratch: tuple[Tensor, Tensor] | None = None) -> Tensor:
@@ -83,7 +93,12 @@ class CompiledDecode:
         mask = index.mask()
         batched = tokens.shape[0] > 1
         if self.packaged and scratch is None:
-            x = self.packaged[batched](x, cos, sin, rows, pos, mask)  # [one row, batched]
+            step = self.packaged[batched]  # [one row, batched]
+            out = step(x, cos, sin, rows, pos, mask)
+            if step.head:
+                h, logits, *candidates = out
+                return model.exact_top(h, logits, candidates[0] if candidates else None)
+            x = out[0]
         else:
             for t in (x, cos, sin, rows, pos, mask) if batched else ():
                 torch._dynamo.maybe_mark_dynamic(t, 0)
@@ -113,16 +128,16 @@ class CompiledDecode:
         # made outside inference mode, like the K/V buffers: the guards see how a tensor was made
         scratch = None if self.packaged else (torch.zeros_like(first.k_cache), torch.zeros_like(first.v_cache))
         with torch.inference_mode():
-            if scratch is None:  # only the head's graphs: the layers go through the packages
+            if scratch is not None:
+                for batch in batches:
+                    zeros = torch.zeros(batch, dtype=torch.long, device=device)
+                    self(zeros, torch.arange(batch, device=device), zeros, span, scratch)
+            elif not self.packaged[0].head:  # only the head's graphs: the layers go through the packages
                 for batch in batches:
                     x = torch.zeros(batch, 1, self.model.cfg.dim, device=device)
                     if batch > 1:
                         torch._dynamo.maybe_mark_dynamic(x, 0)
                     self._head(self.model, x)
-            else:
-                for batch in batches:
-                    zeros = torch.zeros(batch, dtype=torch.long, device=device)
-                    self(zeros, torch.arange(batch, device=device), zeros, span, scratch)
         took = time.perf_counter() - started
         log.info("compiled decode for batches %s in %.1fs", batches, took)
         return took

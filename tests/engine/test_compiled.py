@@ -116,7 +116,7 @@ def test_packages_are_kept_by_shape_and_a_failed_build_leaves_the_per_layer_grap
         raise AssertionError("exported although the package was cached")
 
     with monkeypatch.context() as patch:  # same shapes: loaded, neither exported nor compiled
-        patch.setattr(aot.PackagedLayers, "export", no_export)
+        patch.setattr(aot.PackagedStep, "export", no_export)
         again = _tiny_engine()
         again.compile_decode(warm=True)
         assert {p.path for p in again.compiled.packaged} == paths and all(p.ready for p in again.compiled.packaged)
@@ -124,8 +124,8 @@ def test_packages_are_kept_by_shape_and_a_failed_build_leaves_the_per_layer_grap
     two.compile_decode(warm=True)
     assert [p.ready for p in two.compiled.packaged] == [True, True]
     # other K/V shapes: other packages; the batched one fails to build, so neither is used
-    real = aot.PackagedLayers.start_build
-    monkeypatch.setattr(aot.PackagedLayers, "start_build", lambda self, program: real(
+    real = aot.PackagedStep.start_build
+    monkeypatch.setattr(aot.PackagedStep, "start_build", lambda self, program: real(
         self, program if not self.batched else str(tmp_path / "missing.pt2")))
     other, reference = _tiny_engine(num_slots=5), _tiny_engine(num_slots=5)
     other.compile_decode(warm=True)
