@@ -14,6 +14,7 @@ class SamplingParams:
     top_k: int = 0  # 0 or less: off
     seed: int | None = None  # same seed, same prompt, same params -> same tokens
     min_tokens: int = 0  # end-of-sequence tokens are masked until this many were sampled
+    already_sampled: int = 0  # tokens sampled before (a resumed request): its seeded stream continues after them
 
 
 class Engine(Protocol):

@@ -356,6 +356,7 @@ class Worker:
                     top_k=request.top_k,
                     seed=request.seed,
                     min_tokens=max(0, request.min_tokens - len(done_ids)),
+                    already_sampled=len(done_ids),  # a seeded stream goes on where it was
                 ),
                 keep=slot.read_pos,
             )

@@ -86,19 +86,27 @@ def _counted(engine: TorchEngine, monkeypatch: pytest.MonkeyPatch) -> dict[bool,
     return calls
 
 
-def test_steps_ahead_of_time_give_the_per_layer_graphs_tokens(tmp_path, monkeypatch):
+@pytest.mark.parametrize("head_inside", [True, False])
+def test_steps_ahead_of_time_give_the_per_layer_graphs_tokens(tmp_path, monkeypatch, head_inside):
     """Tokens, and here (float32, small) the K/V they wrote in place bit for bit; on SmolLM2 a
-    few logits can come out a bf16 step apart (engine/aot.py), so a worker never mixes them."""
+    few logits can come out a bf16 step apart (engine/aot.py), so a worker never mixes them.
+    With the head inside the packages no graph is made at all (dynamo never starts); a head the
+    packages cannot hold (oneDNN-prepacked) runs as the head's graph after them."""
+    from engine import aot
+
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(aot, "head_inside", lambda model: head_inside)
     regional, ahead = _tiny_engine(), _tiny_engine()
     regional.compile_decode(warm=True, ahead=False)
     ahead.compile_decode(warm=True)
     assert not regional.compiled.packaged
     assert [p.batched for p in ahead.compiled.packaged] == [False, True]
-    assert all(p.ready for p in ahead.compiled.packaged)
+    assert all(p.ready and p.head is head_inside for p in ahead.compiled.packaged)
     calls = _counted(ahead, monkeypatch)
     assert _packaged_run(ahead) == _packaged_run(regional)
     assert (len(calls[False]), len(calls[True])) == (70, 60)  # every step went through a package
+    graphs = {"_layer", "_head"} & set(vars(ahead.compiled))
+    assert graphs == (set() if head_inside else {"_head"})
     for a, b in zip(ahead.model.layers, regional.model.layers):
         assert torch.equal(a.k_cache, b.k_cache) and torch.equal(a.v_cache, b.v_cache)
 
@@ -145,7 +153,8 @@ def test_default_engine_decodes_compiled_and_a_row_does_not_depend_on_its_neighb
 
     engine = load_engine(None, num_slots=4, ctx=512, cache_dir=tmp_path)
     assert engine.compiled is not None and [p.batched for p in engine.compiled.packaged] == [False, True]
-    assert all(p.ready for p in engine.compiled.packaged)
+    # the int8 head and its bound inside the packages: no graph of the head's own
+    assert all(p.ready and p.head for p in engine.compiled.packaged) and "_head" not in vars(engine.compiled)
     prompts = [engine.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in
                ("What is the capital of France?", "Write a short poem about the sea.", "What is 17 times 23?",
                 "Who wrote Romeo and Juliet?")]

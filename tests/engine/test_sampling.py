@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
 import torch
 
 from engine.protocol import SamplingParams
@@ -59,3 +62,51 @@ def test_min_tokens_masks_eos():
     sampler = SlotSampler.start(SamplingParams(temperature=0.0, min_tokens=3))
     tokens = [sample_tokens(logits, [sampler], EOS)[0] for _ in range(4)]
     assert all(t not in EOS for t in tokens[:3]) and tokens[3] == 7
+
+
+def _expected(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution by the book: softmax(logits / T), the top_k largest, then the smallest
+    prefix (largest first) whose mass reaches top_p, renormalized."""
+    scaled = logits / params.temperature
+    if 0 < params.top_k < scaled.shape[0]:
+        scaled = scaled.masked_fill(scaled < torch.topk(scaled, params.top_k).values[-1], float("-inf"))
+    ordered, order = torch.sort(scaled, descending=True)
+    probs = torch.softmax(ordered.double(), dim=-1)
+    probs[(torch.cumsum(probs, dim=-1) - probs) >= params.top_p] = 0
+    out = torch.zeros_like(probs)
+    out[order] = probs / probs.sum()
+    return out
+
+
+@pytest.mark.parametrize("params, first", [
+    (SamplingParams(temperature=1.0, seed=11), None),
+    (SamplingParams(temperature=0.7, top_k=5, seed=12), None),
+    (SamplingParams(temperature=1.3, top_p=0.8, seed=13), None),
+    (SamplingParams(temperature=1.0, top_k=9, top_p=0.6, seed=14), None),
+    # the nucleus is wider than the first candidates looked at: the next stage, then all of them
+    (SamplingParams(temperature=1.0, top_p=0.9, seed=15), (3, 6)),
+])
+def test_drawn_tokens_follow_the_distribution(params, first, monkeypatch):
+    from engine import sampling
+
+    if first:
+        monkeypatch.setattr(sampling, "NUCLEUS_FIRST", first)
+    logits = torch.tensor([[2.0, 1.5, 1.4, 1.0, 0.5, 0.2, 0.0, -0.5, -1.0, -3.0, -9.0, 0.1]])
+    expected = _expected(logits[0], params)
+    sampler = SlotSampler.start(params)
+    n = 20000
+    counts = torch.bincount(torch.tensor([sample_tokens(logits, [sampler], frozenset())[0] for _ in range(n)]),
+                            minlength=logits.shape[1]).double() / n
+    assert torch.all(counts[expected == 0] == 0)  # cut tokens are never drawn
+    tolerance = 5 * torch.sqrt(expected * (1 - expected) / n) + 1e-9
+    assert torch.all((counts - expected).abs() <= tolerance), (counts, expected)
+
+
+def test_a_resumed_request_continues_its_seeded_stream():
+    """A request resumed after 4 sampled tokens (its worker died) draws the numbers the
+    undisturbed run would have drawn next: same logits, same tokens."""
+    params = SamplingParams(temperature=1.0, top_p=0.95, seed=99)
+    whole = _draw(params, steps=10)
+    resumed = SlotSampler.start(dataclasses.replace(params, already_sampled=4))
+    rest = [sample_tokens(_logits(2, seed=step)[:1], [resumed], EOS)[0] for step in range(4, 10)]
+    assert rest == whole[4:]
