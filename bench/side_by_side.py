@@ -11,6 +11,8 @@ Each server is started in turn (never both at once: they share the cores), then:
   low priority; a short request at a high priority 2 s later; its time to first token (llama.cpp
   ignores `priority`: plain FIFO, which is what it offers).
 Prints one table with Strata / llama.cpp ratios. Without LLAMA_SERVER only Strata runs.
+Requests are greedy (`temperature` 0) unless `--temperature` / `--top-p` say otherwise: then each
+server samples as it does for its users (llama.cpp's own chain adds top_k 40 and min_p 0.05).
 """
 
 from __future__ import annotations
@@ -89,11 +91,14 @@ class Server:
                 os.killpg(self.process.pid, 9)
 
 
+SAMPLING: dict[str, float] = {"temperature": 0}  # every request's; --temperature / --top-p change it
+
+
 async def chat(client: httpx.AsyncClient, server: Server, content: str, max_tokens: int,
                priority: int | None = None) -> dict[str, float]:
     """One streaming request: time to first token, completion and prompt tokens (from usage)."""
     body: dict = {"model": server.model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-                  "stream": True, "ignore_eos": True, "temperature": 0, "stream_options": {"include_usage": True}}
+                  "stream": True, "ignore_eos": True, **SAMPLING, "stream_options": {"include_usage": True}}
     if priority is not None:
         body["priority"] = priority
     sent = time.monotonic()
@@ -263,10 +268,15 @@ def main() -> None:
     parser.add_argument("--servers", nargs="+", choices=["strata", "llama.cpp"], default=["strata", "llama.cpp"],
                         help="which to run (llama.cpp needs LLAMA_SERVER)")
     parser.add_argument("--start-with", choices=["strata", "llama.cpp"], default="strata")
+    parser.add_argument("--temperature", type=float, default=0.0, help="every request's (0: greedy)")
+    parser.add_argument("--top-p", type=float, default=None, help="every request's (unset: the server's default)")
     parser.add_argument("--baseline", default=None, metavar="REF",
                         help="also run `strata serve` of this git ref (e.g. main) from a temporary worktree, as strata@REF")
     parser.add_argument("strata_args", nargs="*", help="extra `strata serve` flags (after --)")
     args = parser.parse_args()
+    SAMPLING["temperature"] = args.temperature
+    if args.top_p is not None:
+        SAMPLING["top_p"] = args.top_p
 
     # A SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so the servers' `with` blocks stop them.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -304,7 +314,7 @@ def report(results: dict[str, dict[str, float]], loads: list[str], args: argpars
 
     others = [name for name in results if name != "strata"] if "strata" in results else []
     table = Table(title=f"Same GGUF, same streaming client, one server after the other; median of {args.repeats} "
-                        f"run(s) x {args.rounds} round(s); load average {' -> '.join(loads)}")
+                        f"run(s) x {args.rounds} round(s); sampling {SAMPLING}; load average {' -> '.join(loads)}")
     table.add_column("measure")
     for name in results:
         table.add_column(name, justify="right")
