@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -134,9 +135,15 @@ def package_key(model: Transformer, batched: bool, tensors: list[Tensor], head: 
 
 
 def _package_folder() -> Path:
-    # inductor's cache folder, found as inductor does (importing it to ask costs a second)
-    base = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
-    return Path(base) / "strata-aot"
+    # inductor's cache folder, found as inductor finds it (importing inductor to ask costs a second)
+    base = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if base is None:
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):
+            user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
+        base = os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+    return Path(os.path.abspath(base)) / "strata-aot"
 
 
 class PackagedStep:
@@ -147,9 +154,9 @@ class PackagedStep:
         self.model, self.batched, self.head = model, batched, head_inside(model)
         self.name = "batched step" if batched else "one-row step"
         owners: list[object] = list(model.layers)
-        self.places = _tensors(owners)
         if self.head:
-            self.places += [(model, "norm"), *_tensors([model.head, model.head_bound] if model.head_bound else [model.head])]
+            owners += [model.head] + ([model.head_bound] if model.head_bound else [])
+        self.places = _tensors(owners) + ([(model, "norm")] if self.head else [])
         self.tensors = [getattr(owner, name) for owner, name in self.places]
         self._run: Callable[[list[Tensor]], list[Tensor]] | None = None
         self.error: BaseException | None = None

@@ -23,8 +23,8 @@ import logging
 import os
 import time
 from functools import cached_property
-from typing import Callable
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import Tensor

@@ -6,9 +6,9 @@ numbers whatever else shares its batch: same seed, same prompt, same params -> s
 A sampled token costs one uniform number: the kept tokens' probabilities are summed in order and
 the number picks where it falls (inverse CDF). torch.multinomial instead draws an exponential per
 vocabulary entry (~0.7 ms a row for SmolLM2's 49k), and top_p sorted the whole vocabulary (~3 ms
-a row): at 8 rows those cost more than the model's step. top_p now looks at the largest
-256 logits first (`NUCLEUS_FIRST`) and sorts everything only when they hold less than top_p of the
-mass (then the largest 4096, then all). One draw per token also lets a resumed request continue its seeded stream
+a row): at 8 rows those cost more than the model's step. top_p looks at the largest 256 logits
+first, then 4 096 (`NUCLEUS_FIRST`), and sorts everything only when those hold less than top_p
+of the mass. One draw per token also lets a resumed request continue its seeded stream
 (`SamplingParams.already_sampled`)."""
 
 from __future__ import annotations

@@ -114,6 +114,8 @@ def test_a_dead_workers_request_resumes_after_the_tokens_it_streamed(redis_clien
     assert [e for e in events if e["type"] == "token"] == reference  # the client's stream just continues
     assert events[-1]["completion_tokens"] == "8"
     assert redis_client.hget(K.req("a"), "attempts") == "2"
+    # a sampled request's random stream goes on after the 4 draws the dead worker made
+    assert engine._params[0].already_sampled == 4
 
 
 def test_a_clean_stop_hands_requests_back_and_another_worker_finishes_them(redis_client, submit):
