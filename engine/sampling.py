@@ -97,5 +97,6 @@ def _sample_row(logits: Tensor, sampler: SlotSampler) -> int:
         values, ids = values[:kept], ids[:kept]
     cumulative = torch.cumsum(torch.softmax(values, dim=-1), dim=-1)
     u = torch.rand(1, generator=sampler.generator) * cumulative[-1]
-    index = min(int(torch.searchsorted(cumulative, u, right=True)), cumulative.shape[0] - 1)
+    # u can round up to the total: then the last token with any probability (never a masked one)
+    index = min(int(torch.searchsorted(cumulative, u, right=True)), int((cumulative < cumulative[-1]).sum()))
     return index if ids is None else int(ids[index])

@@ -110,3 +110,13 @@ def test_a_resumed_request_continues_its_seeded_stream():
     resumed = SlotSampler.start(dataclasses.replace(params, already_sampled=4))
     rest = [sample_tokens(_logits(2, seed=step)[:1], [resumed], EOS)[0] for step in range(4, 10)]
     assert rest == whole[4:]
+
+
+def test_a_draw_at_the_very_top_of_the_range_never_lands_on_a_masked_token(monkeypatch):
+    """The uniform number times the total can round up to the total; the token it then picks
+    must still have probability: here the vocabulary's last entries are masked (eos under
+    min_tokens, or -inf)."""
+    logits = torch.tensor([[1.0, 2.0, 0.5, float("-inf"), float("-inf")]])
+    monkeypatch.setattr(torch, "rand", lambda *a, **kw: torch.tensor([1.0]))  # the top of [0, 1)
+    sampler = SlotSampler.start(SamplingParams(temperature=1.0, seed=1))
+    assert sample_tokens(logits, [sampler], frozenset())[0] == 2
