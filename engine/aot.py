@@ -11,7 +11,7 @@ residual added in another kernel rounds the same float32 sums in another order; 
 in a few logits), so a worker never mixes the two: it builds the packages before it serves, and
 uses them for every step or (a build failed) for none.
 
-The head is inside (its logits and which of them to recompute exactly; `Transformer.head_logits`)
+The head is inside (`Transformer.head_step`: its logits and which of them to recompute exactly)
 unless it is oneDNN-prepacked (not a tensor a graph can take), and then `compiled._head` follows.
 With the head inside, a restart with cached packages never starts dynamo or inductor: it loads two
 shared libraries (~3 s less than tracing the head's graphs; the start-up in docs/engine.md).
@@ -26,13 +26,11 @@ SmolLM2, both side by side) runs in child processes (`python -m engine.aot`).
 
 from __future__ import annotations
 
-import getpass
 import hashlib
 import json
 import logging
 import os
 import platform
-import re
 import subprocess
 import sys
 import tempfile
@@ -92,9 +90,8 @@ class _Step(nn.Module):
                 x = block(x, cos, sin, block.k_cache, block.v_cache, index, mask)
             if not self.head:
                 return (x,)
-            h = model.last_normed(x)
-            logits, candidates = model.head_logits(h)
-            return (h, logits) if candidates is None else (h, logits, candidates)
+            h, logits, candidates = model.head_step(x)
+            return (h, logits) if candidates is None else (h, logits, candidates)  # a graph returns tensors only
         finally:
             for (owner, name), tensor in zip(self.places, kept):
                 setattr(owner, name, tensor)
@@ -135,14 +132,12 @@ def package_key(model: Transformer, batched: bool, tensors: list[Tensor], head: 
 
 
 def _package_folder() -> Path:
-    # inductor's cache folder, found as inductor finds it (importing inductor to ask costs a second)
-    base = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if base is None:
-        try:
-            user = getpass.getuser()
-        except (KeyError, OSError):
-            user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
-        base = os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+    """Inductor's cache folder, read as inductor reads it."""
+    base = os.environ.get("TORCHINDUCTOR_CACHE_DIR")  # set by compiled.use_cache_dir (--data-dir)
+    if base is None:  # only here: importing inductor to ask costs a second
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        base = default_cache_dir()
     return Path(os.path.abspath(base)) / "strata-aot"
 
 

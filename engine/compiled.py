@@ -51,13 +51,6 @@ def _layer(block: Block, x: Tensor, cos: Tensor, sin: Tensor, keys: Tensor, valu
     return block(x, cos, sin, keys, values, index, mask)
 
 
-def _head(model: Transformer, x: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
-    # The final norm, the head and which logits to recompute exactly, in one graph (eager they
-    # were a dozen passes over the vocabulary); the recomputation's shapes depend on the data.
-    h = model.last_normed(x)
-    return h, *model.head_logits(h)
-
-
 def compilable(model: Transformer) -> bool:
     """Whether the layers' linears can go into a graph: oneDNN's prepacked bf16 linear (bf16
     without int4: --no-int4, Q8_0 and K-quant files) fails in inductor's lowering (an assertion
@@ -78,8 +71,10 @@ class CompiledDecode:
         return torch.compile(_layer, fullgraph=True, dynamic=None)
 
     @cached_property
-    def _head(self) -> Callable[..., tuple[Tensor, Tensor, Tensor | None]]:
-        return torch.compile(_head, fullgraph=True, dynamic=None)
+    def _head(self) -> Callable[[Tensor], tuple[Tensor, Tensor, Tensor | None]]:
+        # one graph for the final norm, the head and which logits to recompute exactly (eager
+        # they were a dozen passes over the vocabulary)
+        return torch.compile(self.model.head_step, fullgraph=True, dynamic=None)
 
     def __call__(self, tokens: Tensor, slots: Tensor, positions: Tensor, span: int,
                  scratch: tuple[Tensor, Tensor] | None = None) -> Tensor:
@@ -108,7 +103,7 @@ class CompiledDecode:
                 x = self._layer(block, x, cos, sin, keys, values, rows, pos, mask)
         if batched:
             torch._dynamo.maybe_mark_dynamic(x, 0)
-        return model.exact_top(*self._head(model, x))
+        return model.exact_top(*self._head(x))
 
     def warm(self, batches: list[int], span: int, ahead: bool = True) -> float:
         """With `ahead` (CPU), the steps compiled ahead of time (engine/aot.py): loaded if cached,
@@ -137,7 +132,7 @@ class CompiledDecode:
                     x = torch.zeros(batch, 1, self.model.cfg.dim, device=device)
                     if batch > 1:
                         torch._dynamo.maybe_mark_dynamic(x, 0)
-                    self._head(self.model, x)
+                    self._head(x)
         took = time.perf_counter() - started
         log.info("compiled decode for batches %s in %.1fs", batches, took)
         return took

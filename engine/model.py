@@ -297,6 +297,13 @@ class Transformer(nn.Module):
         """The last layer's output [B, T, dim] -> the final-normed residual of each row's last token."""
         return F.rms_norm(x[:, -1], (self.cfg.dim,), self.norm, self.cfg.norm_eps)
 
+    def head_step(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """The last layer's output [B, T, dim] -> the final-normed rows h, the head's logits and
+        the candidates for `exact_top` (`head_logits`): the part of a decode step a compiled step
+        can hold (the recomputation's shapes depend on the data)."""
+        h = self.last_normed(x)
+        return (h, *self.head_logits(h))
+
     def logits(self, h: Tensor) -> Tensor:
         """h: [B, dim] float32 (from `forward`) -> logits [B, V] float32.
 
