@@ -85,10 +85,7 @@ def _sample_row(logits: Tensor, sampler: SlotSampler) -> int:
         else:  # the largest few first: an LM's nucleus is small; a flat distribution takes all
             total = torch.logsumexp(scaled, dim=-1)
             for first in (*NUCLEUS_FIRST, vocab):
-                if first < vocab:
-                    values, ids = torch.topk(scaled, first)
-                else:
-                    values, ids = torch.sort(scaled, descending=True)
+                values, ids = torch.topk(scaled, min(first, vocab))
                 probs = torch.exp(values - total)
                 if first >= vocab or float(probs.sum()) >= p.top_p:
                     break
