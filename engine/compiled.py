@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from engine import aot
+from engine.graphs import GraphedDecode, HeadOut, Record, record_cuda
 from engine.model import Block, CacheIndex, Transformer
 from engine.weights import PackedLinear
 
@@ -63,6 +64,7 @@ class CompiledDecode:
     def __init__(self, model: Transformer) -> None:
         self.model = model
         self.packaged: list[aot.PackagedStep] = []  # [one row, batched], all of them or none
+        self.graphs: GraphedDecode | None = None  # CUDA: the steps recorded as graphs
 
     # made on first use: torch.compile starts dynamo (a second or more), which packages holding
     # the head never need
@@ -71,15 +73,22 @@ class CompiledDecode:
         return torch.compile(_layer, fullgraph=True, dynamic=None)
 
     @cached_property
-    def _head(self) -> Callable[[Tensor], tuple[Tensor, Tensor, Tensor | None]]:
+    def _head(self) -> Callable[[Tensor], HeadOut]:
         # one graph for the final norm, the head and which logits to recompute exactly (eager
         # they were a dozen passes over the vocabulary)
         return torch.compile(self.model.head_step, fullgraph=True, dynamic=None)
 
-    def __call__(self, tokens: Tensor, slots: Tensor, positions: Tensor, span: int,
-                 scratch: tuple[Tensor, Tensor] | None = None) -> Tensor:
-        """tokens, slots, positions: [B] long -> logits [B, V] float32 (Transformer.logits').
-        scratch: K/V buffers shaped like a layer's that every layer writes instead of its own."""
+    def __call__(self, tokens: Tensor, slots: Tensor, positions: Tensor, span: int) -> Tensor:
+        """tokens, slots, positions: [B] long -> logits [B, V] float32 (Transformer.logits')."""
+        if self.graphs is not None:
+            return self.graphs(tokens, slots, positions, span)
+        return self.model.exact_top(*self.step(tokens, slots, positions, span))
+
+    def step(self, tokens: Tensor, slots: Tensor, positions: Tensor, span: int,
+             scratch: tuple[Tensor, Tensor] | None = None) -> HeadOut:
+        """The step up to the exact top logits: the final-normed rows, the head's logits and the
+        candidates for `Transformer.exact_top`. scratch: K/V buffers shaped like a layer's that
+        every layer writes instead of its own."""
         model = self.model
         x = model.embed(tokens.unsqueeze(1))
         rows, pos = slots.unsqueeze(1), positions.unsqueeze(1)
@@ -92,7 +101,7 @@ class CompiledDecode:
             out = step(x, cos, sin, rows, pos, mask)
             if step.head:
                 h, logits, *candidates = out
-                return model.exact_top(h, logits, candidates[0] if candidates else None)
+                return h, logits, candidates[0] if candidates else None
             x = out[0]
         else:
             for t in (x, cos, sin, rows, pos, mask) if batched else ():
@@ -103,7 +112,7 @@ class CompiledDecode:
                 x = self._layer(block, x, cos, sin, keys, values, rows, pos, mask)
         if batched:
             torch._dynamo.maybe_mark_dynamic(x, 0)
-        return model.exact_top(*self._head(x))
+        return self._head(x)
 
     def warm(self, batches: list[int], span: int, ahead: bool = True) -> float:
         """With `ahead` (CPU), the steps compiled ahead of time (engine/aot.py): loaded if cached,
@@ -126,13 +135,27 @@ class CompiledDecode:
             if scratch is not None:
                 for batch in batches:
                     zeros = torch.zeros(batch, dtype=torch.long, device=device)
-                    self(zeros, torch.arange(batch, device=device), zeros, span, scratch)
+                    self.step(zeros, torch.arange(batch, device=device), zeros, span, scratch)
             elif not self.packaged[0].head:  # only the head's graphs: the layers go through the packages
                 for batch in batches:
                     x = torch.zeros(batch, 1, self.model.cfg.dim, device=device)
                     if batch > 1:
                         torch._dynamo.maybe_mark_dynamic(x, 0)
                     self._head(x)
+        if device.type == "cuda":
+            self._record_graphs()
         took = time.perf_counter() - started
         log.info("compiled decode for batches %s in %.1fs", batches, took)
         return took
+
+    def _record_graphs(self, record: Record = record_cuda) -> None:
+        """Every bucket's step as a CUDA graph (engine/graphs.py), or, if one cannot be recorded,
+        none: every step then launches its kernels itself."""
+        try:
+            with torch.inference_mode():  # its buffers made as decode makes a step's inputs
+                graphs = GraphedDecode(self.model, self.step, record)
+                graphs.warm()
+        except Exception:
+            log.warning("decoding without CUDA graphs: a step could not be recorded", exc_info=True)
+            return
+        self.graphs = graphs

@@ -259,7 +259,8 @@ class Transformer(nn.Module):
             block.k_cache = torch.zeros(shape, device=self.device, dtype=self.cache_dtype)
             block.v_cache = torch.zeros(shape, device=self.device, dtype=self.cache_dtype)
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
-        angles = torch.outer(torch.arange(ctx, dtype=torch.float64), inv_freq)
+        # rows for the spare position too: a CUDA graph's padding rows write there (engine/graphs.py)
+        angles = torch.outer(torch.arange(ctx + 1, dtype=torch.float64), inv_freq)
         angles = torch.cat([angles, angles], dim=-1)  # HF layout: the two halves share frequencies
         # Tables in float32 (angles past a few hundred lose their low bits in bf16); each step
         # rounds the rows it uses to the activations' dtype, as transformers does.

@@ -16,7 +16,7 @@ from engine.weights import DictSource
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def _tiny_engine(num_slots: int = 4) -> TorchEngine:
+def _tiny_engine(num_slots: int = 4, device: str = "cpu") -> TorchEngine:
     torch.manual_seed(0)
     cfg = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=128, vocab_size=256,
                       tie_embeddings=True)
@@ -27,7 +27,7 @@ def _tiny_engine(num_slots: int = 4) -> TorchEngine:
         weights[f"layers.{i}.attn_norm"] = weights[f"layers.{i}.ffn_norm"] = torch.ones(64)
         for name, shape in shapes.items():
             weights[f"layers.{i}.{name}"] = torch.randn(shape) * 0.2
-    model = Transformer.build(cfg, DictSource(weights), dtype=torch.float32, device=torch.device("cpu"))
+    model = Transformer.build(cfg, DictSource(weights), dtype=torch.float32, device=torch.device(device))
     model.allocate_cache(num_slots=num_slots, ctx=400)
     return TorchEngine(model, None, eos_token_ids=frozenset())
 

@@ -37,3 +37,22 @@ def prefill_logits_on(model, device, slot, ids):
 def decode_logits_on(model, device, slots, tokens, positions):
     with torch.device(device):
         return decode_logits(model, slots, tokens, positions, span=64)
+
+
+def test_cuda_graphs_replay_the_compiled_steps():
+    """Every (rows, span) bucket recorded at start; the replayed steps give the tokens of the same
+    compiled step launched kernel by kernel (steps of one, two, three rows (a padding row) and
+    four, across the 256-token span)."""
+    from tests.engine.test_compiled import _packaged_run, _run, _tiny_engine
+
+    def engine(graphs: bool):
+        built = _tiny_engine(device="cuda:0")
+        built.compile_decode(warm=True, ahead=False)
+        assert built.compiled is not None and built.compiled.graphs is not None
+        if not graphs:
+            built.compiled.graphs = None
+        return built
+
+    with_graphs = engine(True)
+    assert sorted(with_graphs.compiled.graphs.graphs) == [(r, s) for r in (1, 2, 4) for s in (256, 400)]
+    assert _packaged_run(with_graphs) + _run(engine(True)) == _packaged_run(engine(False)) + _run(engine(False))
