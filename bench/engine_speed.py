@@ -5,7 +5,8 @@ first token, load time and memory, for several engine variants in one run.
 
 A variant is `default` (what `strata serve` runs), `float32`, `bfloat16`, with `+noint4`
 (bf16 linears dequantized instead of int4 from the file's blocks), `+noprefillbf16` (int4 only, no
-bf16 copy for prefill chunks) or `+eager` (no compiled decode step, `--no-compile`) appended;
+bf16 copy for prefill chunks), `+eager` (no compiled decode step, `--no-compile`) or `+nographs`
+(on a GPU: the compiled step launched kernel by kernel, not replayed from CUDA graphs) appended;
 `+compile` asks for the compiled step from an engine that did not compile by default (a
 `--baseline` before it did). `load s` includes the compile: inductor's cache is under the
 temporary folder's strata-bench-cache (TORCHINDUCTOR_CACHE_DIR wins), so the first run after a
@@ -14,7 +15,9 @@ change pays the cold compile and later ones the warm.
 `REF:VARIANT` (`--baseline-variants`), so old and new are measured in the same run. Each variant
 runs in its own process, so its memory is its own, and the variants are measured in turns, round
 by round (median shown): the 2 cores are shared with whatever else runs, so compare ratios within
-one run, not numbers across runs."""
+one run, not numbers across runs. `--device cuda:0` measures the GPU path (bf16, CUDA graphs).
+Prompt lookup (a one-row step checking a guessed token) is off here: this filler repeats itself, so
+its guesses would nearly always be right; bench.side_by_side measures it on chat answers."""
 
 from __future__ import annotations
 
@@ -45,7 +48,7 @@ def _status_mib(key: str) -> float:
     return float("nan")
 
 
-def _load(variant: str, num_slots: int, threads: int | None):
+def _load(variant: str, num_slots: int, threads: int | None, device: str = "cpu"):
     """The engine for a variant, in the options of the engine found (a baseline's may be older: before
     int4 became the default it took `int4_decode`; before the prefill copy, no `prefill_bf16`)."""
     import inspect
@@ -64,7 +67,14 @@ def _load(variant: str, num_slots: int, threads: int | None):
         kwargs["cache_dir"] = Path(tempfile.gettempdir()) / "strata-bench-cache"
         if "eager" in flags or "compile" in flags:
             kwargs["compile"] = "eager" not in flags
-    return load_engine(None, num_slots=num_slots, ctx=CTX, dtype=dtype, threads=threads, **kwargs)
+    if device != "cpu":  # a baseline older than --device has none
+        kwargs["device"] = device
+    engine = load_engine(None, num_slots=num_slots, ctx=CTX, dtype=dtype, threads=threads, **kwargs)
+    if hasattr(engine, "use_prompt_lookup"):  # the step's own speed: what guesses give depends on the text
+        engine.use_prompt_lookup(False)
+    if "nographs" in flags and getattr(engine.compiled, "graphs", None) is not None:
+        engine.compiled.graphs = None
+    return engine
 
 
 class Probe:
@@ -72,12 +82,12 @@ class Probe:
     parent can interleave variants round by round: the shared cores' load then hits all of them
     alike, and the median of the rounds is compared."""
 
-    def __init__(self, variant: str, num_slots: int, threads: int | None) -> None:
+    def __init__(self, variant: str, num_slots: int, threads: int | None, device: str = "cpu") -> None:
         from engine.protocol import SamplingParams
 
         self.rss_start = _status_mib("VmRSS")
         started = time.perf_counter()
-        self.engine = _load(variant, num_slots, threads)
+        self.engine = _load(variant, num_slots, threads, device)
         self.load_s = time.perf_counter() - started
         self.rss_loaded = _status_mib("VmRSS")
         self.filler = self.engine.tokenizer.encode("The history of the lighthouse keepers of the northern coast. " * 400)
@@ -90,11 +100,11 @@ class Probe:
             last[s] = engine.read(s, self.filler[s : s + DECODE_CONTEXT], sample=True)
         for _ in range(2):  # warm-up
             for s, t in zip(slots, engine.decode(slots, [last[s] for s in slots])):
-                last[s] = t
+                last[s] = t[-1] if isinstance(t, list) else t  # a list since decode may confirm guesses
         start = time.perf_counter()
         for _ in range(steps):
             for s, t in zip(slots, engine.decode(slots, [last[s] for s in slots])):
-                last[s] = t
+                last[s] = t[-1] if isinstance(t, list) else t
         return steps * num_slots / (time.perf_counter() - start)
 
     def prefill(self) -> float:
@@ -141,6 +151,8 @@ class Child:
                "--steps", str(args.steps), "--slots", str(max(2, *args.batches))]  # ttft reads in slot 1
         if args.threads:
             cmd += ["--threads", str(args.threads)]
+        if args.device != "cpu":
+            cmd += ["--device", args.device]
         root = tree or Path(__file__).resolve().parent.parent
         env = {**os.environ, "PYTHONPATH": str(root)}  # that tree's engine package comes first
         self.process = subprocess.Popen(cmd, cwd=root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -178,11 +190,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="samples per measurement; the median is shown")
     parser.add_argument("--slots", type=int, default=16, help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda:N for the GPU path")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.child:
-        Probe(args.variants[0], args.slots, args.threads).serve_commands(args.steps)
+        Probe(args.variants[0], args.slots, args.threads, args.device).serve_commands(args.steps)
         return
 
     from rich.console import Console

@@ -47,18 +47,21 @@ def strata_greedy(engine, ids: list[int], tokens: int) -> list[int]:
     engine.begin(0, SamplingParams(temperature=0.0))
     out = [engine.read(0, ids, sample=True)]
     while len(out) < tokens:
-        out += engine.decode([0], [out[-1]])
-    return out
+        out += engine.decode([0], [out[-1]])[0]
+    return out[:tokens]  # a confirmed guess can bring one more
 
 
 def strata_forced(engine, ids: list[int], reference: list[int]) -> list[int]:
     """The engine's greedy next token after the prompt and after each reference token but the last."""
     from engine.protocol import SamplingParams
 
+    lookup = engine.prompt_lookup
+    engine.use_prompt_lookup(False)  # one token a step: each step is fed the reference's
     engine.begin(0, SamplingParams(temperature=0.0))
     out = [engine.read(0, ids, sample=True)]
     for token in reference[:-1]:
-        out += engine.decode([0], [token])
+        out += engine.decode([0], [token])[0]
+    engine.use_prompt_lookup(lookup)
     return out
 
 

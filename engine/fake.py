@@ -83,13 +83,13 @@ class FakeEngine:
         self.calls.append(Call("read", (slot,), len(tokens), self.clock.now_ms))
         return self._next(slot) if sample else None
 
-    def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> list[int]:
+    def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> list[list[int]]:
         self._charge_step()
         self.clock.advance(self.decode_cost_ms(len(slots), max(len(self._cache[s]) for s in slots) + 1))
         for slot, token in zip(slots, tokens):
             self._cache[slot].append(token)
         self.calls.append(Call("decode", tuple(slots), len(slots), self.clock.now_ms))
-        return [self._next(slot) for slot in slots]
+        return [[self._next(slot)] for slot in slots]
 
     def start_step(self) -> None:
         """The worker loop starts a step (at most one read and one decode): its own cost, the

@@ -30,9 +30,12 @@ class Engine(Protocol):
         """Append one chunk of prompt tokens to the slot's cache at its current position.
         With sample=True (the prompt's last chunk), return the first generated token."""
 
-    def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> list[int]:
-        """One batched step: feed tokens[i] to slots[i] at its current position and return the
-        next token of each. All slots advance by one."""
+    def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> list[list[int]]:
+        """One batched step: feed tokens[i] to slots[i] at its current position and return each
+        slot's new tokens: the next one, then any the engine guessed after it and the step
+        confirmed (the real engine's prompt lookup), exactly what one step per token would give.
+        A slot advances by as many tokens as it returns: all but the last are in its cache, the
+        last is fed by the next step."""
 
     def position(self, slot: int) -> int:
         """How many tokens the slot's cache holds."""

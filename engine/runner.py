@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from engine.files import is_gguf, resolve_model_path
+from engine.lookup import Lookup
 from engine.model import KV_BUCKET, CacheIndex, ModelConfig, Transformer
 from engine.protocol import SamplingParams
 from engine.sampling import SlotSampler, sample_tokens
@@ -40,6 +41,23 @@ class TorchEngine:
         self._positions = [0] * self.num_slots
         self._samplers = [SlotSampler.start(SamplingParams(temperature=0.0)) for _ in range(self.num_slots)]
         self.compiled: CompiledDecode | None = None
+        # guessing (engine/lookup.py): on where a row's result does not depend on its neighbours
+        # (the CPU's kernels work row by row), so a checked guess gives the tokens one at a time would
+        self._lookups: list[Lookup] | None = None
+
+    @property
+    def prompt_lookup(self) -> bool:
+        return self._lookups is not None
+
+    def use_prompt_lookup(self, on: bool = True) -> None:
+        """A one-row decode step also checks a guess of the token after next (engine/lookup.py),
+        yielding two tokens when it was right. CPU only: there a row's logits are the same
+        whatever shares its step, so the tokens are exactly those of decoding one at a time."""
+        if on and self.device.type != "cpu":
+            raise ValueError("prompt lookup needs row-independent kernels: CPU only")
+        # a slot's earlier tokens are unknown here: its guesses start from what comes next (a
+        # guess only decides whether a row is spent, never which tokens come out)
+        self._lookups = [Lookup() for _ in range(self.num_slots)] if on else None
 
     def compile_decode(self, warm: bool = True, ahead: bool = True) -> float:
         """Decode through torch.compile from now on (engine/compiled.py); with `warm`, build the
@@ -81,11 +99,13 @@ class TorchEngine:
             hidden = self.model(ids, index)
             logits = self.model.logits(hidden) if sample else None
         self._positions[slot] = end
+        if self._lookups is not None:
+            self._lookups[slot].extend(tokens)
         if logits is None:
             return None
         return sample_tokens(logits, [self._samplers[slot]], self.eos_token_ids)[0]
 
-    def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> list[int]:
+    def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> list[list[int]]:
         if len(slots) != len(tokens):
             raise ValueError("decode() needs one token per slot")
         if not slots:
@@ -96,20 +116,48 @@ class TorchEngine:
             self._check_slot(slot)
             if self._positions[slot] >= self.ctx:
                 raise ValueError(f"slot {slot} is full (ctx={self.ctx})")
+        if self._lookups is not None and len(slots) == 1:
+            return [self._decode_guessing(slots[0], tokens[0])]
         slots = list(slots)
-        positions = [self._positions[s] for s in slots]
+        logits = self._step(slots, list(tokens), [self._positions[s] for s in slots])
+        for slot, token in zip(slots, tokens):
+            self._fed(slot, [token])
+        return [[t] for t in sample_tokens(logits, [self._samplers[s] for s in slots], self.eos_token_ids)]
+
+    def _decode_guessing(self, slot: int, token: int) -> list[int]:
+        """One row, and a second at the next position for the guessed token after it, when there
+        is a guess and room for it (a full slot ends its request: the guess must not fill it)."""
+        assert self._lookups is not None
+        position = self._positions[slot]
+        guess = self._lookups[slot].guess(token) if position + 2 < self.ctx else None
+        if guess is None:
+            logits = self._step([slot], [token], [position])
+        else:
+            logits = self._step([slot, slot], [token, guess], [position, position + 1])
+        sampler = self._samplers[slot]
+        out = sample_tokens(logits[:1], [sampler], self.eos_token_ids)
+        fed = [token]
+        if guess is not None and out[0] == guess:  # the second row read what one step at a time would
+            out += sample_tokens(logits[1:], [sampler], self.eos_token_ids)
+            fed.append(guess)
+        self._fed(slot, fed)
+        return out
+
+    def _step(self, slots: list[int], tokens: list[int], positions: list[int]) -> torch.Tensor:
+        """Rows of one token each at these positions of their slots -> logits [rows, V]."""
         span = min(self.ctx, -(-(max(positions) + 1) // KV_BUCKET) * KV_BUCKET)
         dev = self.device
         with torch.inference_mode():
             pos = torch.tensor(positions, dtype=torch.long, device=dev)
-            ids = torch.tensor(list(tokens), dtype=torch.long, device=dev)
+            ids = torch.tensor(tokens, dtype=torch.long, device=dev)
             if self.compiled is not None:
-                logits = self.compiled(ids, torch.tensor(slots, dtype=torch.long, device=dev), pos, span)
-            else:
-                logits = self.model.logits(self.model(ids.unsqueeze(1), CacheIndex.for_slots(slots, pos.unsqueeze(1), span)))
-        for slot in slots:
-            self._positions[slot] += 1
-        return sample_tokens(logits, [self._samplers[s] for s in slots], self.eos_token_ids)
+                return self.compiled(ids, torch.tensor(slots, dtype=torch.long, device=dev), pos, span)
+            return self.model.logits(self.model(ids.unsqueeze(1), CacheIndex.for_slots(slots, pos.unsqueeze(1), span)))
+
+    def _fed(self, slot: int, tokens: list[int]) -> None:
+        self._positions[slot] += len(tokens)
+        if self._lookups is not None:
+            self._lookups[slot].extend(tokens)
 
     def position(self, slot: int) -> int:
         self._check_slot(slot)
@@ -121,6 +169,8 @@ class TorchEngine:
         if not 0 <= length <= self._positions[slot]:
             raise ValueError(f"slot {slot}: cannot truncate {self._positions[slot]} tokens to {length}")
         self._positions[slot] = length
+        if self._lookups is not None:
+            self._lookups[slot].truncate(length)
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.num_slots:
@@ -149,6 +199,7 @@ def load_engine(
     prefill_bf16: bool = True,
     cache_dir: str | Path | None = None,
     compile: bool = True,
+    prompt_lookup: bool = True,
 ) -> TorchEngine:
     """Open a GGUF file or HF folder (None: the default SmolLM2) and allocate its slots.
 
@@ -159,7 +210,9 @@ def load_engine(
     cache_dir: where the converted tokenizer is kept so a restart does not convert it again
     (seconds for a GGUF), and inductor's generated code.
     compile: decode compiled (engine/compiled.py; on the CPU the layers ahead of time, engine/aot.py),
-    built here or loaded from cache_dir; off: eager."""
+    built here or loaded from cache_dir; off: eager.
+    prompt_lookup: on the CPU, a one-row step also checks a guess of the next token from the slot's
+    own text (engine/lookup.py), the same tokens sooner when it is right."""
     if num_slots < 1 or ctx < 1:
         raise ValueError("num_slots and ctx must be positive")
     if threads is not None:
@@ -193,6 +246,8 @@ def load_engine(
 
         use_cache_dir(cache_dir)
         engine.compile_decode(warm=True)
+    if prompt_lookup and dev.type == "cpu":
+        engine.use_prompt_lookup()
     log.info("loaded %s in %.1fs: %s, linears %s, KV cache %.0f MiB", path.name, time.perf_counter() - started,
              torch_dtype, engine.model.forms, engine.model.kv_bytes() / 2**20)
     return engine

@@ -187,6 +187,8 @@ def step_overhead_ms(decoder: Decoder, slots: int, steps: int, tries: int = 3,
 
 def calibrate(engine: Engine, tokens: Sequence[int], plan: Plan, machine: dict[str, str]) -> CostProfile:
     started = time.perf_counter()
+    if hasattr(engine, "use_prompt_lookup"):  # the cost of a step of r rows, not of r rows and guesses
+        engine.use_prompt_lookup(False)
     read, decode = measure(engine, tokens, plan)
     overhead = 0.0
     if plan.overhead_steps:

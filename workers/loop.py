@@ -396,27 +396,34 @@ class Worker:
             for slot in slots:
                 out.ended.append((slot, Failed(f"engine error: {error}"), RequestStatus.FAILED))
             return
-        for slot, token in zip(slots, tokens):
+        for slot, new in zip(slots, tokens):
             self.blame = slot
-            try:
-                self._accept(slot, token, out)
-            except Exception as error:  # noqa: BLE001 - e.g. its stop strings or text: this request only
-                log.exception("could not take token %d for %s", token, slot.request.id)
-                out.ended.append((slot, Failed(f"engine error: {error}"), RequestStatus.FAILED))
+            for token in new:  # more than one: a guess the step confirmed (engine/lookup.py)
+                try:
+                    if not self._accept(slot, token, out):
+                        break  # ended: what came after its last token is dropped
+                except Exception as error:  # noqa: BLE001 - e.g. its stop strings or text: this request only
+                    log.exception("could not take token %d for %s", token, slot.request.id)
+                    out.ended.append((slot, Failed(f"engine error: {error}"), RequestStatus.FAILED))
+                    break
 
-    def _accept(self, slot: Slot, token: int, out: StepOutput) -> None:
-        """A token was sampled for this slot: stream it and decide whether the request ends."""
+    def _accept(self, slot: Slot, token: int, out: StepOutput) -> bool:
+        """A token was sampled for this slot: stream it and decide whether the request ends.
+        Returns whether it goes on."""
         request = slot.request
         slot.generated += 1
         slot.last_token = token
         if token in self.engine.eos_token_ids and not request.ignore_eos:
             self._end(slot, "stop", out, tail=slot.text.flush())
-            return
+            return False
         out.of(slot).tokens.append(Token(slot.text.push(token), [token]))
         if slot.text.stopped:
             self._end(slot, "stop", out)
         elif slot.generated >= request.max_tokens or self.engine.position(slot.index) >= self.engine.ctx:
             self._end(slot, "length", out, tail=slot.text.flush())
+        else:
+            return True
+        return False
 
     def _end(self, slot: Slot, reason: str, out: StepOutput, tail: str = "") -> None:
         if tail:

@@ -48,7 +48,8 @@ def build_engine(settings: WorkerSettings, path: Path) -> Engine:
 
     return load_engine(path, num_slots=settings.parallel, ctx=settings.ctx, device=settings.device,
                        dtype=settings.dtype, threads=settings.threads, int4=settings.int4,
-                       prefill_bf16=settings.prefill_bf16, cache_dir=settings.data_dir / "cache", compile=settings.compile)
+                       prefill_bf16=settings.prefill_bf16, cache_dir=settings.data_dir / "cache", compile=settings.compile,
+                       prompt_lookup=settings.prompt_lookup)
 
 
 def run_worker(settings: WorkerSettings) -> None:

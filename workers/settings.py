@@ -53,6 +53,9 @@ class WorkerSettings(BaseSettings):
     compile: bool = Field(True, description="compiled decode, built at start: on the CPU every layer ahead of time in "
                                             "one C++ call (~1 min on a fresh machine, loaded in a second from --data-dir "
                                             "after); --no-compile: eager (docs/engine.md)")
+    prompt_lookup: bool = Field(True, description="CPU: a one-row decode step also checks a guess of the next token from "
+                                                  "the request's own text, two tokens a step when right, the same tokens "
+                                                  "(docs/engine.md); off: one token a step")
     data_dir: Path = Field(Path("data"), description="where the converted tokenizer and compiled code are cached")
     lease_ms: int = Field(15_000, ge=100, description="a claim not renewed for this long goes back to the queue")
     max_attempts: int = Field(3, ge=1, description="a request whose workers died this many times while running it fails (worker_lost)")

@@ -30,7 +30,7 @@ def fake_answer(prompt: list[int], max_tokens: int, seed: int | None = None) -> 
     engine.begin(0, SamplingParams(seed=seed))
     ids = [engine.read(0, prompt, sample=True)]
     while len(ids) < max_tokens:
-        ids += engine.decode([0], ids[-1:])
+        ids += engine.decode([0], ids[-1:])[0]
     return FakeDecoder().decode(ids)
 
 

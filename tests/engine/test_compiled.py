@@ -41,8 +41,8 @@ def _run(engine: TorchEngine) -> list[list[int]]:
         out.append([engine.read(slot, [(7 * slot + i) % 256 for i in range(10 + 60 * slot)], sample=True)])
     for step in range(120):
         active = [0, 1, 2, 3] if step % 3 else [3, 1]
-        for slot, token in zip(active, engine.decode(active, [out[s][-1] for s in active])):
-            out[slot].append(token)
+        for slot, new in zip(active, engine.decode(active, [out[s][-1] for s in active])):
+            out[slot] += new
     return out
 
 
@@ -72,8 +72,8 @@ def _packaged_run(engine: TorchEngine) -> list[list[int]]:
         out[slot] = [engine.read(slot, [(5 * i + slot) % 256 for i in range(length)], sample=True)]
     for group, steps in (([2], 70), ([0, 2, 3], 40), ([3, 1], 20)):
         for _ in range(steps):
-            for slot, token in zip(group, engine.decode(group, [out[s][-1] for s in group])):
-                out[slot].append(token)
+            for slot, new in zip(group, engine.decode(group, [out[s][-1] for s in group])):
+                out[slot] += new
     return [out[s] for s in range(4)]
 
 
@@ -148,7 +148,8 @@ def test_default_engine_decodes_compiled_and_a_row_does_not_depend_on_its_neighb
     kernels; docs/engine.md), so a worker never mixes them: the default compiles at load, and a
     request's tokens must be the same whatever else shares its step (alone, a row goes through
     the one-row package compiled ahead of time; with others, through the batched one): its
-    logits, bit for bit."""
+    logits, bit for bit. Alone, a row also checks guessed tokens (prompt lookup, the default):
+    a confirmed guess is a second row of the batched package, and gives the same tokens."""
     from engine.runner import load_engine
 
     engine = load_engine(None, num_slots=4, ctx=512, cache_dir=tmp_path)
@@ -159,19 +160,25 @@ def test_default_engine_decodes_compiled_and_a_row_does_not_depend_on_its_neighb
                ("What is the capital of France?", "Write a short poem about the sea.", "What is 17 times 23?",
                 "Who wrote Romeo and Juliet?")]
 
-    def greedy(group: list[int]) -> list[list[int]]:
+    two = []
+
+    def greedy(group: list[int], length: int = 40) -> list[list[int]]:
         out = {}
         for slot in group:
             engine.begin(slot, GREEDY)
             out[slot] = [engine.read(slot, prompts[slot], sample=True)]
-        for _ in range(12):
-            for slot, token in zip(group, engine.decode(group, [out[s][-1] for s in group])):
-                out[slot].append(token)
-        return [out[s] for s in group]
+        while any(len(out[s]) < length for s in group):
+            for slot, new in zip(group, engine.decode(group, [out[s][-1] for s in group])):
+                out[slot] += new
+                two.append(len(new) == 2)
+        return [out[s][:length] for s in group]
 
+    assert engine.prompt_lookup
     with torch._dynamo.config.patch(error_on_recompile=True):  # warmed at load: batch 1 and 2+
         together = greedy([0, 1, 2, 3])
+        assert not any(two)  # several rows: no guessing
         alone = [greedy([slot])[0] for slot in range(4)]
+        assert sum(two) >= 5, sum(two)  # guesses confirmed
         pair = greedy([3, 1])
     assert together == alone
     assert pair == [alone[3], alone[1]]

@@ -100,7 +100,7 @@ def _greedy(engine, slot, prompt_ids, steps):
     engine.begin(slot, GREEDY)
     out = [engine.read(slot, prompt_ids, sample=True)]
     while len(out) < steps:
-        out.append(engine.decode([slot], [out[-1]])[0])
+        out += engine.decode([slot], [out[-1]])[0]
     return out
 
 
@@ -125,5 +125,5 @@ def test_default_engine_is_int4_and_a_batch_equals_solo(smollm2, new_smollm2_eng
         order = slots if step % 2 else sorted(slots)
         got = dict(zip(order, engine.decode(order, [batch[slots.index(s)][-1] for s in order])))
         for i, s in enumerate(slots):
-            batch[i].append(got[s])
+            batch[i] += got[s]
     assert batch == solo

@@ -12,8 +12,8 @@ def greedy(engine, slot: int, prompt: list[int], n: int, keep: int = 0) -> list[
     token = engine.read(slot, prompt[keep:], sample=True)
     out = [token]
     for _ in range(n - 1):
-        token = engine.decode([slot], [token])[0]
-        out.append(token)
+        out += engine.decode([slot], [token])[0]
+        token = out[-1]
     return out
 
 

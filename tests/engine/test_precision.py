@@ -31,7 +31,7 @@ def _greedy(engine, ids: list[int], steps: int) -> list[int]:
     engine.begin(0, GREEDY)
     out = [engine.read(0, ids, sample=True)]
     while len(out) < steps and out[-1] not in engine.eos_token_ids:
-        out += engine.decode([0], [out[-1]])
+        out += engine.decode([0], [out[-1]])[0]
     return out
 
 
@@ -103,6 +103,6 @@ def test_default_greedy_france_says_paris(smollm2_default):
     engine.begin(0, GREEDY)
     out = [engine.read(0, ids, sample=True)]
     while len(out) < 20 and out[-1] not in engine.eos_token_ids:
-        out += engine.decode([0], [out[-1]])
+        out += engine.decode([0], [out[-1]])[0]
     answer = tok.decode(out)
     assert "Paris" in answer, answer

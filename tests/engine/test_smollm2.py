@@ -64,7 +64,7 @@ def _generate_solo(engine, ids: list[int], slot: int) -> list[int]:
     engine.begin(slot, GREEDY)
     out = [_read_chunked(engine, slot, ids)]
     for _ in range(STEPS - 1):
-        out += engine.decode([slot], [out[-1]])
+        out += engine.decode([slot], [out[-1]])[0]
     return out
 
 
@@ -89,8 +89,8 @@ def _generate_in_batch(engine, ids: list[int], slot: int) -> list[int]:
     order = [others[0], slot, *others[1:]]  # scattered order: the gathered attention path
     for step in range(STEPS - 1):
         active = order if step % 2 else sorted(order)  # and every other step the sliced path
-        for s, t in zip(active, engine.decode(active, [last[s] for s in active])):
-            last[s] = t
+        for s, new in zip(active, engine.decode(active, [last[s] for s in active])):
+            [last[s]] = new
         out.append(last[slot])
     return out
 
@@ -113,7 +113,7 @@ def test_seeded_sampling_is_reproducible(smollm2_f32):
         engine.begin(0, SamplingParams(temperature=1.0, top_p=0.95, seed=42))
         out = [engine.read(0, ids, sample=True)]
         for _ in range(8):
-            out += engine.decode([0], [out[-1]])
+            out += engine.decode([0], [out[-1]])[0]
         runs.append(out)
     assert runs[0] == runs[1]
 

@@ -9,8 +9,8 @@ from tests.conftest import MODEL, Submit  # noqa: F401 - re-exported for the tes
 
 
 def make_worker(redis_client, *, slots: int = 2, chunk: int = 8, worker_id: str = "w1", policy: Policy = Policy(),
-                **engine_kw) -> Worker:
-    engine = FakeEngine(num_slots=slots, **engine_kw)
+                engine_type: type[FakeEngine] = FakeEngine, **engine_kw) -> Worker:
+    engine = engine_type(num_slots=slots, **engine_kw)
     claims = Claims(redis_client, MODEL, worker_id, lease_ms=1000)
     worker = Worker(engine, claims, engine.tokenizer, prefill_chunk=chunk, policy=policy, clock=engine.clock)
     worker.announce(engine.clock())  # as run() does: the queue's aging policy, for enqueues from now on

@@ -155,3 +155,38 @@ def test_a_conversation_continues_in_the_slot_that_holds_its_prefix(redis_client
     submit("fresh", prompt=turn2, max_tokens=4)
     run_until_idle(make_worker(redis_client, slots=2, chunk=64, worker_id="w2"))
     assert stream(redis_client, "fresh") == stream(redis_client, "turn2")  # same answer as read from scratch
+
+
+class TwoAStep(FakeEngine):
+    """Every decode step confirms a guess: each slot gets its next two tokens (those of two
+    steps), the first of them already in its cache, as the real engine's prompt lookup does."""
+
+    def decode(self, slots, tokens):  # noqa: ANN001
+        out = super().decode(slots, tokens)
+        for slot, new in zip(slots, out):
+            self._cache[slot].append(new[0])
+            new.append(self._next(slot))
+        return out
+
+
+def test_two_tokens_a_step_stream_as_one_step_each(redis_client, submit):
+    prompt = distinct_prompt("two", 9)
+    submit("one", prompt=prompt, max_tokens=6)
+    run_until_idle(make_worker(redis_client))
+    one = stream(redis_client, "one")
+    submit("two", prompt=prompt, max_tokens=6)  # the read's token, then 2 + 2 + 2: the last one dropped
+    worker = make_worker(redis_client, worker_id="w2", engine_type=TwoAStep)
+    run_until_idle(worker)
+    assert stream(redis_client, "two") == one
+    assert one[-1] == {"type": "done", "finish_reason": "length", "prompt_tokens": "9", "completion_tokens": "6"}
+    assert [c.kind for c in worker.engine.calls].count("decode") == 3
+    # the cache holds the prompt and all six tokens (the sixth as the confirmed guess), and says so
+    assert worker.engine.position(0) == 15 and worker.slots[0].cached == worker.engine._cache[0]
+    # a stop string on the first of two tokens: the second never streams
+    full = "".join(e.get("text", "") for e in one)
+    fourth = full.split(" ")[4]  # the first of the second step's two
+    submit("stopped", prompt=prompt, max_tokens=6, stop=[" " + fourth])
+    run_until_idle(make_worker(redis_client, worker_id="w3", engine_type=TwoAStep))
+    events = stream(redis_client, "stopped")
+    assert "".join(e.get("text", "") for e in events) == full[: full.index(" " + fourth)]
+    assert events[-1]["finish_reason"] == "stop" and events[-1]["completion_tokens"] == "4"

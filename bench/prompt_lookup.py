@@ -1,0 +1,91 @@
+"""What prompt lookup gives one request at a time, the engine alone (SmolLM2 Q4_1, the default
+engine): tokens per decode step and tokens/s with it on and off, on chat answers of a few kinds,
+and whether both gave the same tokens (they must).
+
+    .venv/bin/python -m bench.prompt_lookup [--tokens 128] [--rounds 3] [--temperature 0.8 --top-p 0.95]
+
+A one-row step with a guess runs two rows (~20 % more than one on this CPU); a confirmed guess
+saves a whole step. On and off alternate within each round, in one process, so the ratio is
+measured under the same load; the median of the rounds is shown. End to end through HTTP (where
+a step's Redis round trips are saved too): bench.side_by_side with --baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from bench.side_by_side import words
+
+PROMPTS = {
+    "side_by_side's story": "Story 0-0: " + words(0, 20),
+    "summary": "Summarize in two sentences: The harbour authority closed the northern channel on Monday after "
+               "a storm moved the reef markers. Ferries now use the southern channel, which adds twenty minutes "
+               "to each crossing. The authority expects to reopen the northern channel on Friday, once divers "
+               "have checked the markers and the lighthouse keeper has confirmed the signal works.",
+    "code edit": "Rename the variable `x` to `total` in this function and return the code:\n\n"
+                 "def add_all(values):\n    x = 0\n    for v in values:\n        x = x + v\n    return x\n",
+    "list": "List the first twenty prime numbers, one per line.",
+    "question": "What is the capital of France? Answer in one paragraph.",
+}
+
+
+def generate(engine, ids: list[int], tokens: int, params) -> tuple[list[int], int, float]:  # noqa: ANN001
+    """Tokens, decode steps and seconds for one answer (ignoring end-of-text: fixed length)."""
+    engine.begin(0, params)
+    out = [engine.read(0, ids, sample=True)]
+    steps = 0
+    started = time.perf_counter()
+    while len(out) < tokens:
+        out += engine.decode([0], [out[-1]])[0]
+        steps += 1
+    return out[:tokens], steps, time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    args = parser.parse_args()
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from engine.protocol import SamplingParams
+    from engine.runner import load_engine
+
+    engine = load_engine(None, num_slots=8, ctx=2048, cache_dir=Path(tempfile.gettempdir()) / "strata-bench-cache")
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=7)
+    table = Table(title=f"prompt lookup, one request, {args.tokens} tokens, temperature {args.temperature}"
+                        f"{f', top_p {args.top_p}' if args.top_p < 1 else ''}; median of {args.rounds} rounds")
+    for column in ("answer", "tokens a step", "tok/s off", "tok/s on", "on / off", "same tokens"):
+        table.add_column(column, justify="left" if column == "answer" else "right")
+    all_steps, all_tokens = 0, 0
+    for name, content in PROMPTS.items():
+        ids = engine.tokenizer.encode_chat([{"role": "user", "content": content}])
+        rates: dict[bool, list[float]] = {False: [], True: []}
+        answers: dict[bool, list[int]] = {}
+        steps = 0
+        for round_ in range(args.rounds):
+            for on in (False, True) if round_ % 2 == 0 else (True, False):
+                engine.use_prompt_lookup(on)
+                out, steps_taken, seconds = generate(engine, ids, args.tokens, params)
+                rates[on].append((len(out) - 1) / seconds)
+                answers[on] = out
+                if on:
+                    steps = steps_taken
+        all_steps, all_tokens = all_steps + steps, all_tokens + args.tokens - 1
+        off, on = statistics.median(rates[False]), statistics.median(rates[True])
+        table.add_row(name, f"{(args.tokens - 1) / steps:.2f}", f"{off:.1f}", f"{on:.1f}", f"{on / off:.2f}×",
+                      "yes" if answers[True] == answers[False] else "NO")
+    table.add_row("all", f"{all_tokens / all_steps:.2f}", "", "", "", "")
+    Console(width=140).print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""Guessing a slot's next token from its own text: where its last few tokens occurred before, the
+token that followed them then (prompt lookup).
+
+A one-row decode step on the CPU is bound by reading the weights (docs/engine.md): a second row in
+the same step, at the next position, costs ~20 % more, and when the guess was right the step
+yields two tokens. Right guesses are common where a model repeats or quotes its prompt
+(summaries, code edits, lists). The step checks the guess, so the tokens are the ones decoding
+one at a time would give; a wrong guess costs only its row.
+
+No torch here: a dict from each n-gram (n = 1..LONGEST) to the position of the token that
+followed its latest occurrence, kept up to date as tokens are appended.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+LONGEST = 3  # the longest run of tokens looked up; a longer match is tried first
+
+
+class Lookup:
+    """One slot's tokens (what its cache holds, in order) and where each n-gram was last followed."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self._after: dict[tuple[int, ...], int] = {}
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        for token in tokens:
+            end = len(self.tokens)  # the n-grams ending just before `token` are followed by it
+            for n in range(1, min(LONGEST, end) + 1):
+                self._after[tuple(self.tokens[end - n:end])] = end
+            self.tokens.append(token)
+
+    def truncate(self, length: int) -> None:
+        if length < len(self.tokens):
+            kept = self.tokens[:length]
+            self.tokens, self._after = [], {}
+            self.extend(kept)
+
+    def guess(self, last: int) -> int | None:
+        """The token after `last` (about to be fed after the held tokens), or None: the longest
+        run ending in `last` that occurred before, and what followed it that time."""
+        for n in range(min(LONGEST, len(self.tokens) + 1), 0, -1):
+            run = (*self.tokens[len(self.tokens) - n + 1:], last) if n > 1 else (last,)
+            at = self._after.get(run)
+            if at is not None:
+                return self.tokens[at]
+        return None

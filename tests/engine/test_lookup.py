@@ -1,0 +1,95 @@
+"""Prompt lookup (engine/lookup.py): a one-row decode step also checks a guessed token, and a
+confirmed guess gives the tokens one step per token would, greedy or sampled. On the tiny random
+model here (eager); test_compiled.py checks SmolLM2 through the packages."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.lookup import Lookup
+from engine.protocol import SamplingParams
+from engine.runner import TorchEngine
+from tests.engine.test_compiled import _tiny_engine
+
+
+def test_the_guess_is_what_followed_the_longest_earlier_run():
+    lookup = Lookup()
+    assert lookup.guess(5) is None  # nothing held
+    lookup.extend([1, 2, 3, 9, 2, 3, 4, 7, 3])
+    assert lookup.guess(3) == 4  # (7, 3, 3) and (3, 3) never occurred; 3 last did at 2, 3, 4
+    assert lookup.guess(2) == 3
+    assert lookup.guess(8) is None
+    lookup.extend([1, 2])
+    assert lookup.guess(3) == 9  # (1, 2, 3) occurred at the start, followed by 9
+    lookup.truncate(4)  # [1, 2, 3, 9]
+    assert lookup.tokens == [1, 2, 3, 9] and lookup.guess(2) == 3 and lookup.guess(4) is None
+    lookup.truncate(0)
+    assert lookup.guess(1) is None
+
+
+def _generate(engine: TorchEngine, params: SamplingParams, prompt: list[int], length: int) -> tuple[list[int], int]:
+    """Tokens from slot 1, and how many steps returned two."""
+    engine.begin(1, params)
+    out = [engine.read(1, prompt, sample=True)]
+    two = 0
+    while len(out) < length:
+        [new] = engine.decode([1], [out[-1]])
+        two += len(new) == 2
+        out += new
+    return out[:length], two
+
+
+# a prompt that repeats itself, so some guesses come right; long enough to cross the 256 span
+PROMPT = [(i * 7) % 23 + 3 for i in range(40)] * 5
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.0),
+                                    SamplingParams(temperature=0.9, top_p=0.95, seed=11),
+                                    SamplingParams(temperature=1.3, top_k=20, seed=5)],
+                         ids=["greedy", "top_p", "top_k"])
+def test_confirmed_guesses_give_the_tokens_of_one_step_each(params):
+    plain = _tiny_engine()
+    guessing = _tiny_engine()
+    guessing.use_prompt_lookup()
+    want, none = _generate(plain, params, PROMPT, 150)
+    got, two = _generate(guessing, params, PROMPT, 150)
+    assert none == 0 and two >= 5, two
+    assert got == want
+    # and a slot taken over by the next request starts its guesses from its own tokens
+    again, _ = _generate(guessing, params, PROMPT[:60], 40)
+    assert again == _generate(plain, params, PROMPT[:60], 40)[0]
+
+
+def test_end_of_text_stays_masked_until_min_tokens_across_a_two_token_step():
+    engine = _tiny_engine()
+    engine.use_prompt_lookup()
+    plain = _tiny_engine()
+    first, _ = _generate(plain, SamplingParams(temperature=0.0), PROMPT, 60)
+    eos = first[30]  # a token the free run produces: made end-of-text, masked for 40 tokens
+    for e in (engine, plain):
+        e.eos_token_ids = frozenset({eos})
+    params = SamplingParams(temperature=0.0, min_tokens=40)
+    got, two = _generate(engine, params, PROMPT, 60)
+    want, _ = _generate(plain, params, PROMPT, 60)
+    assert got == want and eos not in got[:40] and two > 0
+
+
+def test_a_guess_never_fills_the_slot():
+    engine = _tiny_engine()
+    engine.use_prompt_lookup()
+    engine.begin(0, SamplingParams(temperature=0.0))
+    token = engine.read(0, PROMPT[: engine.ctx - 3], sample=True)  # 3 positions left
+    positions = []
+    while engine.position(0) < engine.ctx:
+        [new] = engine.decode([0], [token])
+        token = new[-1]
+        positions.append(engine.position(0))
+    # a second row needs the position after it free: the last two steps decode one token each
+    assert positions[-2:] == [engine.ctx - 1, engine.ctx]
+
+
+def test_only_where_rows_do_not_depend_on_their_neighbours():
+    engine = _tiny_engine()
+    engine.device = type(engine.device)("cuda", 0)  # as a GPU engine would say
+    with pytest.raises(ValueError, match="CPU only"):
+        engine.use_prompt_lookup()
