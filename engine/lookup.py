@@ -7,7 +7,11 @@ yields two tokens. Right guesses are common where a model repeats or quotes its 
 (summaries, code edits, lists). The step checks the guess, so the tokens are the ones decoding
 one at a time would give; a wrong guess costs only its row.
 
-No torch here: a dict from each n-gram (n = 1..LONGEST) to the position of the token that
+Only a run of SHORTEST tokens or more is looked up: after a single matching token the guess was
+right 20 % of the time on SmolLM2's chat answers, about what the second row costs; after 2 tokens
+59 %, after 4, 87 % (docs/engine.md, "Prompt lookup").
+
+No torch here: a dict from each n-gram (n = SHORTEST..LONGEST) to the position of the token that
 followed its latest occurrence, kept up to date as tokens are appended.
 """
 
@@ -15,7 +19,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-LONGEST = 3  # the longest run of tokens looked up; a longer match is tried first
+SHORTEST, LONGEST = 2, 4  # runs of tokens looked up, the longest first
 
 
 class Lookup:
@@ -28,7 +32,7 @@ class Lookup:
     def extend(self, tokens: Sequence[int]) -> None:
         for token in tokens:
             end = len(self.tokens)  # the n-grams ending just before `token` are followed by it
-            for n in range(1, min(LONGEST, end) + 1):
+            for n in range(SHORTEST, min(LONGEST, end) + 1):
                 self._after[tuple(self.tokens[end - n:end])] = end
             self.tokens.append(token)
 
@@ -41,8 +45,8 @@ class Lookup:
     def guess(self, last: int) -> int | None:
         """The token after `last` (about to be fed after the held tokens), or None: the longest
         run ending in `last` that occurred before, and what followed it that time."""
-        for n in range(min(LONGEST, len(self.tokens) + 1), 0, -1):
-            run = (*self.tokens[len(self.tokens) - n + 1:], last) if n > 1 else (last,)
+        for n in range(min(LONGEST, len(self.tokens) + 1), SHORTEST - 1, -1):
+            run = (*self.tokens[len(self.tokens) - n + 1:], last)
             at = self._after.get(run)
             if at is not None:
                 return self.tokens[at]
