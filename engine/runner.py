@@ -41,9 +41,7 @@ class TorchEngine:
         self._positions = [0] * self.num_slots
         self._samplers = [SlotSampler.start(SamplingParams(temperature=0.0)) for _ in range(self.num_slots)]
         self.compiled: CompiledDecode | None = None
-        # guessing (engine/lookup.py): on where a row's result does not depend on its neighbours
-        # (the CPU's kernels work row by row), so a checked guess gives the tokens one at a time would
-        self._lookups: list[Lookup] | None = None
+        self._lookups: list[Lookup] | None = None  # prompt lookup's, one a slot (use_prompt_lookup)
 
     @property
     def prompt_lookup(self) -> bool:
