@@ -113,7 +113,8 @@ def main() -> None:
     results: dict[str, dict[str, int]] = {}
     for variant in args.variants:
         name, *flags = variant.split("+")
-        engine = load_engine(path, num_slots=1, ctx=1024, dtype=None if name == "default" else name,
+        # two slots: the free-running answers go through prompt lookup as served (one slot has none)
+        engine = load_engine(path, num_slots=2, ctx=1024, dtype=None if name == "default" else name,
                              int4="noint4" not in flags)
         results[f"strata {variant}"] = run_prompts(lambda i, n: strata_greedy(engine, i, n),
                                                    lambda i, r: strata_forced(engine, i, r), prompts, references)

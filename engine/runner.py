@@ -50,9 +50,12 @@ class TorchEngine:
     def use_prompt_lookup(self, on: bool = True) -> None:
         """A one-row decode step also checks a guess of the token after next (engine/lookup.py),
         yielding two tokens when it was right. CPU only: there a row's logits are the same
-        whatever shares its step, so the tokens are exactly those of decoding one at a time."""
+        whatever shares its step, so the tokens are exactly those of decoding one at a time. Two
+        slots or more: a step never has more rows than slots (the compiled steps are built so)."""
         if on and self.device.type != "cpu":
             raise ValueError("prompt lookup needs row-independent kernels: CPU only")
+        if on and self.num_slots < 2:
+            raise ValueError("prompt lookup needs two slots: its step has two rows")
         # a slot's earlier tokens are unknown here: its guesses start from what comes next (a
         # guess only decides whether a row is spent, never which tokens come out)
         self._lookups = [Lookup() for _ in range(self.num_slots)] if on else None
@@ -209,8 +212,8 @@ def load_engine(
     (seconds for a GGUF), and inductor's generated code.
     compile: decode compiled (engine/compiled.py; on the CPU the layers ahead of time, engine/aot.py),
     built here or loaded from cache_dir; off: eager.
-    prompt_lookup: on the CPU, a one-row step also checks a guess of the next token from the slot's
-    own text (engine/lookup.py), the same tokens sooner when it is right."""
+    prompt_lookup: on the CPU with two slots or more, a one-row step also checks a guess of the next
+    token from the slot's own text (engine/lookup.py), the same tokens sooner when it is right."""
     if num_slots < 1 or ctx < 1:
         raise ValueError("num_slots and ctx must be positive")
     if threads is not None:
@@ -244,7 +247,7 @@ def load_engine(
 
         use_cache_dir(cache_dir)
         engine.compile_decode(warm=True)
-    if prompt_lookup and dev.type == "cpu":
+    if prompt_lookup and dev.type == "cpu" and num_slots > 1:
         engine.use_prompt_lookup()
     log.info("loaded %s in %.1fs: %s, linears %s, KV cache %.0f MiB", path.name, time.perf_counter() - started,
              torch_dtype, engine.model.forms, engine.model.kv_bytes() / 2**20)

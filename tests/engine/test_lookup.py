@@ -88,8 +88,19 @@ def test_a_guess_never_fills_the_slot():
     assert positions[-2:] == [engine.ctx - 1, engine.ctx]
 
 
-def test_only_where_rows_do_not_depend_on_their_neighbours():
+def test_only_where_rows_do_not_depend_on_their_neighbours_and_two_rows_fit():
     engine = _tiny_engine()
     engine.device = type(engine.device)("cuda", 0)  # as a GPU engine would say
     with pytest.raises(ValueError, match="CPU only"):
         engine.use_prompt_lookup()
+    # one slot: its compiled steps take one row (a one-row package only)
+    with pytest.raises(ValueError, match="two slots"):
+        _tiny_engine(num_slots=1).use_prompt_lookup()
+
+
+def test_a_one_slot_engine_loads_without_lookup(tiny_model):
+    from engine.runner import load_engine
+
+    engine = load_engine(tiny_model, num_slots=1, ctx=128, compile=False)
+    assert not engine.prompt_lookup
+    assert load_engine(tiny_model, num_slots=2, ctx=128, compile=False).prompt_lookup
