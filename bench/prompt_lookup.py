@@ -20,8 +20,8 @@ from pathlib import Path
 
 from bench.side_by_side import words
 
-PROMPTS = {
-    "side_by_side's story": "Story 0-0: " + words(0, 20),
+PROMPTS = {  # side_by_side asks round r's story of its first client
+    **{f"side_by_side's story, round {r}": f"Story {r}-0: " + words(100 * r, 20) for r in range(3)},
     "summary": "Summarize in two sentences: The harbour authority closed the northern channel on Monday after "
                "a storm moved the reef markers. Ferries now use the southern channel, which adds twenty minutes "
                "to each crossing. The authority expects to reopen the northern channel on Friday, once divers "
