@@ -47,15 +47,17 @@ class TorchEngine:
     def prompt_lookup(self) -> bool:
         return self._lookups is not None
 
+    @property
+    def can_look_up(self) -> bool:
+        """Prompt lookup is exact only where a row's logits are the same whatever shares its step
+        (the CPU), and its step has two rows, which the compiled steps take only with two slots."""
+        return self.device.type == "cpu" and self.num_slots >= 2
+
     def use_prompt_lookup(self, on: bool = True) -> None:
         """A one-row decode step also checks a guess of the token after next (engine/lookup.py),
-        yielding two tokens when it was right. CPU only: there a row's logits are the same
-        whatever shares its step, so the tokens are exactly those of decoding one at a time. Two
-        slots or more: a step never has more rows than slots (the compiled steps are built so)."""
-        if on and self.device.type != "cpu":
-            raise ValueError("prompt lookup needs row-independent kernels: CPU only")
-        if on and self.num_slots < 2:
-            raise ValueError("prompt lookup needs two slots: its step has two rows")
+        yielding two tokens when it was right: exactly those of decoding one at a time."""
+        if on and not self.can_look_up:
+            raise ValueError("prompt lookup needs the CPU (row-independent kernels) and two slots")
         # a slot's earlier tokens are unknown here: its guesses start from what comes next (a
         # guess only decides whether a row is spent, never which tokens come out)
         self._lookups = [Lookup() for _ in range(self.num_slots)] if on else None
@@ -247,7 +249,7 @@ def load_engine(
 
         use_cache_dir(cache_dir)
         engine.compile_decode(warm=True)
-    if prompt_lookup and dev.type == "cpu" and num_slots > 1:
+    if prompt_lookup and engine.can_look_up:
         engine.use_prompt_lookup()
     log.info("loaded %s in %.1fs: %s, linears %s, KV cache %.0f MiB", path.name, time.perf_counter() - started,
              torch_dtype, engine.model.forms, engine.model.kv_bytes() / 2**20)

@@ -75,23 +75,28 @@ def test_end_of_text_stays_masked_until_min_tokens_across_a_two_token_step():
 
 
 def test_a_guess_never_fills_the_slot():
+    """A full slot ends its request, so a step's second row must not take the last position: with
+    a guess at every step, the last step with two rows starts 3 positions before ctx."""
     engine = _tiny_engine()
     engine.use_prompt_lookup()
+    engine._lookups[0].guess = lambda last: 7  # always a guess (right or not)
+    steps: list[list[int]] = []  # each model step's positions
+    step = engine._step
+    engine._step = lambda slots, tokens, positions: steps.append(positions) or step(slots, tokens, positions)
     engine.begin(0, SamplingParams(temperature=0.0))
-    token = engine.read(0, PROMPT[: engine.ctx - 3], sample=True)  # 3 positions left
-    positions = []
+    token = engine.read(0, PROMPT[: engine.ctx - 6], sample=True)
     while engine.position(0) < engine.ctx:
-        [new] = engine.decode([0], [token])
-        token = new[-1]
-        positions.append(engine.position(0))
-    # a second row needs the position after it free: the last two steps decode one token each
-    assert positions[-2:] == [engine.ctx - 1, engine.ctx]
+        token = engine.decode([0], [token])[0][-1]
+    two = [p for p in steps if len(p) == 2]
+    assert two and two[-1][0] + 2 < engine.ctx  # its two rows written and one position still free
+    assert max(p[-1] for p in steps) == engine.ctx - 1
+    assert all(len(p) == 1 for p in steps if p[0] + 2 >= engine.ctx)
 
 
 def test_only_where_rows_do_not_depend_on_their_neighbours_and_two_rows_fit():
     engine = _tiny_engine()
     engine.device = type(engine.device)("cuda", 0)  # as a GPU engine would say
-    with pytest.raises(ValueError, match="CPU only"):
+    with pytest.raises(ValueError, match="the CPU"):
         engine.use_prompt_lookup()
     # one slot: its compiled steps take one row (a one-row package only)
     with pytest.raises(ValueError, match="two slots"):
