@@ -108,7 +108,8 @@ def main() -> None:
     args = parser.parse_args()
     path = resolve_model_path(None)
     model = served_model_name(path)
-    engine = load_engine(path, num_slots=args.parallel, ctx=2048, threads=args.threads)
+    # one token a step, as the simulator prices steps (prompt lookup's two-token steps it does not model)
+    engine = load_engine(path, num_slots=args.parallel, ctx=2048, threads=args.threads, prompt_lookup=False)
     machine = {"model": model, "device": "cpu", "dtype": str(engine.dtype), "slots": str(args.parallel),
                "threads": str(args.threads or "all"), "ctx": str(engine.ctx), "plan": "quick" if args.quick else "full"}
 

@@ -187,9 +187,14 @@ def step_overhead_ms(decoder: Decoder, slots: int, steps: int, tries: int = 3,
 
 def calibrate(engine: Engine, tokens: Sequence[int], plan: Plan, machine: dict[str, str]) -> CostProfile:
     started = time.perf_counter()
-    if hasattr(engine, "use_prompt_lookup"):  # the cost of a step of r rows, not of r rows and guesses
+    lookup = getattr(engine, "prompt_lookup", False)
+    if lookup:  # the cost of a step of r rows, not of r rows and guesses; the engine is given back as it came
         engine.use_prompt_lookup(False)
-    read, decode = measure(engine, tokens, plan)
+    try:
+        read, decode = measure(engine, tokens, plan)
+    finally:
+        if lookup:
+            engine.use_prompt_lookup(True)
     overhead = 0.0
     if plan.overhead_steps:
         decoder = getattr(engine, "tokenizer", None) or FakeDecoder()  # the text decoding a worker does
