@@ -398,14 +398,13 @@ class Worker:
             return
         for slot, new in zip(slots, tokens):
             self.blame = slot
-            for token in new:  # more than one: a guess the step confirmed (engine/lookup.py)
-                try:
+            try:
+                for token in new:  # more than one: a guess the step confirmed (engine/lookup.py)
                     if not self._accept(slot, token, out):
                         break  # ended: what came after its last token is dropped
-                except Exception as error:  # noqa: BLE001 - e.g. its stop strings or text: this request only
-                    log.exception("could not take token %d for %s", token, slot.request.id)
-                    out.ended.append((slot, Failed(f"engine error: {error}"), RequestStatus.FAILED))
-                    break
+            except Exception as error:  # noqa: BLE001 - e.g. its stop strings or text: this request only
+                log.exception("could not take tokens %s for %s", new, slot.request.id)
+                out.ended.append((slot, Failed(f"engine error: {error}"), RequestStatus.FAILED))
 
     def _accept(self, slot: Slot, token: int, out: StepOutput) -> bool:
         """A token was sampled for this slot: stream it and decide whether the request ends.
@@ -419,11 +418,11 @@ class Worker:
         out.of(slot).tokens.append(Token(slot.text.push(token), [token]))
         if slot.text.stopped:
             self._end(slot, "stop", out)
-        elif slot.generated >= request.max_tokens or self.engine.position(slot.index) >= self.engine.ctx:
+            return False
+        if slot.generated >= request.max_tokens or self.engine.position(slot.index) >= self.engine.ctx:
             self._end(slot, "length", out, tail=slot.text.flush())
-        else:
-            return True
-        return False
+            return False
+        return True
 
     def _end(self, slot: Slot, reason: str, out: StepOutput, tail: str = "") -> None:
         if tail:
