@@ -81,7 +81,7 @@ class GraphedDecode:
         n = tokens.shape[0]
         rows = next(r for r in self.rows if r >= n)
         graph = self.graphs.get((rows, span)) or self._record(rows, span)
-        self._pad(n)
+        self._pad(n, rows)
         self.tokens[:n].copy_(tokens)
         self.slots[:n].copy_(slots)
         self.positions[:n].copy_(positions)
@@ -101,7 +101,7 @@ class GraphedDecode:
         return took
 
     def _record(self, rows: int, span: int) -> tuple[Replay, HeadOut]:
-        self._pad(0)  # every row a padding row: recording writes no slot's cache
+        self._pad(0, rows)  # every row a padding row: recording writes no slot's cache
 
         def run() -> HeadOut:
             return self.step(self.tokens[:rows], self.slots[:rows], self.positions[:rows], span)
@@ -110,7 +110,8 @@ class GraphedDecode:
         self.graphs[(rows, span)] = (replay, outputs)
         return replay, outputs
 
-    def _pad(self, n: int) -> None:
-        self.tokens[n:].zero_()
-        self.slots[n:].zero_()
-        self.positions[n:].fill_(self.model.ctx)
+    def _pad(self, n: int, rows: int) -> None:
+        """Rows n..rows-1 of the bucket are padding (the rows past it the graph never reads)."""
+        self.tokens[n:rows].zero_()
+        self.slots[n:rows].zero_()
+        self.positions[n:rows].fill_(self.model.ctx)
