@@ -1,6 +1,9 @@
 """What prompt lookup gives one request at a time, the engine alone (SmolLM2 Q4_1, the default
 engine): tokens per decode step and tokens/s with it on and off, on chat answers of a few kinds,
-and whether both gave the same tokens (they must).
+and whether both gave the same tokens (they must). Then, over the same answers (decoded without
+lookup), how often guesses were right when runs of n to LONGEST tokens are looked up, and the
+guesses a shorter n adds (made only when no longer run matched): what sets engine/lookup.py's
+SHORTEST (a guess costs its row, ~20 % of a one-row step).
 
     .venv/bin/python -m bench.prompt_lookup [--tokens 128] [--rounds 3] [--temperature 0.8 --top-p 0.95]
 
@@ -19,6 +22,7 @@ import time
 from pathlib import Path
 
 from bench.side_by_side import words
+from engine.lookup import LONGEST, Lookup
 
 PROMPTS = {  # side_by_side asks round r's story of its first client
     **{f"side_by_side's story, round {r}": f"Story {r}-0: " + words(100 * r, 20) for r in range(3)},
@@ -45,6 +49,22 @@ def generate(engine, ids: list[int], tokens: int, params) -> tuple[list[int], in
     return out[:tokens], steps, time.perf_counter() - started
 
 
+def guesses(answers: list[tuple[list[int], list[int]]], shortest: int) -> tuple[int, int]:
+    """(prompt, answer) pairs -> (guesses right, guesses made) by a lookup of runs of `shortest`
+    to LONGEST tokens, replaying each answer one step at a time."""
+    right = made = 0
+    for prompt, answer in answers:
+        lookup = Lookup(shortest=shortest)
+        lookup.extend(prompt)
+        for fed, following in zip(answer, answer[1:]):  # the step fed `fed` yields `following`
+            guess = lookup.guess(fed)
+            if guess is not None:
+                made += 1
+                right += guess == following
+            lookup.extend([fed])
+    return right, made
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=128)
@@ -66,6 +86,7 @@ def main() -> None:
     for column in ("answer", "tokens a step", "tok/s off", "tok/s on", "on / off", "same tokens"):
         table.add_column(column, justify="left" if column == "answer" else "right")
     all_steps, all_tokens = 0, 0
+    replayed: list[tuple[list[int], list[int]]] = []  # (prompt, answer without lookup)
     for name, content in PROMPTS.items():
         ids = engine.tokenizer.encode_chat([{"role": "user", "content": content}])
         rates: dict[bool, list[float]] = {False: [], True: []}
@@ -80,11 +101,23 @@ def main() -> None:
                 if on:
                     steps = steps_taken
         all_steps, all_tokens = all_steps + steps, all_tokens + args.tokens - 1
+        replayed.append((ids, answers[False]))
         off, on = statistics.median(rates[False]), statistics.median(rates[True])
         table.add_row(name, f"{(args.tokens - 1) / steps:.2f}", f"{off:.1f}", f"{on:.1f}", f"{on / off:.2f}×",
                       "yes" if answers[True] == answers[False] else "NO")
     table.add_row("all", f"{all_tokens / all_steps:.2f}", "", "", "", "")
-    Console(width=140).print(table)
+    console = Console(width=140)
+    console.print(table)
+    # what looking up shorter runs adds: the guesses made only when no longer run matched
+    runs = Table(title="runs looked up, over these answers (decoded without lookup): guesses right")
+    for column in ("runs of", "guesses", "right", "added by the shortest", "of those right"):
+        runs.add_column(column, justify="right")
+    counts = {n: guesses(replayed, n) for n in range(1, LONGEST + 1)}
+    for n, (right, made) in counts.items():
+        more_right, more_made = (right - counts[n + 1][0], made - counts[n + 1][1]) if n < LONGEST else (right, made)
+        runs.add_row(f"{n}-{LONGEST}", str(made), f"{right / max(made, 1):.0%}", str(more_made),
+                     f"{more_right / max(more_made, 1):.0%}")
+    console.print(runs)
 
 
 if __name__ == "__main__":

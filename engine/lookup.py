@@ -2,14 +2,14 @@
 token that followed them then (prompt lookup).
 
 A one-row decode step on the CPU is bound by reading the weights (docs/engine.md): a second row in
-the same step, at the next position, costs ~20 % more, and when the guess was right the step
+the same step, at the next position, costs ~18 % more, and when the guess was right the step
 yields two tokens. Right guesses are common where a model repeats or quotes its prompt
 (summaries, code edits, lists). The step checks the guess, so the tokens are the ones decoding
 one at a time would give; a wrong guess costs only its row.
 
-Only a run of SHORTEST tokens or more is looked up: after a single matching token the guess was
-right 20 % of the time on SmolLM2's chat answers, about what the second row costs; after 2 tokens
-59 %, after 4, 87 % (docs/engine.md, "Prompt lookup").
+Only a run of SHORTEST tokens or more is looked up: the guesses a single matching token adds were
+right 24 % of the time on SmolLM2's chat answers, about what the second row costs; those of runs
+of 2 to 4, 65 % (`bench.prompt_lookup`, docs/engine.md "Prompt lookup").
 
 No torch here: a dict from each n-gram (n = SHORTEST..LONGEST) to the position of the token that
 followed its latest occurrence, kept up to date as tokens are appended.
@@ -23,16 +23,18 @@ SHORTEST, LONGEST = 2, 4  # runs of tokens looked up, the longest first
 
 
 class Lookup:
-    """One slot's tokens (what its cache holds, in order) and where each n-gram was last followed."""
+    """One slot's tokens (what its cache holds, in order) and where each n-gram was last followed.
+    `shortest`, `longest`: the runs looked up (bench/prompt_lookup.py measures other lengths)."""
 
-    def __init__(self) -> None:
+    def __init__(self, shortest: int = SHORTEST, longest: int = LONGEST) -> None:
+        self.shortest, self.longest = shortest, longest
         self.tokens: list[int] = []
         self._after: dict[tuple[int, ...], int] = {}
 
     def extend(self, tokens: Sequence[int]) -> None:
         for token in tokens:
             end = len(self.tokens)  # the n-grams ending just before `token` are followed by it
-            for n in range(SHORTEST, min(LONGEST, end) + 1):
+            for n in range(self.shortest, min(self.longest, end) + 1):
                 self._after[tuple(self.tokens[end - n:end])] = end
             self.tokens.append(token)
 
@@ -45,7 +47,7 @@ class Lookup:
     def guess(self, last: int) -> int | None:
         """The token after `last` (about to be fed after the held tokens), or None: the longest
         run ending in `last` that occurred before, and what followed it that time."""
-        for n in range(min(LONGEST, len(self.tokens) + 1), SHORTEST - 1, -1):
+        for n in range(min(self.longest, len(self.tokens) + 1), self.shortest - 1, -1):
             run = (*self.tokens[len(self.tokens) - n + 1:], last)
             at = self._after.get(run)
             if at is not None:
