@@ -1,9 +1,10 @@
-"""What choosing a token costs per step (engine/sampling.py `sample_tokens`), on SmolLM2's
-vocabulary size, beside the model's step: greedy, temperature, top_p, top_k + top_p, at 1 and 8
-rows. Logits are random but shaped like a language model's (a few tokens far ahead), so top_p
-finds its nucleus among the largest few as it does on real text.
+"""What choosing a token costs per step (engine/sampling.py `sample_tokens`), beside the model's
+step: greedy, temperature, top_p, top_k + top_p, at 1 and 8 rows. The logits are SmolLM2's own
+(the default engine decoding side_by_side's three stories, sampled at temperature 0.8 and top_p
+0.95: ~380 steps), so top_p meets the nuclei real text has (median ~20 tokens, one step in ten
+over 250, some over 1 000), which made-up logits did not.
 
-    .venv/bin/python -m bench.sampling [--baseline REF] [--repeats 200]
+    .venv/bin/python -m bench.sampling [--baseline REF] [--repeats 3]
 
 `--baseline REF` times the sampler of another commit too (a temporary worktree), in the same run.
 """
@@ -13,50 +14,84 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
-VOCAB = 49_152
+STEPS = 381  # 3 stories of 128 tokens: the first of each comes from reading the prompt
 CASES = {  # name -> SamplingParams fields
     "greedy": {"temperature": 0.0},
     "temperature 1": {"temperature": 1.0},
     "temperature 0.7, top_p 0.9": {"temperature": 0.7, "top_p": 0.9},
+    "temperature 0.8, top_p 0.95": {"temperature": 0.8, "top_p": 0.95},  # bench.side_by_side's sampled runs
     "temperature 0.8, top_k 40, top_p 0.95": {"temperature": 0.8, "top_k": 40, "top_p": 0.95},
 }
 ROWS = (1, 8)
 
 
-def measure(repeats: int) -> dict[str, float]:
-    """ms per step, by "case @ rows"."""
+def capture(path: str) -> None:
+    """Save the logits of every decode step of the stories (one row each)."""
+    import torch
+
+    from engine import runner
+    from bench.side_by_side import words
+    from engine.protocol import SamplingParams
+
+    engine = runner.load_engine(None, num_slots=8, ctx=2048, cache_dir=Path(tempfile.gettempdir()) / "strata-bench-cache")
+    engine.use_prompt_lookup(False)
+    rows: list = []
+    choose = runner.sample_tokens
+
+    def keep(logits, samplers, eos):  # noqa: ANN001, ANN202
+        rows.append(logits.detach().clone())
+        return choose(logits, samplers, eos)
+
+    runner.sample_tokens = keep
+    try:
+        for story in range(3):
+            prompt = engine.tokenizer.encode_chat([{"role": "user", "content": f"Story {story}-0: " + words(100 * story, 20)}])
+            engine.begin(0, SamplingParams(temperature=0.8, top_p=0.95, seed=story))
+            out = [engine.read(0, prompt, sample=True)]
+            while len(out) < 128:
+                out += engine.decode([0], [out[-1]])[0]
+    finally:
+        runner.sample_tokens = choose
+    torch.save(torch.cat([r for r in rows if r.shape[0] == 1]), path)
+
+
+def measure(logits_path: str, repeats: int) -> dict[str, float]:
+    """ms per step, by "case @ rows": every captured row once per repeat, `rows` at a time."""
     import torch
 
     from engine.protocol import SamplingParams
     from engine.sampling import SlotSampler, sample_tokens
 
-    generator = torch.Generator().manual_seed(0)
-    logits = torch.randn(max(ROWS), VOCAB, generator=generator) * 2
-    logits[:, :20] += 12  # a handful of likely tokens, as after a real prompt
+    logits = torch.load(logits_path)
     out = {}
     for name, fields in CASES.items():
         for rows in ROWS:
             samplers = [SlotSampler.start(SamplingParams(seed=i, **fields)) for i in range(rows)]
-            sample_tokens(logits[:rows], samplers, frozenset())
+            batches = [logits[i:i + rows] for i in range(0, logits.shape[0] - rows + 1, rows)]
+            sample_tokens(batches[0], samplers, frozenset())
             started = time.perf_counter()
             for _ in range(repeats):
-                sample_tokens(logits[:rows], samplers, frozenset())
-            out[f"{name} @ {rows}"] = 1000 * (time.perf_counter() - started) / repeats
+                for batch in batches:
+                    sample_tokens(batch, samplers, frozenset())
+            out[f"{name} @ {rows}"] = 1000 * (time.perf_counter() - started) / (repeats * len(batches))
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", default=None, metavar="REF")
-    parser.add_argument("--repeats", type=int, default=200)
-    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # a child: print the numbers
+    parser.add_argument("--repeats", type=int, default=3, help="passes over the captured steps")
+    parser.add_argument("--json", metavar="LOGITS", help=argparse.SUPPRESS)  # a child: print the numbers
     args = parser.parse_args()
     if args.json:
-        print(json.dumps(measure(args.repeats)))
+        print(json.dumps(measure(args.json, args.repeats)))
         return
 
     from rich.console import Console
@@ -64,18 +99,24 @@ def main() -> None:
 
     from bench.baseline import checkout
 
+    logits = os.path.join(tempfile.mkdtemp(prefix="strata-sampling-"), "logits.pt")
+    capture(logits)
+
     def child(tree: str) -> dict[str, float]:
         # this file run with the other tree's `engine` first on the path
-        done = subprocess.run([sys.executable, os.path.abspath(__file__), "--json", "--repeats", str(args.repeats)],
+        done = subprocess.run([sys.executable, os.path.abspath(__file__), "--json", logits, "--repeats", str(args.repeats)],
                               env={**os.environ, "PYTHONPATH": tree}, capture_output=True, text=True, check=True)
         return json.loads(done.stdout)
 
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with checkout(args.baseline) as worktree:
-        runs = {"this tree": child(here)}
-        if worktree is not None:
-            runs[args.baseline] = child(str(worktree))
-    table = Table(title=f"sample_tokens, ms per step (vocabulary {VOCAB}, {args.repeats} steps each)")
+    try:
+        with checkout(args.baseline) as worktree:
+            runs = {"this tree": child(here)}
+            if worktree is not None:
+                runs[args.baseline] = child(str(worktree))
+    finally:
+        shutil.rmtree(os.path.dirname(logits), ignore_errors=True)
+    table = Table(title=f"sample_tokens, ms per step (SmolLM2's logits of {STEPS} steps, {args.repeats} passes)")
     table.add_column("case")
     for name in runs:
         table.add_column(name, justify="right")

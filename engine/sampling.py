@@ -5,14 +5,16 @@ numbers whatever else shares its batch: same seed, same prompt, same params -> s
 
 A sampled token costs one uniform number: the kept tokens' probabilities are summed in order and
 the number picks where it falls (inverse CDF). torch.multinomial instead draws an exponential per
-vocabulary entry (~0.7 ms a row for SmolLM2's 49k), and top_p sorted the whole vocabulary (~3 ms
-a row): at 8 rows those cost more than the model's step. top_p looks at the largest 256 logits
-first, then 4 096 (`NUCLEUS_FIRST`), and sorts everything only when those hold less than top_p
-of the mass. One draw per token also lets a resumed request continue its seeded stream
-(`SamplingParams.already_sampled`)."""
+vocabulary entry (~0.7 ms a row for SmolLM2's 49k), and top_p sorted the whole vocabulary (~2 ms
+a row): at 8 rows those cost more than the model's step. top_p first takes the tokens of
+probability 1e-4 or more (`NUCLEUS_FLOORS`; one comparison over the vocabulary, a few dozen to a
+few hundred tokens on SmolLM2's answers) and sorts only those; when they hold less than top_p, a
+lower floor, down to one at which the tokens left out cannot hold 1 - top_p between them. One draw
+per token also lets a resumed request continue its seeded stream (`SamplingParams.already_sampled`)."""
 
 from __future__ import annotations
 
+import math
 import secrets
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -23,7 +25,7 @@ from torch import Tensor
 from engine.protocol import SamplingParams
 
 
-NUCLEUS_FIRST = (256, 4096)  # top_p: candidates looked at, in turn, before sorting the whole vocabulary
+NUCLEUS_FLOORS = (1e-4, 1e-5)  # top_p: the probabilities from which tokens are looked at, in turn
 
 
 @dataclass
@@ -59,7 +61,10 @@ def sample_tokens(logits: Tensor, samplers: Sequence[SlotSampler], eos_token_ids
             eos = torch.tensor(sorted(eos_token_ids), dtype=torch.long)
             eos = eos[eos < logits.shape[1]]
             logits[torch.tensor(young).unsqueeze(1), eos.unsqueeze(0)] = float("-inf")
-    greedy = logits.argmax(dim=-1).tolist()
+    # the argmax only where a row is greedy (it is a pass over the vocabulary)
+    greedy_rows = [row for row, sampler in enumerate(samplers) if sampler.is_greedy]
+    picked = logits if len(greedy_rows) == len(samplers) else logits[greedy_rows]
+    greedy = dict(zip(greedy_rows, picked.argmax(dim=-1).tolist())) if greedy_rows else {}
     tokens = []
     for row, sampler in enumerate(samplers):
         token = greedy[row] if sampler.is_greedy else _sample_row(logits[row], sampler)
@@ -72,7 +77,7 @@ def _sample_row(logits: Tensor, sampler: SlotSampler) -> int:
     """logits: [V] float32 -> a token drawn from softmax(logits / temperature), restricted to the
     top_k largest and then to the smallest prefix (largest first) whose mass reaches top_p."""
     p = sampler.params
-    scaled = logits / p.temperature
+    scaled = logits / p.temperature if p.temperature != 1.0 else logits  # a pass over the vocabulary
     vocab = scaled.shape[0]
     by_top_k = 0 < p.top_k < vocab
     ids: Tensor | None = None
@@ -82,13 +87,8 @@ def _sample_row(logits: Tensor, sampler: SlotSampler) -> int:
     if p.top_p < 1.0:
         if by_top_k:
             probs = torch.softmax(values, dim=-1)
-        else:  # the largest few first: an LM's nucleus is small; a flat distribution takes all
-            total = torch.logsumexp(scaled, dim=-1)
-            for first in (*NUCLEUS_FIRST, vocab):
-                values, ids = torch.topk(scaled, min(first, vocab))
-                probs = torch.exp(values - total)
-                if first >= vocab or float(probs.sum()) >= p.top_p:
-                    break
+        else:
+            values, ids, probs = _nucleus_candidates(scaled, p.top_p)
         # keep a token while the tokens before it hold less than top_p (the first always stays)
         kept = max(1, int(((torch.cumsum(probs, dim=-1) - probs) < p.top_p).sum()))
         values, ids = values[:kept], ids[:kept]
@@ -97,3 +97,22 @@ def _sample_row(logits: Tensor, sampler: SlotSampler) -> int:
     # u can round up to the total: then the last token with any probability (never a masked one)
     index = min(int(torch.searchsorted(cumulative, u, right=True)), int((cumulative < cumulative[-1]).sum()))
     return index if ids is None else int(ids[index])
+
+
+def _nucleus_candidates(scaled: Tensor, top_p: float) -> tuple[Tensor, Tensor, Tensor]:
+    """scaled: [V] logits / temperature -> (values, ids, probabilities) of the tokens whose
+    probability reaches a floor, largest first, for the first floor whose tokens hold top_p of the
+    mass. They are then the head of the whole vocabulary sorted, which is all the nucleus needs:
+    every token left out is less likely than every token kept."""
+    vocab = scaled.shape[0]
+    total = torch.logsumexp(scaled, dim=-1)
+    # below this floor even all the tokens together hold less than 1 - top_p: the last stage is always enough
+    enough = (1.0 - top_p) / vocab
+    for floor in [f for f in NUCLEUS_FLOORS if f > enough] + [enough]:
+        ids = (scaled >= total + math.log(floor)).nonzero().squeeze(1)
+        values = scaled[ids]
+        probs = torch.exp(values - total)
+        if floor == enough or float(probs.sum()) >= top_p:
+            break
+    values, order = torch.sort(values, descending=True, stable=True)
+    return values, ids[order], probs[order]

@@ -78,19 +78,19 @@ def _expected(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("params, first", [
+@pytest.mark.parametrize("params, floors", [
     (SamplingParams(temperature=1.0, seed=11), None),
     (SamplingParams(temperature=0.7, top_k=5, seed=12), None),
     (SamplingParams(temperature=1.3, top_p=0.8, seed=13), None),
     (SamplingParams(temperature=1.0, top_k=9, top_p=0.6, seed=14), None),
-    # the nucleus is wider than the first candidates looked at: the next stage, then all of them
-    (SamplingParams(temperature=1.0, top_p=0.9, seed=15), (3, 6)),
+    # the tokens above the first floors hold less than top_p: the next floor, then the last one
+    (SamplingParams(temperature=1.0, top_p=0.9, seed=15), (0.2, 0.1)),
 ])
-def test_drawn_tokens_follow_the_distribution(params, first, monkeypatch):
+def test_drawn_tokens_follow_the_distribution(params, floors, monkeypatch):
     from engine import sampling
 
-    if first:
-        monkeypatch.setattr(sampling, "NUCLEUS_FIRST", first)
+    if floors:
+        monkeypatch.setattr(sampling, "NUCLEUS_FLOORS", floors)
     logits = torch.tensor([[2.0, 1.5, 1.4, 1.0, 0.5, 0.2, 0.0, -0.5, -1.0, -3.0, -9.0, 0.1]])
     expected = _expected(logits[0], params)
     sampler = SlotSampler.start(params)
@@ -120,3 +120,44 @@ def test_a_draw_at_the_very_top_of_the_range_never_lands_on_a_masked_token(monke
     monkeypatch.setattr(torch, "rand", lambda *a, **kw: torch.tensor([1.0]))  # the top of [0, 1)
     sampler = SlotSampler.start(SamplingParams(temperature=1.0, seed=1))
     assert sample_tokens(logits, [sampler], frozenset())[0] == 2
+
+
+def _by_the_book(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+    """top_p over the whole vocabulary sorted, with the same arithmetic and the same one draw."""
+    scaled = logits / params.temperature
+    values, ids = torch.sort(scaled, descending=True, stable=True)
+    probs = torch.exp(values - torch.logsumexp(scaled, dim=-1))
+    kept = max(1, int(((torch.cumsum(probs, dim=-1) - probs) < params.top_p).sum()))
+    cumulative = torch.cumsum(torch.softmax(values[:kept], dim=-1), dim=-1)
+    u = torch.rand(1, generator=generator) * cumulative[-1]
+    index = min(int(torch.searchsorted(cumulative, u, right=True)), int((cumulative < cumulative[-1]).sum()))
+    return int(ids[index])
+
+
+@pytest.mark.parametrize("temperature, top_p", [(0.6, 0.9), (0.8, 0.95), (1.0, 0.95), (1.5, 0.99), (1.0, 0.5)])
+def test_top_p_looks_at_few_tokens_and_draws_what_sorting_them_all_would(temperature, top_p, monkeypatch):
+    """A vocabulary of SmolLM2's size with a language model's shape (a few tokens far ahead, a
+    long flat tail), rows from peaked to nearly flat: the same tokens, draw for draw, as sorting
+    the whole vocabulary, while the sort sees only the tokens above the first floor that holds
+    top_p."""
+    from engine import sampling
+
+    vocab, rows = 49152, 40
+    gen = torch.Generator().manual_seed(3)
+    tails = torch.randn(rows, vocab, generator=gen)
+    heads = torch.linspace(30.0, 0.0, rows).unsqueeze(1) * torch.rand(rows, 30, generator=gen)
+    logits = tails.clone()
+    logits[:, :30] += heads  # row 0 peaked, the last row about as flat as its noise
+    logits = logits[:, torch.randperm(vocab, generator=gen)]
+    sorted_sizes = []
+    real_sort = torch.sort
+    monkeypatch.setattr(torch, "sort", lambda t, *a, **kw: sorted_sizes.append(t.shape[-1]) or real_sort(t, *a, **kw))
+    params = SamplingParams(temperature=temperature, top_p=top_p, seed=21)
+    sampler = SlotSampler.start(params)
+    drawn = [sample_tokens(logits[row:row + 1], [sampler], frozenset())[0] for row in range(rows)]
+    monkeypatch.setattr(torch, "sort", real_sort)
+    reference = torch.Generator().manual_seed(21)
+    assert drawn == [_by_the_book(logits[row], params, reference) for row in range(rows)]
+    assert len(sorted_sizes) == rows and sorted_sizes[0] < 100  # the most peaked row sorts a handful
+    assert max(sorted_sizes) <= vocab
+    assert sampling.NUCLEUS_FLOORS[0] > (1 - top_p) / vocab
