@@ -5,6 +5,8 @@ compile time are measured by bench/engine_speed.py (`default` vs `default+eager`
 
 from __future__ import annotations
 
+import zipfile
+
 import pytest
 import torch
 
@@ -119,6 +121,10 @@ def test_packages_are_kept_by_shape_and_a_failed_build_leaves_the_per_layer_grap
     first.compile_decode(warm=True)
     paths = {p.path for p in first.compiled.packaged}
     assert len(paths) == 2 and {p.name for p in (tmp_path / "strata-aot").iterdir()} == {p.name for p in paths}
+    for path in paths:  # the checks of every input (run only under AOTI_RUNTIME_CHECK_INPUTS) are not compiled in
+        with zipfile.ZipFile(path) as package:
+            wrapper = next(package.read(n).decode() for n in package.namelist() if n.endswith(".wrapper.cpp"))
+        assert "__check_inputs_outputs" in wrapper and "check_input_0" not in wrapper
 
     def no_export(self):
         raise AssertionError("exported although the package was cached")
