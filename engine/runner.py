@@ -54,8 +54,8 @@ class TorchEngine:
         return self.device.type == "cpu" and self.num_slots >= 2
 
     def use_prompt_lookup(self, on: bool = True) -> None:
-        """A one-row decode step also checks a guess of the token after next (engine/lookup.py),
-        yielding two tokens when it was right: exactly those of decoding one at a time."""
+        """A one-row decode step also checks guesses of the tokens after it (engine/lookup.py),
+        yielding more than one token when they were right: exactly those of decoding one at a time."""
         if on and not self.can_look_up:
             raise ValueError("prompt lookup needs the CPU (row-independent kernels) and two slots")
         # a slot's earlier tokens are unknown here: its guesses start from what comes next (a
@@ -128,22 +128,24 @@ class TorchEngine:
         return [[t] for t in sample_tokens(logits, [self._samplers[s] for s in slots], self.eos_token_ids)]
 
     def _decode_guessing(self, slot: int, token: int) -> list[int]:
-        """One row, and a second at the next position for the guessed token after it, when there
-        is a guess and room for it (a full slot ends its request: the guess must not fill it)."""
+        """One row, and one more at each next position for the tokens guessed after it, as many as
+        fit: the step's rows are at most the slots (the batched package's largest batch), and a
+        full slot ends its request, so the guesses never take its last position. Row i's token
+        counts only while every guess before it was right: it then read what one step at a time
+        would have."""
         assert self._lookups is not None
         position = self._positions[slot]
-        guess = self._lookups[slot].guess(token) if position + 2 < self.ctx else None
-        if guess is None:
-            logits = self._step([slot], [token], [position])
-        else:
-            logits = self._step([slot, slot], [token, guess], [position, position + 1])
+        room = min(self.num_slots - 1, self.ctx - position - 2)
+        guesses = self._lookups[slot].guess(token)[:max(room, 0)]
+        rows = [token, *guesses]
+        logits = self._step([slot] * len(rows), rows, list(range(position, position + len(rows))))
         sampler = self._samplers[slot]
         out = sample_tokens(logits[:1], [sampler], self.eos_token_ids)
-        fed = [token]
-        if guess is not None and out[0] == guess:  # the second row read what one step at a time would
-            out += sample_tokens(logits[1:], [sampler], self.eos_token_ids)
-            fed.append(guess)
-        self._fed(slot, fed)
+        for row, guess in enumerate(guesses, start=1):
+            if out[-1] != guess:
+                break
+            out += sample_tokens(logits[row:row + 1], [sampler], self.eos_token_ids)
+        self._fed(slot, rows[:len(out)])
         return out
 
     def _step(self, slots: list[int], tokens: list[int], positions: list[int]) -> torch.Tensor:
