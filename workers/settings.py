@@ -53,8 +53,8 @@ class WorkerSettings(BaseSettings):
     compile: bool = Field(True, description="compiled decode, built at start: on the CPU every layer ahead of time in "
                                             "one C++ call (~1 min on a fresh machine, loaded in a second from --data-dir "
                                             "after); --no-compile: eager (docs/engine.md)")
-    prompt_lookup: bool = Field(True, description="CPU, 2+ slots: a one-row decode step also checks a guess of the next token from "
-                                                  "the request's own text, two tokens a step when right, the same tokens "
+    prompt_lookup: bool = Field(True, description="CPU, 2+ slots: a one-row decode step also checks guesses of the next tokens from "
+                                                  "the request's own text, several tokens a step when right, the same tokens "
                                                   "(docs/engine.md); off: one token a step")
     data_dir: Path = Field(Path("data"), description="where the converted tokenizer and compiled code are cached")
     lease_ms: int = Field(15_000, ge=100, description="a claim not renewed for this long goes back to the queue")
