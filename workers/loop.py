@@ -319,7 +319,8 @@ class Worker:
             self._drop(slot)
             return
         cached = None
-        if status is RequestStatus.FINISHED:  # the cache holds exactly what was fed: prompt, then answer
+        if status is RequestStatus.FINISHED:  # the cache starts with the prompt, then the answer (then
+            # any guesses the last step confirmed past the end: a next request's `keep` cuts them)
             cached = (request.prompt + slot.text.ids)[: self.engine.position(slot.index)]
         self._release(slot, cached)
 

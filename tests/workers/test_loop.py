@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from engine.fake import FakeEngine
 from queues.claims import Claims
 from queues.keys import Keys
@@ -157,36 +159,48 @@ def test_a_conversation_continues_in_the_slot_that_holds_its_prefix(redis_client
     assert stream(redis_client, "fresh") == stream(redis_client, "turn2")  # same answer as read from scratch
 
 
-class TwoAStep(FakeEngine):
-    """Every decode step confirms a guess: each slot gets its next two tokens (those of two
-    steps), the first of them already in its cache, as the real engine's prompt lookup does."""
+class ManyAStep(FakeEngine):
+    """Every decode step confirms its guesses: each slot gets its next `per_step` tokens (those of
+    as many steps), all but the last already in its cache, as the real engine's prompt lookup does."""
+
+    per_step = 2
 
     def decode(self, slots, tokens):  # noqa: ANN001
         out = super().decode(slots, tokens)
         for slot, new in zip(slots, out):
-            self._cache[slot].append(new[0])
-            new.append(self._next(slot))
+            for _ in range(self.per_step - 1):
+                self._cache[slot].append(new[-1])
+                new.append(self._next(slot))
         return out
 
 
-def test_two_tokens_a_step_stream_as_one_step_each(redis_client, submit):
+class FourAStep(ManyAStep):
+    per_step = 4  # three guesses after a run of four, all right
+
+
+@pytest.mark.parametrize("engine_type", [ManyAStep, FourAStep], ids=["two", "four"])
+def test_several_tokens_a_step_stream_as_one_step_each(redis_client, submit, engine_type):
     prompt = distinct_prompt("two", 9)
     submit("one", prompt=prompt, max_tokens=6)
     run_until_idle(make_worker(redis_client))
     one = stream(redis_client, "one")
-    submit("two", prompt=prompt, max_tokens=6)  # the read's token, then 2 + 2 + 2: the last one dropped
-    worker = make_worker(redis_client, worker_id="w2", engine_type=TwoAStep)
+    # the read's token, then per_step a step (2 + 2 + 2, or 4 + 4): what passes max_tokens is dropped
+    submit("two", prompt=prompt, max_tokens=6)
+    worker = make_worker(redis_client, worker_id="w2", engine_type=engine_type)
     run_until_idle(worker)
     assert stream(redis_client, "two") == one
     assert one[-1] == {"type": "done", "finish_reason": "length", "prompt_tokens": "9", "completion_tokens": "6"}
-    assert [c.kind for c in worker.engine.calls].count("decode") == 3
-    # the cache holds the prompt and all six tokens (the sixth as the confirmed guess), and says so
-    assert worker.engine.position(0) == 15 and worker.slots[0].cached == worker.engine._cache[0]
-    # a stop string on the first of two tokens: the second never streams
+    steps = -(-5 // engine_type.per_step)
+    assert [c.kind for c in worker.engine.calls].count("decode") == steps
+    # the cache holds the prompt and every token the steps fed (past max_tokens too); the slot
+    # knows its prompt and answer are there, what a next request may keep (the rest is cut then)
+    assert worker.engine.position(0) == 9 + steps * engine_type.per_step
+    assert worker.slots[0].cached == worker.engine._cache[0][:9 + 6] == prompt + [int(e["ids"]) for e in one[:-1]]
+    # a stop string on the first of a step's tokens: the others never stream
     full = "".join(e.get("text", "") for e in one)
-    fourth = full.split(" ")[4]  # the first of the second step's two
+    fourth = full.split(" ")[4]  # the first of the second step's two; the last of the first step's four
     submit("stopped", prompt=prompt, max_tokens=6, stop=[" " + fourth])
-    run_until_idle(make_worker(redis_client, worker_id="w3", engine_type=TwoAStep))
+    run_until_idle(make_worker(redis_client, worker_id="w3", engine_type=engine_type))
     events = stream(redis_client, "stopped")
     assert "".join(e.get("text", "") for e in events) == full[: full.index(" " + fourth)]
     assert events[-1]["finish_reason"] == "stop" and events[-1]["completion_tokens"] == "4"
