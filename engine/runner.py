@@ -101,9 +101,7 @@ class TorchEngine:
         with torch.inference_mode():
             hidden = self.model(ids, index)
             logits = self.model.logits(hidden) if sample else None
-        self._positions[slot] = end
-        if self._lookups is not None:
-            self._lookups[slot].extend(tokens)
+        self._fed(slot, list(tokens))
         if logits is None:
             return None
         return sample_tokens(logits, [self._samplers[slot]], self.eos_token_ids)[0]
