@@ -140,8 +140,6 @@ def test_top_p_looks_at_few_tokens_and_draws_what_sorting_them_all_would(tempera
     long flat tail), rows from peaked to nearly flat: the same tokens, draw for draw, as sorting
     the whole vocabulary, while the sort sees only the tokens above the first floor that holds
     top_p."""
-    from engine import sampling
-
     vocab, rows = 49152, 40
     gen = torch.Generator().manual_seed(3)
     tails = torch.randn(rows, vocab, generator=gen)
@@ -158,6 +156,5 @@ def test_top_p_looks_at_few_tokens_and_draws_what_sorting_them_all_would(tempera
     monkeypatch.setattr(torch, "sort", real_sort)
     reference = torch.Generator().manual_seed(21)
     assert drawn == [_by_the_book(logits[row], params, reference) for row in range(rows)]
-    assert len(sorted_sizes) == rows and sorted_sizes[0] < 100  # the most peaked row sorts a handful
-    assert max(sorted_sizes) <= vocab
-    assert sampling.NUCLEUS_FLOORS[0] > (1 - top_p) / vocab
+    # one sort a row; the peaked quarter of the rows sorts a handful of tokens each, not 49 152
+    assert len(sorted_sizes) == rows and max(sorted_sizes[:rows // 4]) < 100, sorted_sizes
