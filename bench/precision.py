@@ -42,13 +42,10 @@ PROMPTS = [
 
 def strata_greedy(engine, ids: list[int], tokens: int) -> list[int]:
     """Greedy continuation, never stopping at end-of-text (every engine runs the same length)."""
+    from bench.prompt_lookup import generate
     from engine.protocol import SamplingParams
 
-    engine.begin(0, SamplingParams(temperature=0.0))
-    out = [engine.read(0, ids, sample=True)]
-    while len(out) < tokens:
-        out += engine.decode([0], [out[-1]])[0]
-    return out[:tokens]  # a confirmed guess can bring one more
+    return generate(engine, ids, tokens, SamplingParams(temperature=0.0))[0]
 
 
 def strata_forced(engine, ids: list[int], reference: list[int]) -> list[int]:

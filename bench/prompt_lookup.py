@@ -3,12 +3,13 @@ engine): tokens per decode step and tokens/s with it on and off, on chat answers
 and whether both gave the same tokens (they must). Then, over the same answers (decoded without
 lookup), how often guesses were right when runs of n to LONGEST tokens are looked up, and the
 guesses a shorter n adds (made only when no longer run matched): what sets engine/lookup.py's
-SHORTEST (a guess costs its row, ~20 % of a one-row step).
+SHORTEST (a guess costs its row, ~20 % of a one-row step); and after a run of LONGEST, how often
+the second and third guesses were right when those before them were (engine/lookup.py's CHAIN).
 
     .venv/bin/python -m bench.prompt_lookup [--tokens 128] [--rounds 3] [--temperature 0.8 --top-p 0.95]
 
-A one-row step with a guess runs two rows (~20 % more than one on this CPU); a confirmed guess
-saves a whole step. On and off alternate within each round, in one process, so the ratio is
+A one-row step with a guess runs two rows (~20 % more than one on this CPU; with three guesses,
+four rows, ~70 % more); a confirmed guess saves a whole step. On and off alternate within each round, in one process, so the ratio is
 measured under the same load; the median of the rounds is shown. End to end through HTTP (where
 a step's Redis round trips are saved too): bench.side_by_side with --baseline.
 """
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 
 from bench.side_by_side import words
-from engine.lookup import LONGEST, Lookup
+from engine.lookup import CHAIN, LONGEST, SHORTEST, Lookup
 
 PROMPTS = {  # side_by_side asks round r's story of its first client
     **{f"side_by_side's story, round {r}": f"Story {r}-0: " + words(100 * r, 20) for r in range(3)},
@@ -49,20 +50,22 @@ def generate(engine, ids: list[int], tokens: int, params) -> tuple[list[int], in
     return out[:tokens], steps, time.perf_counter() - started
 
 
-def guesses(answers: list[tuple[list[int], list[int]]], shortest: int) -> tuple[int, int]:
+def guesses(answers: list[tuple[list[int], list[int]]], shortest: int) -> list[tuple[int, int]]:
     """(prompt, answer) pairs -> (guesses right, guesses made) by a lookup of runs of `shortest`
-    to LONGEST tokens, replaying each answer one step at a time."""
-    right = made = 0
+    to LONGEST tokens, replaying each answer one step at a time: [0] the first guess of a step,
+    [i] its (i+1)-th (after a run of LONGEST), counted when the ones before it were right."""
+    counts = [[0, 0] for _ in range(CHAIN)]
     for prompt, answer in answers:
         lookup = Lookup(shortest=shortest)
         lookup.extend(prompt)
-        for fed, following in zip(answer, answer[1:]):  # the step fed `fed` yields `following`
-            guess = lookup.guess(fed)
-            if guess:
-                made += 1
-                right += guess[0] == following
+        for at, fed in enumerate(answer[:-1]):  # the step fed `fed` yields answer[at + 1]
+            for i, (guess, following) in enumerate(zip(lookup.guess(fed), answer[at + 1:])):
+                counts[i][1] += 1
+                if guess != following:
+                    break
+                counts[i][0] += 1
             lookup.extend([fed])
-    return right, made
+    return [(right, made) for right, made in counts]
 
 
 def main() -> None:
@@ -112,12 +115,16 @@ def main() -> None:
     runs = Table(title="runs looked up, over these answers (decoded without lookup): guesses right")
     for column in ("runs of", "guesses", "right", "added by the shortest", "of those right"):
         runs.add_column(column, justify="right")
-    counts = {n: guesses(replayed, n) for n in range(1, LONGEST + 1)}
+    chains = {n: guesses(replayed, n) for n in range(1, LONGEST + 1)}
+    counts = {n: chain[0] for n, chain in chains.items()}
     for n, (right, made) in counts.items():
         more_right, more_made = (right - counts[n + 1][0], made - counts[n + 1][1]) if n < LONGEST else (right, made)
         runs.add_row(f"{n}-{LONGEST}", str(made), f"{right / max(made, 1):.0%}", str(more_made),
                      f"{more_right / max(more_made, 1):.0%}")
     console.print(runs)
+    later = ", ".join(f"guess {i + 1} right {right / max(made, 1):.0%} of {made}"
+                      for i, (right, made) in enumerate(chains[SHORTEST]) if i)
+    console.print(f"after a run of {LONGEST}, when the guesses before it were right: {later}")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """What choosing a token costs per step (engine/sampling.py `sample_tokens`), beside the model's
 step: greedy, temperature, top_p, top_k + top_p, at 1 and 8 rows. The logits are SmolLM2's own
 (the default engine decoding side_by_side's three stories, sampled at temperature 0.8 and top_p
-0.95: ~380 steps), so top_p meets the nuclei real text has (median ~20 tokens, one step in ten
-over 250, some over 1 000), which made-up logits did not.
+0.95: ~380 steps), so top_p meets the nuclei real text has, which made-up logits did not: the bench
+prints their sizes, and how often the first floor of engine/sampling.py held them.
 
     .venv/bin/python -m bench.sampling [--baseline REF] [--repeats 3]
 
@@ -36,8 +36,8 @@ def capture(path: str) -> None:
     """Save the logits of every decode step of the stories (one row each)."""
     import torch
 
+    from bench.prompt_lookup import PROMPTS, generate
     from engine import runner
-    from bench.side_by_side import words
     from engine.protocol import SamplingParams
 
     engine = runner.load_engine(None, num_slots=8, ctx=2048, cache_dir=Path(tempfile.gettempdir()) / "strata-bench-cache")
@@ -51,15 +51,30 @@ def capture(path: str) -> None:
 
     runner.sample_tokens = keep
     try:
-        for story in range(3):
-            prompt = engine.tokenizer.encode_chat([{"role": "user", "content": f"Story {story}-0: " + words(100 * story, 20)}])
-            engine.begin(0, SamplingParams(temperature=0.8, top_p=0.95, seed=story))
-            out = [engine.read(0, prompt, sample=True)]
-            while len(out) < 128:
-                out += engine.decode([0], [out[-1]])[0]
+        for story, content in enumerate(v for k, v in PROMPTS.items() if "story" in k):
+            prompt = engine.tokenizer.encode_chat([{"role": "user", "content": content}])
+            generate(engine, prompt, 128, SamplingParams(temperature=0.8, top_p=0.95, seed=story))
     finally:
         runner.sample_tokens = choose
     torch.save(torch.cat([r for r in rows if r.shape[0] == 1]), path)
+
+
+def nuclei(logits_path: str, temperature: float = 0.8, top_p: float = 0.95) -> str:
+    """What top_p meets on these logits: the nucleus's size (median, 90th percentile, largest, how
+    often over 256: where the sampler before 6288fed fell back to topk(4096)) and in how many steps
+    the tokens of probability 1e-4 or more (engine/sampling.py's first floor) hold top_p."""
+    import torch
+
+    from engine.sampling import NUCLEUS_FLOORS
+
+    probs = torch.softmax(torch.load(logits_path) / temperature, dim=-1)
+    ordered = torch.sort(probs, dim=-1, descending=True).values
+    sizes = sorted(int(n) for n in ((ordered.cumsum(-1) - ordered) < top_p).sum(-1))
+    enough = int(((probs * (probs >= NUCLEUS_FLOORS[0])).sum(-1) >= top_p).sum())
+    return (f"temperature {temperature}, top_p {top_p}: nucleus of {sizes[len(sizes) // 2]} tokens at the median, "
+            f"{sizes[int(0.9 * len(sizes))]} at the 90th percentile, {sizes[-1]} at most, over 256 in "
+            f"{sum(n > 256 for n in sizes)} steps; the tokens of "
+            f"probability {NUCLEUS_FLOORS[0]:g} or more hold top_p in {enough} of {len(sizes)} steps")
 
 
 def measure(logits_path: str, repeats: int) -> dict[str, float]:
@@ -101,6 +116,7 @@ def main() -> None:
 
     logits = os.path.join(tempfile.mkdtemp(prefix="strata-sampling-"), "logits.pt")
     capture(logits)
+    seen = nuclei(logits)
 
     def child(tree: str) -> dict[str, float]:
         # this file run with the other tree's `engine` first on the path
@@ -127,7 +143,9 @@ def main() -> None:
         if args.baseline:
             cells.append(f"{runs[args.baseline][key] / runs['this tree'][key]:.1f}×")
         table.add_row(key, *cells)
-    Console(width=140).print(table)
+    console = Console(width=140)
+    console.print(table)
+    console.print(seen)
 
 
 if __name__ == "__main__":
