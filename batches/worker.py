@@ -39,7 +39,7 @@ def sweep(client: redis.Redis, rq: redis.Redis | None = None) -> list[str]:
 
 
 def run_batch_worker(settings: BatchWorkerSettings) -> None:
-    from rq import Queue, Worker
+    from rq import Queue, SimpleWorker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -60,5 +60,9 @@ def run_batch_worker(settings: BatchWorkerSettings) -> None:
             time.sleep(settings.batch_sweep_s)
 
     threading.Thread(target=sweeping, name="batch-sweep", daemon=True).start()
-    worker = Worker([Queue(RQ_QUEUE, connection=client)], connection=client)
+    # The job runs in this process, not in a forked work horse: a fork copies only the forking
+    # thread, so a lock the sweeper (or RQ's pubsub thread) held at that moment stays held forever
+    # in the horse. The job needs no isolation: it holds a lease, and a worker that dies with it
+    # only leaves the batch for the sweep to hand to another.
+    worker = SimpleWorker([Queue(RQ_QUEUE, connection=client)], connection=client)
     worker.work(logging_level="INFO")

@@ -1,7 +1,7 @@
 """A real stack for batches: the API (uvicorn, in-process thread, a one-token-per-character
 tokenizer), a fake-engine worker (workers.loop.Worker over FakeEngine, in a thread, wall clock,
 a real pause per decode step so lines queue up), and `strata batch-worker` (a real RQ worker)
-as a subprocess of its own session (so SIGKILL takes its work horse too)."""
+as a subprocess of its own session (so a kill takes every process it started)."""
 
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ def fake_worker(redis_url: str, slots: int, step_s: float) -> Iterator[Worker]:
 
 
 class BatchWorkerProcess:
-    """`strata batch-worker` in its own session: kill() is a machine dying (worker and horse)."""
+    """`strata batch-worker` in its own session: kill() is a machine dying (every process in it)."""
 
     def __init__(self, redis_url: str, **settings: object) -> None:
         env = {**os.environ, "STRATA_REDIS_URL": redis_url, "STRATA_BATCH_SWEEP_S": "0.3",
@@ -112,10 +112,28 @@ class BatchWorkerProcess:
         self.process = subprocess.Popen([sys.executable, "-m", "strata", "batch-worker"], env=env,
                                         start_new_session=True, stdout=subprocess.DEVNULL)
 
+    def session(self) -> list[int]:
+        """The processes of its session still running (a child may have left its process group)."""
+        alive = []
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    state = stat.read().rpartition(")")[2].split()[0]
+                if state != "Z" and os.getsid(int(entry)) == self.process.pid:
+                    alive.append(int(entry))
+            except (FileNotFoundError, ProcessLookupError):
+                pass
+        return alive
+
     def kill(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        while alive := self.session():
+            for pid in alive:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.01)
+        self.process.wait()
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -123,7 +141,8 @@ class BatchWorkerProcess:
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                self.kill()
+                pass
+        self.kill()
 
 
 @dataclass
