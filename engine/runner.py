@@ -240,7 +240,7 @@ def load_engine(
         config, source, file_eos, quantized = (
             hf_loader.read_config(path), DictSource(hf_loader.load_weights(path)), [], False)
     torch_dtype = _DTYPES[dtype] if dtype is not None else default_dtype(dev, quantized)
-    tokenizer = Tokenizer.from_model_path(path, extra_eos_ids=file_eos, cache_dir=cache_dir)
+    tokenizer = Tokenizer.from_model_path(path, extra_eos_ids=file_eos, cache_dir=cache_dir, chat=False)
     engine = build_engine(config, source, tokenizer, num_slots=num_slots, ctx=ctx, device=dev,
                           dtype=torch_dtype, int4=int4, prefill_bf16=prefill_bf16)
     release_freed_memory()

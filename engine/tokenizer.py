@@ -1,7 +1,8 @@
 """Text <-> token ids, from the model's own files (GGUF metadata or an HF folder).
 
 No torch import here: the API process tokenizes prompts to know their length. transformers is
-imported lazily, inside `from_model_path`, so importing this module stays cheap."""
+imported lazily, inside `from_model_path`, so importing this module stays cheap; a GGUF's
+tokenizer converted on an earlier start opens without it (`TokenizerFile`)."""
 
 from __future__ import annotations
 
@@ -31,10 +32,17 @@ class Tokenizer:
 
     @classmethod
     def from_model_path(cls, path: str | Path, extra_eos_ids: Sequence[int] = (),
-                        cache_dir: str | Path | None = None) -> "Tokenizer":
+                        cache_dir: str | Path | None = None, chat: bool = True) -> "Tokenizer":
         """`extra_eos_ids`: end ids the caller already knows (the engine passes the GGUF's eos/eot
-        ids from the file it parsed anyway). `cache_dir`: keep a GGUF's converted tokenizer there."""
+        ids from the file it parsed anyway). `cache_dir`: keep a GGUF's converted tokenizer there.
+        `chat` False: the caller (the worker) turns ids into text and renders no chat template, so
+        a GGUF's tokenizer converted by an earlier start opens without transformers, whose import
+        is ~1 s of a restart; `encode_chat` still works, loading transformers when first called."""
         path = Path(path)
+        if not chat and cache_dir is not None and is_gguf(path):
+            saved = TokenizerFile.open(_cache_folder(path, cache_dir))
+            if saved is not None:
+                return cls(saved, extra_eos_ids)
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub
         from transformers import AutoTokenizer
 
@@ -63,10 +71,71 @@ class Tokenizer:
         return bool(self._tok.chat_template)
 
 
+class TokenizerFile:
+    """A tokenizer that transformers saved (tokenizer.json, tokenizer_config.json), opened with
+    `tokenizers` alone. For ids and text transformers' fast tokenizer is that same Rust object, so
+    the two agree wherever the config holds nothing transformers adds on top (`open` checks);
+    the chat template is rendered by transformers, loaded on first use."""
+
+    # config entries that change no id and no text (special tokens are named, not defined, here)
+    PLAIN = frozenset({"backend", "bos_token", "eos_token", "pad_token", "unk_token", "is_local",
+                       "local_files_only", "model_max_length", "tokenizer_class", "chat_template",
+                       "clean_up_tokenization_spaces"})
+
+    def __init__(self, folder: Path, rust: Any, config: dict) -> None:
+        self.folder = folder
+        self._rust = rust
+        self._full: Any = None
+        self.unk_token_id: int | None = self._id(config.get("unk_token"))
+        self.eos_token_id: int | None = self._id(config.get("eos_token"))
+        template = folder / "chat_template.jinja"
+        self.chat_template: str | None = template.read_text() if template.is_file() else config.get("chat_template")
+
+    @classmethod
+    def open(cls, folder: Path) -> "TokenizerFile | None":
+        """None where transformers must open it: no such entry, or a config it acts upon."""
+        try:
+            config = json.loads((folder / "tokenizer_config.json").read_text())
+            if set(config) - cls.PLAIN or config.get("clean_up_tokenization_spaces") or \
+                    config.get("backend", "tokenizers") != "tokenizers":
+                return None
+            from tokenizers import Tokenizer as RustTokenizer
+
+            return cls(folder, RustTokenizer.from_file(str(folder / "tokenizer.json")), config)
+        except Exception:  # missing, damaged or unreadable: transformers converts it again
+            return None
+
+    def _id(self, token: str | dict | None) -> int | None:
+        name = token.get("content") if isinstance(token, dict) else token
+        return None if name is None else self._rust.token_to_id(name)
+
+    def convert_tokens_to_ids(self, name: str) -> int | None:
+        found = self._rust.token_to_id(name)
+        return self.unk_token_id if found is None else found  # as transformers answers an unknown token
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._rust.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self._rust.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def __len__(self) -> int:
+        return self._rust.get_vocab_size(with_added_tokens=True)
+
+    def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
+        if self._full is None:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            from transformers import AutoTokenizer
+
+            self._full = AutoTokenizer.from_pretrained(self.folder, local_files_only=True)
+        return self._full.apply_chat_template(*args, **kwargs)
+
+
 def _gguf_tokenizer(path: Path, cache_dir: str | Path | None) -> Any:
     """transformers builds a GGUF's tokenizer from its vocabulary and merges in Python (~3 s for
-    SmolLM2's 49k tokens); the result saved as tokenizer.json loads in ~0.2 s. The cache entry is
-    keyed by the file's path, size and modification time, so a changed file converts again."""
+    SmolLM2's 49k tokens); the result saved as tokenizer.json opens in ~0.1 s (`TokenizerFile`).
+    The cache entry is keyed by the file's path, size and modification time, so a changed file
+    converts again."""
     from transformers import AutoTokenizer
 
     def convert() -> Any:
@@ -74,9 +143,7 @@ def _gguf_tokenizer(path: Path, cache_dir: str | Path | None) -> Any:
 
     if cache_dir is None:
         return convert()
-    stat = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    folder = Path(cache_dir) / "tokenizers" / f"{path.stem}-{key}"
+    folder = _cache_folder(path, cache_dir)
     if (folder / "tokenizer.json").is_file():
         try:
             return AutoTokenizer.from_pretrained(folder, local_files_only=True)
@@ -91,6 +158,12 @@ def _gguf_tokenizer(path: Path, cache_dir: str | Path | None) -> Any:
     except OSError:
         shutil.rmtree(partial, ignore_errors=True)
     return hf
+
+
+def _cache_folder(path: Path, cache_dir: str | Path) -> Path:
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    return Path(cache_dir) / "tokenizers" / f"{path.stem}-{key}"
 
 
 def _config_eos_ids(path: Path) -> list[int]:

@@ -1,0 +1,67 @@
+"""A worker's restart opens SmolLM2's converted tokenizer without transformers, and it gives the
+ids, text and end tokens that transformers' own tokenizer gives."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from engine.tokenizer import Tokenizer, TokenizerFile, _cache_folder
+
+TEXTS = ["Hello world", " leading space", "<|im_start|>user\nhi<|im_end|>\n", "émojis 🎉 and\ttabs\n\nnewlines",
+         "def f(x):\n    return x ** 2  # squared", "  ", ""]
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
+
+
+@pytest.fixture(scope="module")
+def converted(smollm2, tmp_path_factory):
+    """(the tokenizer transformers built, the cache folder it left)."""
+    cache = tmp_path_factory.mktemp("cache")
+    first = Tokenizer.from_model_path(smollm2.path, smollm2.gguf.eos_token_ids(), cache_dir=cache, chat=False)
+    return first, cache
+
+
+def test_a_restart_opens_the_saved_tokenizer_and_it_agrees_with_transformers(smollm2, converted):
+    first, cache = converted
+    assert not isinstance(first._tok, TokenizerFile)  # nothing saved yet: transformers converted it
+    again = Tokenizer.from_model_path(smollm2.path, smollm2.gguf.eos_token_ids(), cache_dir=cache, chat=False)
+    assert isinstance(again._tok, TokenizerFile)
+
+    assert again.eos_token_ids == first.eos_token_ids and again.vocab_size == first.vocab_size == 49152
+    assert again.has_chat_template
+    for text in TEXTS:
+        assert again.encode(text) == first.encode(text)
+    assert again.encode_chat(MESSAGES) == first.encode_chat(MESSAGES)  # transformers, loaded on demand
+    every_seventh = list(range(0, first.vocab_size, 7)) + [0, 1, 2, first.vocab_size - 1]
+    for start in range(0, len(every_seventh), 64):
+        ids = every_seventh[start : start + 64]
+        assert again.decode(ids) == first.decode(ids)
+
+
+def test_the_saved_tokenizer_opens_without_importing_transformers(smollm2, converted):
+    _, cache = converted
+    program = (
+        "import sys; from engine.tokenizer import Tokenizer; "
+        f"t = Tokenizer.from_model_path({str(smollm2.path)!r}, cache_dir={str(cache)!r}, chat=False); "
+        "print(t.decode(t.encode('Hello world')), 'transformers' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["Hello", "world", "False"]
+
+
+def test_a_config_transformers_acts_upon_is_left_to_transformers(smollm2, converted, tmp_path):
+    _, cache = converted
+    folder = tmp_path / "entry"
+    shutil.copytree(_cache_folder(smollm2.path, cache), folder)
+    assert TokenizerFile.open(folder) is not None
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "add_bos_token": True}))
+    assert TokenizerFile.open(folder) is None
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "tokenizer.json").write_text("{ damaged")
+    assert TokenizerFile.open(folder) is None
