@@ -98,7 +98,7 @@ def load_model_facts(settings: ApiSettings, tokenizer: TokenizerLike | None) -> 
     if tokenizer is None:
         from engine.tokenizer import Tokenizer
 
-        tokenizer = Tokenizer.from_model_path(path)
+        tokenizer = Tokenizer.from_model_path(path, cache_dir=settings.data_dir / "cache")
     return tokenizer, settings.served_model_name or served_model_name(path)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -23,6 +25,9 @@ class ApiSettings(BaseSettings):
     )
     served_model_name: str | None = Field(
         None, description="Name clients pass as `model`; empty = derived from the model file name."
+    )
+    data_dir: Path = Field(
+        Path("data"), description="Where a GGUF's converted tokenizer is cached (the worker's --data-dir: they share it)."
     )
     host: str = Field("127.0.0.1", description="Address the HTTP server binds.")
     port: int = Field(8000, ge=0, le=65535, description="Port the HTTP server binds.")

@@ -1,5 +1,5 @@
 """A worker's restart opens SmolLM2's converted tokenizer without transformers, and it gives the
-ids, text and end tokens that transformers' own tokenizer gives."""
+ids, text and end tokens that transformers' own tokenizer gives; the API reads the same entry."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "conten
 
 @pytest.fixture(scope="module")
 def converted(smollm2, tmp_path_factory):
-    """(the tokenizer transformers built, the cache folder it left)."""
-    cache = tmp_path_factory.mktemp("cache")
+    """(the tokenizer transformers built, the cache folder it left: `--data-dir`/cache)."""
+    cache = tmp_path_factory.mktemp("data") / "cache"
     first = Tokenizer.from_model_path(smollm2.path, smollm2.gguf.eos_token_ids(), cache_dir=cache, chat=False)
     return first, cache
 
@@ -65,3 +65,23 @@ def test_a_config_transformers_acts_upon_is_left_to_transformers(smollm2, conver
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     (folder / "tokenizer.json").write_text("{ damaged")
     assert TokenizerFile.open(folder) is None
+
+
+def test_the_api_reads_the_tokenizer_the_worker_converted(smollm2, converted, monkeypatch):
+    from transformers import AutoTokenizer
+
+    from api.app import load_model_facts
+    from api.settings import ApiSettings
+
+    first, cache = converted
+    opened = []
+    real = AutoTokenizer.from_pretrained.__func__
+
+    def from_pretrained(cls, *args, **kwargs):
+        opened.append(kwargs.get("gguf_file"))
+        return real(cls, *args, **kwargs)
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", classmethod(from_pretrained))
+    tokenizer, name = load_model_facts(ApiSettings(data_dir=cache.parent), None)
+    assert opened == [None]  # the saved folder, not a conversion from the GGUF
+    assert name == "SmolLM2-135M-Instruct" and tokenizer.encode_chat(MESSAGES) == first.encode_chat(MESSAGES)
