@@ -118,15 +118,23 @@ def _cpu() -> str:
         return platform.processor() or platform.machine()
 
 
-def package_key(model: Transformer, batched: bool, tensors: list[Tensor], head: bool) -> str:
+_CACHES = ("k_cache", "v_cache")  # the K/V buffers: [slots, KV, length, hd], slots and length dynamic
+MAX_SLOTS, MAX_LENGTH = 4096, 1 << 20  # what the packages are built to take
+
+
+def package_key(model: Transformer, batched: bool, places: list[tuple[object, str]], head: bool) -> str:
     digest = hashlib.sha256()
     here = Path(__file__).parent
     for name in _SOURCES:
         digest.update((here / name).read_bytes())
-    # slot count and context are in the K/V buffers' shapes
+    # not the slot count nor the context: the K/V buffers' sizes are dynamic (one slot, a size
+    # export fixes, is built apart)
     parts = ["batched" if batched else "one row", "head" if head else "layers", torch.__version__,
-             repr(model.cfg), str(model.dtype), _cpu(), str(torch.backends.cpu.get_cpu_capability())]
-    parts += [f"{tuple(t.shape)}{t.stride()}{t.dtype}" for t in tensors]
+             repr(model.cfg), str(model.dtype), _cpu(), str(torch.backends.cpu.get_cpu_capability()),
+             "one slot" if model.num_slots == 1 else "slots"]
+    for owner, name in places:
+        t = getattr(owner, name)
+        parts.append(f"{name}{tuple(t.shape[1::2])}{t.dtype}" if name in _CACHES else f"{tuple(t.shape)}{t.stride()}{t.dtype}")
     digest.update("\n".join(parts).encode())
     return digest.hexdigest()[:32]
 
@@ -155,7 +163,7 @@ class PackagedStep:
         self.tensors = [getattr(owner, name) for owner, name in self.places]
         self._run: Callable[[list[Tensor]], list[Tensor]] | None = None
         self.error: BaseException | None = None
-        self.path = _package_folder() / f"{package_key(model, batched, self.tensors, self.head)}.pt2"
+        self.path = _package_folder() / f"{package_key(model, batched, self.places, self.head)}.pt2"
 
     @property
     def ready(self) -> bool:
@@ -182,17 +190,22 @@ class PackagedStep:
         started = time.perf_counter()
         rows = 2 if self.batched else 1
         inputs = example_inputs(self.model, rows, min(self.model.ctx, 256))
-        span = torch.export.Dim("span", min=2, max=self.model.ctx)
-        if self.batched and self.model.num_slots > 2:
-            batch = torch.export.Dim("batch", min=2, max=self.model.num_slots)
+        span = torch.export.Dim("span", min=2, max=MAX_LENGTH)
+        if self.batched:
+            batch = torch.export.Dim("batch", min=2, max=MAX_SLOTS)
             dims: list[Any] = [{0: batch} for _ in inputs]
             dims[-1] = {0: batch, 4: span}
-        else:  # one row, or two slots: always 2
+        else:
             dims = [None] * len(inputs)
             dims[-1] = {4: span}
+        # the K/V buffers' slot count and length dynamic: any --parallel and --ctx run the same code
+        cache: dict[int, Any] = {2: torch.export.Dim("length", min=2, max=MAX_LENGTH)}
+        if self.model.num_slots > 1:
+            cache[0] = torch.export.Dim("slots", min=2, max=MAX_SLOTS)
         with torch.inference_mode():
-            exported = torch.export.export(_Step(self.model, self.places, self.head), (*inputs, *self.tensors),
-                                           dynamic_shapes=(*dims, tuple(None for _ in self.tensors)))
+            exported = torch.export.export(
+                _Step(self.model, self.places, self.head), (*inputs, *self.tensors),
+                dynamic_shapes=(*dims, tuple(cache if name in _CACHES else None for _, name in self.places)))
         shapes = [(tuple(t.shape), t.stride(), str(t.dtype).removeprefix("torch.")) for t in exported.example_inputs[0]]
         exported.example_inputs = None  # the weights and K/V buffers themselves: ~1 GB to write for nothing
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ from engine.weights import DictSource
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def _tiny_engine(num_slots: int = 4, device: str = "cpu") -> TorchEngine:
+def _tiny_engine(num_slots: int = 4, device: str = "cpu", ctx: int = 400) -> TorchEngine:
     torch.manual_seed(0)
     cfg = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=128, vocab_size=256,
                       tie_embeddings=True)
@@ -30,7 +30,7 @@ def _tiny_engine(num_slots: int = 4, device: str = "cpu") -> TorchEngine:
         for name, shape in shapes.items():
             weights[f"layers.{i}.{name}"] = torch.randn(shape) * 0.2
     model = Transformer.build(cfg, DictSource(weights), dtype=torch.float32, device=torch.device(device))
-    model.allocate_cache(num_slots=num_slots, ctx=400)
+    model.allocate_cache(num_slots=num_slots, ctx=ctx)
     return TorchEngine(model, None, eos_token_ids=frozenset())
 
 
@@ -79,6 +79,19 @@ def _packaged_run(engine: TorchEngine) -> list[list[int]]:
     return [out[s] for s in range(4)]
 
 
+def _pair_run(engine: TorchEngine) -> list[list[int]]:
+    """Two slots together, then slot 1 alone, within a context of 100."""
+    out = {}
+    for slot, length in ((0, 20), (1, 5)):
+        engine.begin(slot, GREEDY)
+        out[slot] = [engine.read(slot, [(3 * i + slot) % 256 for i in range(length)], sample=True)]
+    for group, steps in (([0, 1], 30), ([1], 10)):
+        for _ in range(steps):
+            for slot, new in zip(group, engine.decode(group, [out[s][-1] for s in group])):
+                out[slot] += new
+    return [out[0], out[1]]
+
+
 def _counted(engine: TorchEngine, monkeypatch: pytest.MonkeyPatch) -> dict[bool, list[int]]:
     """Calls into each package, by `batched`."""
     calls: dict[bool, list[int]] = {False: [], True: []}
@@ -113,7 +126,8 @@ def test_steps_ahead_of_time_give_the_per_layer_graphs_tokens(tmp_path, monkeypa
         assert torch.equal(a.k_cache, b.k_cache) and torch.equal(a.v_cache, b.v_cache)
 
 
-def test_packages_are_kept_by_shape_and_a_failed_build_leaves_the_per_layer_graphs(tmp_path, monkeypatch):
+def test_packages_serve_any_slot_count_and_context_and_a_failed_build_leaves_the_per_layer_graphs(
+        tmp_path, monkeypatch):
     from engine import aot
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
@@ -134,17 +148,26 @@ def test_packages_are_kept_by_shape_and_a_failed_build_leaves_the_per_layer_grap
         again = _tiny_engine()
         again.compile_decode(warm=True)
         assert {p.path for p in again.compiled.packaged} == paths and all(p.ready for p in again.compiled.packaged)
-    two = _tiny_engine(num_slots=2)  # the batched package's batch is then always 2
-    two.compile_decode(warm=True)
-    assert [p.ready for p in two.compiled.packaged] == [True, True]
-    # other K/V shapes: other packages; the batched one fails to build, so neither is used
+        # another slot count and context (the K/V buffers' sizes are dynamic): the same packages
+        wider, two = _tiny_engine(num_slots=6, ctx=700), _tiny_engine(num_slots=2, ctx=100)
+        for engine in (wider, two):
+            engine.compile_decode(warm=True)
+            assert {p.path for p in engine.compiled.packaged} == paths
+            assert all(p.ready for p in engine.compiled.packaged)
+    regional, small = _tiny_engine(num_slots=6, ctx=700), _tiny_engine(num_slots=2, ctx=100)
+    for engine in (regional, small):
+        engine.compile_decode(warm=True, ahead=False)
+    assert _packaged_run(wider) == _packaged_run(regional)
+    assert _pair_run(two) == _pair_run(small)
+    # nothing cached; the batched package fails to build, so neither is used
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "fresh"))
     real = aot.PackagedStep.start_build
     monkeypatch.setattr(aot.PackagedStep, "start_build", lambda self, program: real(
         self, program if not self.batched else str(tmp_path / "missing.pt2")))
     other, reference = _tiny_engine(num_slots=5), _tiny_engine(num_slots=5)
     other.compile_decode(warm=True)
     reference.compile_decode(warm=True, ahead=False)
-    assert other.compiled.packaged == [] and not list((tmp_path / "strata-aot").glob("exported-*"))
+    assert other.compiled.packaged == [] and not list((tmp_path / "fresh" / "strata-aot").glob("exported-*"))
     assert _packaged_run(other) == _packaged_run(reference)
 
 
