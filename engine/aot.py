@@ -19,8 +19,9 @@ shared libraries (~3 s less than tracing the head's graphs; the start-up in docs
 The weights and K/V buffers are the package's inputs, not constants: a package holds only code
 (a few MB), runs on the model's own tensors and writes the K/V buffers in place. Packages are kept
 under inductor's cache folder (`--data-dir`/cache/inductor/strata-aot) by a key of everything the
-code depends on: torch, this engine's source, the tensors' shapes and strides, the CPU; a restart
-loads them in well under a second. Export takes seconds; the compile (~1 min a package for
+code depends on: torch, this engine's source, the weights' shapes and strides, the CPU; a restart
+loads them in well under a second. The K/V buffers' slot count and length are dynamic sizes, so
+a new --parallel or --ctx runs the packages built before. Export takes seconds; the compile (~1 min a package for
 SmolLM2, both side by side) runs in child processes (`python -m engine.aot`).
 """
 

@@ -51,8 +51,8 @@ class WorkerSettings(BaseSettings):
                                                  "prefill chunks use (faster prompt reading, +2 bytes a weight); "
                                                  "off: int4 only")
     compile: bool = Field(True, description="compiled decode, built at start: on the CPU every layer ahead of time in "
-                                            "one C++ call (~1 min on a fresh machine or a new --parallel / --ctx, loaded in a "
-                                            "second from --data-dir after); --no-compile: eager (docs/engine.md)")
+                                            "one C++ call (~1 min on a fresh machine, loaded in a second from --data-dir after, "
+                                            "whatever --parallel and --ctx); --no-compile: eager (docs/engine.md)")
     prompt_lookup: bool = Field(True, description="CPU, 2+ slots: a one-row decode step also checks guesses of the next tokens from "
                                                   "the request's own text, several tokens a step when right, the same tokens "
                                                   "(docs/engine.md); off: one token a step")
