@@ -92,13 +92,13 @@ def load_model_facts(settings: ApiSettings, tokenizer: TokenizerLike | None) -> 
     """The tokenizer and the served model name, from the model files where not given."""
     if tokenizer is not None and settings.served_model_name:
         return tokenizer, settings.served_model_name
-    from engine.files import resolve_model_path, served_model_name
+    from engine.files import cache_folder, resolve_model_path, served_model_name
 
     path = resolve_model_path(settings.model)
     if tokenizer is None:
         from engine.tokenizer import Tokenizer
 
-        tokenizer = Tokenizer.from_model_path(path, cache_dir=settings.data_dir / "cache")
+        tokenizer = Tokenizer.from_model_path(path, cache_dir=cache_folder(settings.data_dir))
     return tokenizer, settings.served_model_name or served_model_name(path)
 
 

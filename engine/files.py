@@ -57,3 +57,9 @@ def served_model_name(path: str | Path) -> str:
     if path.suffix.lower() == ".gguf":
         return _QUANT_SUFFIX.sub("", path.stem)
     return path.name
+
+
+def cache_folder(data_dir: Path) -> Path:
+    """Where `--data-dir` keeps what a start derives from the model (converted tokenizer, GGUF
+    index, compiled code), shared by the worker and the API."""
+    return data_dir / "cache"

@@ -45,11 +45,12 @@ def build_engine(settings: WorkerSettings, path: Path) -> Engine:
         return live_fake_engine(settings.parallel, settings.ctx, settings.fake_read_ms_per_token,
                                 settings.fake_decode_ms_per_step)
     from engine import load_engine
+    from engine.files import cache_folder
 
     return load_engine(path, num_slots=settings.parallel, ctx=settings.ctx, device=settings.device,
                        dtype=settings.dtype, threads=settings.threads, int4=settings.int4,
-                       prefill_bf16=settings.prefill_bf16, cache_dir=settings.data_dir / "cache", compile=settings.compile,
-                       prompt_lookup=settings.prompt_lookup)
+                       prefill_bf16=settings.prefill_bf16, cache_dir=cache_folder(settings.data_dir),
+                       compile=settings.compile, prompt_lookup=settings.prompt_lookup)
 
 
 def run_worker(settings: WorkerSettings) -> None:

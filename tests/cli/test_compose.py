@@ -23,7 +23,7 @@ from pydantic_settings import BaseSettings, SettingsError, get_subcommand
 
 from api.settings import ApiSettings
 from batches.settings import BatchWorkerSettings
-from engine.files import resolve_model_path, served_model_name
+from engine.files import cache_folder, resolve_model_path, served_model_name
 from queues.keys import Keys
 from queues.server import environ_without_settings, free_port, server_binary
 from strata.cli import ServeCommand, Strata
@@ -252,5 +252,5 @@ def test_the_api_and_the_workers_keep_their_cache_in_one_volume():
     assert "strata-cache" in spec["volumes"]
     for name, settings in (("api", ApiSettings), ("worker-gpu0", WorkerSettings), ("worker-gpu1", WorkerSettings)):
         mounts = dict(v.split(":")[:2][::-1] for v in spec["services"][name]["volumes"])
-        cache = Path(workdir) / settings.model_fields["data_dir"].default / "cache"
+        cache = Path(workdir) / cache_folder(settings.model_fields["data_dir"].default)
         assert mounts.get(str(cache)) == "strata-cache", (name, mounts)
