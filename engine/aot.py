@@ -21,8 +21,8 @@ The weights and K/V buffers are the package's inputs, not constants: a package h
 under inductor's cache folder (`--data-dir`/cache/inductor/strata-aot) by a key of everything the
 code depends on: torch, this engine's source, the weights' shapes and strides, the CPU; a restart
 loads them in well under a second. The K/V buffers' slot count and length are dynamic sizes, so
-a new --parallel or --ctx runs the packages built before. Export takes seconds; the compile (~1 min a package for
-SmolLM2, both side by side) runs in child processes (`python -m engine.aot`).
+a new --parallel or --ctx runs the packages built before. Export takes seconds; the compile (~1
+min a package for SmolLM2, both side by side) runs in child processes (`python -m engine.aot`).
 """
 
 from __future__ import annotations
@@ -87,6 +87,8 @@ class _Step(nn.Module):
             setattr(owner, name, tensor)
         try:
             index = CacheIndex(0, model.num_slots, mask.shape[-1], rows, positions, sliced=False)
+            # the span and the K/V buffers' length are both dynamic here: what each layer's narrow needs
+            torch._check(index.span <= model.layers[0].k_cache.shape[2])
             for block in model.layers:
                 x = block(x, cos, sin, block.k_cache, block.v_cache, index, mask)
             if not self.head:
