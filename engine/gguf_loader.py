@@ -99,7 +99,7 @@ class GGUFModel:
     def dense(self, name: str) -> Tensor:
         """float32 [out, in] (or [n] for a vector), exactly gguf's dequantize, rows in HF order."""
         tensor = self._tensors[name]
-        if tensor.qtype in _BLOCK_TYPES:  # SmolLM2's Q8_0 head: gguf's numpy 0.26-0.34 s, torch 0.13
+        if tensor.qtype in _BLOCK_TYPES:  # gguf's numpy, then a copy, was much of a restart (the Q8_0 head)
             array = dequantize_blocks(torch.from_numpy(np.array(tensor.rows(), copy=True)), tensor.qtype)
             array = array.reshape(tensor.shape).numpy()
         else:
