@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -24,3 +25,10 @@ def checkout(ref: str | None) -> Iterator[Path | None]:
         yield worktree
     finally:
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(worktree)], capture_output=True)
+
+
+def env_with_first(tree: str | Path) -> dict[str, str]:
+    """The environment with `tree`'s packages first on the path, and whatever the path held
+    after them (packages installed with `pip --target`, as on a lent GPU machine)."""
+    path = [str(tree), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}

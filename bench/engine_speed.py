@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -31,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.baseline import checkout
+from bench.baseline import checkout, env_with_first
 
 DECODE_CONTEXT = 200
 PREFILL_TOKENS = 2000
@@ -154,8 +153,7 @@ class Child:
         if args.device != "cpu":
             cmd += ["--device", args.device]
         root = tree or Path(__file__).resolve().parent.parent
-        env = {**os.environ, "PYTHONPATH": str(root)}  # that tree's engine package comes first
-        self.process = subprocess.Popen(cmd, cwd=root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(cmd, cwd=root, env=env_with_first(root), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.ask_line()  # ready: loaded
 
     def ask_line(self, command: str | None = None) -> object:

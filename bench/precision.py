@@ -1,13 +1,13 @@
 """How close greedy decoding stays to the float32 dequantized reference: Strata's default engine
 and, when `LLAMA_SERVER=/path/to/llama-server` is set, llama.cpp's server on the same GGUF.
 
-    .venv/bin/python -m bench.precision [--tokens 48] [--variants default bfloat16+noint4]
+    .venv/bin/python -m bench.precision [--tokens 48] [--variants default bfloat16+noint4] [--device cuda:0]
     LLAMA_SERVER=/path/to/llama-server .venv/bin/python -m bench.precision
 
 A fixed set of chat prompts, tokenized once by Strata's tokenizer; every engine gets the same
 token ids (llama-server through `/completion` with a token-id prompt, `temperature` 0). The
 reference is Strata with `--dtype float32`: the file's weights dequantized, no rounding beyond
-float32. Two measures per engine, summed over the prompts:
+float32, on the CPU also when `--device` puts the variants on a GPU. Two measures per engine, summed over the prompts:
 - teacher-forced: at each position of the reference's greedy continuation, fed the reference's
   tokens so far, is the engine's greedy next token the reference's? (llama-server: one
   `n_predict: 1` request per position; its prompt cache reads only the new token);
@@ -94,6 +94,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=48, help="continuation length per prompt")
     parser.add_argument("--variants", nargs="+", default=["default", "bfloat16+noint4"],
                         help="Strata engines: default, bfloat16(+noint4)")
+    parser.add_argument("--device", default="cpu", help="where the variants run: cpu, or cuda:N")
     args = parser.parse_args()
 
     from bench.side_by_side import llama_server
@@ -112,7 +113,7 @@ def main() -> None:
         name, *flags = variant.split("+")
         # two slots: the free-running answers go through prompt lookup as served (one slot has none)
         engine = load_engine(path, num_slots=2, ctx=1024, dtype=None if name == "default" else name,
-                             int4="noint4" not in flags)
+                             int4="noint4" not in flags, device=args.device)
         results[f"strata {variant}"] = run_prompts(lambda i, n: strata_greedy(engine, i, n),
                                                    lambda i, r: strata_forced(engine, i, r), prompts, references)
         print(variant, json.dumps(results[f"strata {variant}"]), file=sys.stderr, flush=True)
@@ -126,7 +127,7 @@ def main() -> None:
     from rich.table import Table
 
     table = Table(title=f"{len(PROMPTS)} chat prompts x {args.tokens} greedy tokens vs the float32 dequantized "
-                        f"reference ({path.name})")
+                        f"reference ({path.name}; variants on {args.device})")
     table.add_column("engine")
     table.add_column("teacher-forced: same next token", justify="right")
     table.add_column("free-running: equal before the first difference", justify="right")

@@ -112,7 +112,7 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from bench.baseline import checkout
+    from bench.baseline import checkout, env_with_first
 
     logits = os.path.join(tempfile.mkdtemp(prefix="strata-sampling-"), "logits.pt")
     capture(logits)
@@ -121,7 +121,7 @@ def main() -> None:
     def child(tree: str) -> dict[str, float]:
         # this file run with the other tree's `engine` first on the path
         done = subprocess.run([sys.executable, os.path.abspath(__file__), "--json", logits, "--repeats", str(args.repeats)],
-                              env={**os.environ, "PYTHONPATH": tree}, capture_output=True, text=True, check=True)
+                              env=env_with_first(tree), capture_output=True, text=True, check=True)
         return json.loads(done.stdout)
 
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.baseline import checkout
+from bench.baseline import checkout, env_with_first
 from queues.server import free_port
 
 TOKENS = 128
@@ -215,7 +215,7 @@ def strata_server(args: argparse.Namespace, parallel: int, extra: list[str], tre
             "--data-dir", str(data)]
     if args.model:
         argv += ["--model", args.model]
-    env = {**os.environ, "PYTHONPATH": str(tree)} if tree else None
+    env = env_with_first(tree) if tree else None
     return Server(name, argv + extra, port, "/v1/models", env, tree)
 
 
