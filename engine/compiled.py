@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from functools import cached_property
 from pathlib import Path
@@ -41,6 +42,17 @@ def use_cache_dir(cache_dir: str | Path | None) -> None:
     """Inductor reads its cache location from the environment, once; set it before compiling."""
     if cache_dir is not None:
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(cache_dir) / "inductor"))
+
+
+def release_compile_workers() -> None:
+    """Inductor keeps its compile processes (a sidecar and a pool of one per core, started for
+    Triton's kernels) once a compile is done. A worker compiles only here, at start; on a GPU
+    machine those processes took about a core while it served (docs/engine.md, "On a GPU"), as
+    vLLM found before quiescing its pool ahead of recording CUDA graphs. A later compile, if
+    any, starts them again. Not imported here if nothing compiled (the CPU's packages loaded)."""
+    async_compile = sys.modules.get("torch._inductor.async_compile")
+    if async_compile is not None:
+        async_compile.shutdown_compile_workers()
 
 
 def _layer(block: Block, x: Tensor, cos: Tensor, sin: Tensor, keys: Tensor, values: Tensor, rows: Tensor,
@@ -144,6 +156,7 @@ class CompiledDecode:
                     self._head(x)
         if device.type == "cuda":
             self._record_graphs()
+        release_compile_workers()
         took = time.perf_counter() - started
         log.info("compiled decode for batches %s in %.1fs", batches, took)
         return took

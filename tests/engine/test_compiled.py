@@ -241,3 +241,45 @@ def test_packages_are_kept_under_inductors_cache_folder_as_an_absolute_path(monk
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "relative/inductor")
     assert aot._package_folder() == tmp_path / "relative" / "inductor" / "strata-aot"
+
+
+_COMPILE_WORKERS = """
+import os, sys
+from pathlib import Path
+from torch._inductor.async_compile import AsyncCompile
+from tests.engine.test_compiled import _run, _tiny_engine
+
+def sidecars():  # inductor's compile-worker sidecar: a child of this process
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if parent == os.getpid() and b"compile_worker" in (entry / "cmdline").read_bytes():
+                found.append(entry.name)
+        except (OSError, ValueError, IndexError):
+            pass
+    return found
+
+engine = _tiny_engine()
+AsyncCompile.warm_pool()
+print(len(sidecars()))
+engine.compile_decode(warm=True, ahead=False)
+print(len(sidecars()))
+print(len(_run(engine)))
+"""
+
+
+def test_the_compile_workers_go_once_the_step_is_compiled(tmp_path):
+    """Inductor's compile processes are shut down once the step is compiled (on a GPU machine
+    they took about a core while the worker served), and steps after that still run. Two
+    compile threads so that inductor starts its pool here too (on 2 cores it may not)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "2", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", _COMPILE_WORKERS], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert done.returncode == 0, done.stderr[-3000:]
+    before, after, slots = done.stdout.split()
+    assert (before, after, slots) == ("1", "0", "4")
