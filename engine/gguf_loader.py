@@ -99,7 +99,7 @@ class GGUFModel:
     def dense(self, name: str) -> Tensor:
         """float32 [out, in] (or [n] for a vector), exactly gguf's dequantize, rows in HF order."""
         tensor = self._tensors[name]
-        if tensor.qtype in _BLOCK_TYPES:  # gguf's numpy, then a copy, was much of a restart (the Q8_0 head)
+        if tensor.qtype in QuantRows.TYPES:  # gguf's numpy, then a copy, was much of a restart (the Q8_0 head)
             array = dequantize_blocks(torch.from_numpy(np.array(tensor.rows(), copy=True)), tensor.qtype)
             array = array.reshape(tensor.shape).numpy()
         else:
@@ -171,9 +171,6 @@ class QuantRows(nn.Module):
     def forward(self, ids: Tensor) -> Tensor:
         # ids: [...] long -> [..., dim] float32
         return dequantize_blocks(self.blocks[ids.reshape(-1)], self.qtype).reshape(*ids.shape, self.dim)
-
-
-_BLOCK_TYPES = {GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1}
 
 
 def dequantize_blocks(raw: Tensor, qt: GGMLQuantizationType) -> Tensor:
