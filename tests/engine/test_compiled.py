@@ -265,13 +265,14 @@ AsyncCompile.warm_pool()
 print(len(sidecars()))
 engine.compile_decode(warm=True, ahead=False)
 print(len(sidecars()))
-print(len(_run(engine)))
+print(_run(engine) == _run(_tiny_engine()))  # compiled after the shutdown, and eager
 """
 
 
 def test_the_compile_workers_go_once_the_step_is_compiled(tmp_path):
     """Inductor's compile processes are shut down once the step is compiled (on a GPU machine
-    they took about a core while the worker served), and steps after that still run. Two
+    they took about a core while the worker served), and the steps after that still give eager's
+    tokens. Two
     compile threads so that inductor starts its pool here too (on 2 cores it may not)."""
     import os
     import subprocess
@@ -281,5 +282,4 @@ def test_the_compile_workers_go_once_the_step_is_compiled(tmp_path):
     done = subprocess.run([sys.executable, "-c", _COMPILE_WORKERS], env=env, capture_output=True, text=True,
                           timeout=300, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert done.returncode == 0, done.stderr[-3000:]
-    before, after, slots = done.stdout.split()
-    assert (before, after, slots) == ("1", "0", "4")
+    assert done.stdout.split() == ["1", "0", "True"]
