@@ -72,7 +72,7 @@ if ! model; then
 fi
 step engine_speed 170 "$PY" -m bench.engine_speed --device "$DEVICE" --variants default default+nographs \
     --batches 1 4 8 16 --steps 64 --rounds 3
-step precision 120 "$PY" -m bench.precision --device "$DEVICE" --variants default --eager-reference
+step precision 120 "$PY" -m bench.precision --device "$DEVICE" --variants default
 step serve 200 "$PY" -m bench.side_by_side --servers strata --clients 1 4 8 --rounds 1 \
     --stages decode prompt alert --data-dir /tmp/strata-sbs
 cp "$(ls -t /tmp/tmp*.log 2>/dev/null | head -n 1)" "$OUT/serve_server.log" 2>/dev/null  # strata serve's own log

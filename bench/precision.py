@@ -6,9 +6,10 @@ and, when `LLAMA_SERVER=/path/to/llama-server` is set, llama.cpp's server on the
 
 A fixed set of chat prompts, tokenized once by Strata's tokenizer; every engine gets the same
 token ids (llama-server through `/completion` with a token-id prompt, `temperature` 0). The
-reference is Strata with `--dtype float32`: the file's weights dequantized, no rounding beyond
-float32, on the CPU also when `--device` puts the variants on a GPU. Two measures per engine,
-summed over the prompts:
+reference is Strata with `--dtype float32`, eager (`--no-compile`: nothing to build; the default
+scored the same against the compiled reference, docs/engine.md "On a GPU"): the file's weights
+dequantized, no rounding beyond float32, on the CPU also when `--device` puts the variants on a
+GPU. Two measures per engine, summed over the prompts:
 - teacher-forced: at each position of the reference's greedy continuation, fed the reference's
   tokens so far, is the engine's greedy next token the reference's? (llama-server: one
   `n_predict: 1` request per position; its prompt cache reads only the new token);
@@ -96,9 +97,6 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["default", "bfloat16+noint4"],
                         help="Strata engines: default, bfloat16(+noint4)")
     parser.add_argument("--device", default="cpu", help="where the variants run: cpu, or cuda:N")
-    parser.add_argument("--eager-reference", action="store_true",
-                        help="the float32 reference not compiled (--no-compile): a torch older than the pinned "
-                             "one (a GPU machine's) builds no ahead-of-time packages and compiles per layer, slowly")
     args = parser.parse_args()
 
     from bench.side_by_side import llama_server
@@ -106,7 +104,7 @@ def main() -> None:
     from engine.runner import load_engine
 
     path = resolve_model_path(None)
-    reference_engine = load_engine(path, num_slots=1, ctx=1024, dtype="float32", compile=not args.eager_reference)
+    reference_engine = load_engine(path, num_slots=1, ctx=1024, dtype="float32", compile=False)
     tok = reference_engine.tokenizer
     prompts = [tok.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
     references = [strata_greedy(reference_engine, ids, args.tokens) for ids in prompts]
@@ -131,7 +129,7 @@ def main() -> None:
     from rich.table import Table
 
     table = Table(title=f"{len(PROMPTS)} chat prompts x {args.tokens} greedy tokens vs the float32 dequantized "
-                        f"reference{' (eager)' if args.eager_reference else ''} ({path.name}; variants on {args.device})")
+                        f"reference ({path.name}; variants on {args.device})")
     table.add_column("engine")
     table.add_column("teacher-forced: same next token", justify="right")
     table.add_column("free-running: equal before the first difference", justify="right")
