@@ -31,6 +31,7 @@ from queues.records import Done, Event, Failed, QueuedRequest, Token
 from queues.scripts import QueueError, QueueRefused
 from shapes.answers import Answer, Endpoint, Job, Shape
 from shapes.errors import ApiError, ErrorBody, failure
+from shapes.fields import IGNORED_HEADER, header_value
 from shapes.requests import GenerationBody
 from shapes.responses import RequestObject, Usage
 
@@ -62,7 +63,7 @@ async def generate(
     request: Request, services: Services, body: GenerationBody, endpoint: Endpoint, key: ApiKey | None
 ) -> Response:
     """The one path both endpoints take: check, tokenize, resolve the priority, enqueue, answer."""
-    services.rules.check(body)
+    ignored = services.rules.check(body)
     check_key_may_use(services, key)
     if int(request.headers.get("content-length") or INLINE_BODY_BYTES + 1) <= INLINE_BODY_BYTES:
         prompt = services.rules.prompt(body)  # a short prompt tokenizes faster than a hop to a thread
@@ -71,7 +72,7 @@ async def generate(
     priority = resolve_priority(body.priority, services.settings.priority_min, services.settings.priority_max, key)
     rules = await services.rules_now()
     queued = rules.queued(new_request_id(endpoint.id_prefix), body, prompt, priority.value)
-    return await answer(request, services, queued, endpoint, body, priority, key)
+    return await answer(request, services, queued, endpoint, body, priority, key, ignored)
 
 
 DETACH_HEADER = "x-strata-detach"
@@ -85,9 +86,10 @@ def wants_detach(request: Request, body: GenerationBody) -> bool:
 
 async def answer(
     request: Request, services: Services, queued: QueuedRequest, endpoint: Endpoint, body: GenerationBody,
-    priority: Resolved, key: ApiKey | None = None,
+    priority: Resolved, key: ApiKey | None = None, ignored: list[str] | None = None,
 ) -> Response:
-    """Enqueue, then answer whole or stream, or (background) only say it was accepted."""
+    """Enqueue, then answer whole or stream, or (background) only say it was accepted. `ignored`:
+    the body's fields that are not OpenAI's, named in a header (shapes/fields.py)."""
     settings = services.settings
     timeout = resolve_queue_timeout(body.queue_timeout, request.headers.get(QUEUE_TIMEOUT_HEADER), key)
     job = Job(queued.id, int(time.time()), services.model_name, queued.priority, body.include_usage)
@@ -103,6 +105,8 @@ async def answer(
     deadline_ms = services.intake.clock() + timeout.ms if timeout else None
     headers = {"x-request-id": queued.id, "x-strata-priority": str(queued.priority),
                REPLICA_HEADER: services.replica}
+    if ignored:
+        headers[IGNORED_HEADER] = header_value(ignored)
     if priority.lowered:  # the key's maximum lowered it: say so (asked->used)
         headers["x-strata-priority-lowered"] = f"{priority.asked}->{priority.value}"
     if timeout:

@@ -1,5 +1,6 @@
-"""Request bodies of /v1/chat/completions and /v1/completions, in OpenAI's shapes. Unknown fields
-are ignored: clients send many (user, logprobs, ...) that Strata has no use for.
+"""Request bodies of /v1/chat/completions and /v1/completions, in OpenAI's shapes. A body's
+undeclared fields are kept (`model_extra`) and classified by shapes/fields.py: refused with a 400,
+accepted (they change nothing), or ignored and named in a header. Nested parts ignore theirs.
 
 Every number the engine uses is bounded here, so that no value a client controls can fail a
 worker later: seed fits in 64 bits (what torch's generator takes), temperature is 0 (greedy) or
@@ -12,6 +13,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from shapes import fields
 from shapes.text import require_unicode
 
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
@@ -46,10 +48,14 @@ class StreamOptions(_Lenient):
     detach: bool = False  # keep running after the client leaves (re-attach by id)
 
 
-class GenerationBody(_Lenient):
+class GenerationBody(BaseModel):
     """What chat and text completions share."""
 
+    model_config = ConfigDict(extra="allow")  # classified by `unknown_fields`, never dropped unseen
+
     prompt_param: ClassVar[str]  # the field a prompt error names
+    refused: ClassVar[dict[str, fields.Refused]]
+    accepted: ClassVar[dict[str, str]]
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
@@ -93,9 +99,15 @@ class GenerationBody(_Lenient):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def unknown_fields(self) -> list[str]:
+        """The fields no table knows (to ignore, visibly); raises the 400 of a refused one."""
+        return fields.classify(self.model_extra or {}, self.refused, self.accepted)
+
 
 class ChatCompletionRequest(GenerationBody):
     prompt_param = "messages"
+    refused = fields.REFUSED_CHAT
+    accepted = fields.ACCEPTED_CHAT
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -111,9 +123,10 @@ class ChatCompletionRequest(GenerationBody):
 
 class CompletionRequest(GenerationBody):
     prompt_param = "prompt"
+    refused = fields.REFUSED_COMPLETIONS
+    accepted = fields.ACCEPTED_COMPLETIONS
 
     prompt: str | list[str]
-    echo: bool = False  # accepted, not supported (ignored)
 
     @field_validator("prompt")
     @classmethod

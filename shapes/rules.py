@@ -4,13 +4,14 @@ to each request; batch creation to each line, so a line is refused exactly as th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from jinja2 import TemplateError
 
 from queues.records import QueuedRequest
 from shapes.errors import ApiError
+from shapes.fields import IgnoredFields
 from shapes.requests import ChatCompletionRequest, CompletionRequest, GenerationBody
 
 
@@ -28,9 +29,13 @@ class Rules:
     tokenizer: TokenizerLike
     ctx: int  # tokens per slot: prompt + answer
     default_max_tokens: int
+    ignored: IgnoredFields = field(default_factory=IgnoredFields)  # shared by the copies rules_now makes
 
-    def check(self, body: GenerationBody) -> None:
-        """What comes before tokenizing: the model asked for, and n."""
+    def check(self, body: GenerationBody) -> list[str]:
+        """What comes before tokenizing: the fields (shapes/fields.py), the model asked for, and n.
+        Returns the names of the fields ignored (not OpenAI's), logged once each."""
+        ignored = body.unknown_fields()
+        self.ignored.note(ignored)
         if body.model and body.model != self.model_name:
             raise ApiError(
                 404, f"The model '{body.model}' does not exist; this server serves '{self.model_name}'.",
@@ -38,6 +43,7 @@ class Rules:
             )
         if body.n != 1:
             raise ApiError(400, "Only n=1 is supported.", code="unsupported_value", param="n")
+        return ignored
 
     def prompt(self, body: GenerationBody) -> list[int]:
         """The prompt's token ids (CPU-bound: a long prompt belongs in a thread)."""
