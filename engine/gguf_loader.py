@@ -16,6 +16,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 from torch import Tensor, nn
 
+from engine import rope
 from engine.gguf_file import GGUFFile, GGUFTensor
 from engine.model import ModelConfig
 from engine.weights import DenseRows, Int4Blocks, RowTable
@@ -53,15 +54,14 @@ class GGUFModel:
 
     def _config(self) -> ModelConfig:
         a = self.arch
+        freqs = self.file.tensors.get("rope_freqs.weight")  # Llama 3.1's scaling, as divisors
+        scaling = rope.from_gguf(self.file.fields, a, None if freqs is None else torch.tensor(dequantize_tensor(freqs)))
         dim = int(self._field(f"{a}.embedding_length"))
         n_heads = int(self._field(f"{a}.attention.head_count"))
         n_kv = int(self._field(f"{a}.attention.head_count_kv", n_heads))
         head_dim = int(self._field(f"{a}.attention.key_length", dim // n_heads))
         vocab = int(self._field(f"{a}.vocab_size", 0)) or len(self._field("tokenizer.ggml.tokens", []))
         names = set(self.file.tensors)
-        scaling = self._field(f"{a}.rope.scaling.type")
-        if (scaling not in (None, "none")) or "rope_freqs.weight" in names:
-            raise ValueError(f"RoPE scaling ({scaling or 'rope_freqs'}) is not supported yet")
         return ModelConfig(
             dim=dim,
             n_layers=int(self._field(f"{a}.block_count")),
@@ -72,6 +72,7 @@ class GGUFModel:
             vocab_size=vocab,
             norm_eps=float(self._field(f"{a}.attention.layer_norm_rms_epsilon", 1e-5)),
             rope_theta=float(self._field(f"{a}.rope.freq_base", 10000.0)),
+            rope_scaling=scaling,
             tie_embeddings="output.weight" not in names,
             qkv_bias="blk.0.attn_q.bias" in names,
             qk_norm="blk.0.attn_q_norm.weight" in names,

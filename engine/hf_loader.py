@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from engine import rope
 from engine.model import ModelConfig
 
 _SUPPORTED = {"llama", "mistral", "qwen2", "qwen3"}
@@ -35,12 +36,9 @@ def read_config(folder: str | Path) -> ModelConfig:
     model_type = raw.get("model_type", "llama")
     if model_type not in _SUPPORTED:
         raise ValueError(f"unsupported model_type {model_type!r} (supported: {sorted(_SUPPORTED)})")
-    scaling = raw.get("rope_scaling") or {}
-    if scaling and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
-        raise ValueError(f"rope_scaling {scaling!r} is not supported yet")
+    rope_theta, rope_scaling = rope.from_hf(raw)  # an unimplemented scaling is refused here
     dim = raw["hidden_size"]
     n_heads = raw["num_attention_heads"]
-    rope = raw.get("rope_parameters") or {}  # transformers 5 writes rope_theta here
     return ModelConfig(
         dim=dim,
         n_layers=raw["num_hidden_layers"],
@@ -50,7 +48,8 @@ def read_config(folder: str | Path) -> ModelConfig:
         hidden_dim=raw["intermediate_size"],
         vocab_size=raw["vocab_size"],
         norm_eps=raw.get("rms_norm_eps", 1e-6),
-        rope_theta=float(raw.get("rope_theta", rope.get("rope_theta", 10000.0))),
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
         tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
         qkv_bias=model_type == "qwen2" or bool(raw.get("attention_bias", False)),
         qk_norm=model_type == "qwen3",

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from engine.rope import RopeScaling, tables
 from engine.weights import (
     DenseLinear, DenseRows, HeadBound, Int4Linear, Int8Linear, PackedLinear, RowTable, TwoFormLinear, WeightSource,
     can_prepack, dequantize_int4, fuse_int4, int4_available, int4_shape_ok, int8_available, int8_shape_ok,
@@ -58,6 +59,7 @@ class ModelConfig:
     qkv_bias: bool = False
     qk_norm: bool = False
     max_positions: int = 8192  # what the model was trained for (informational)
+    rope_scaling: RopeScaling = RopeScaling()  # as the config declares it (engine/rope.py)
 
     @property
     def q_size(self) -> int:
@@ -258,14 +260,11 @@ class Transformer(nn.Module):
         for block in self.layers:
             block.k_cache = torch.zeros(shape, device=self.device, dtype=self.cache_dtype)
             block.v_cache = torch.zeros(shape, device=self.device, dtype=self.cache_dtype)
-        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
-        # rows for the spare position too: a CUDA graph's padding rows write there (engine/graphs.py)
-        angles = torch.outer(torch.arange(ctx + 1, dtype=torch.float64), inv_freq)
-        angles = torch.cat([angles, angles], dim=-1)  # HF layout: the two halves share frequencies
+        # Rows for the spare position too: a CUDA graph's padding rows write there (engine/graphs.py).
         # Tables in float32 (angles past a few hundred lose their low bits in bf16); each step
         # rounds the rows it uses to the activations' dtype, as transformers does.
-        self.cos = angles.cos().to(device=self.device, dtype=torch.float32)
-        self.sin = angles.sin().to(device=self.device, dtype=torch.float32)
+        cos, sin = tables(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, ctx + 1, ctx)
+        self.cos, self.sin = cos.to(self.device), sin.to(self.device)
         self.num_slots, self.ctx = num_slots, ctx
 
     def kv_bytes(self) -> int:
