@@ -46,7 +46,7 @@ def create_app(
     async def lifespan(_app: FastAPI) -> AsyncIterator[dict]:
         client = redis_client or connect_async(settings.redis_url, cluster=settings.redis_cluster)
         await wait_until_up(client, settings.redis_connect_s)
-        tok, name = await anyio.to_thread.run_sync(load_model_facts, settings, tokenizer)
+        tok, name, defaults = await anyio.to_thread.run_sync(load_model_facts, settings, tokenizer)
         intake = Intake(
             client, name,
             max_waiting=settings.max_waiting,
@@ -64,7 +64,7 @@ def create_app(
                 background.start_soon(reader.run)
                 # Starlette hands this dict to every request as request.state: the one place the
                 # built objects live (see api.deps).
-                rules = Rules(name, tok, settings.ctx, settings.default_max_tokens)
+                rules = Rules(name, tok, settings.ctx, settings.default_max_tokens, defaults=defaults)
                 fit = Fit(client, name, settings.ctx, int(settings.worker_live_s * 1000), intake.clock)
                 yield {"services": Services(settings, client, intake, rules, int(time.time()), cancels, fit, reader,
                                             keys=keys, started_ms=intake.clock(),
@@ -88,18 +88,21 @@ def create_app(
     return app
 
 
-def load_model_facts(settings: ApiSettings, tokenizer: TokenizerLike | None) -> tuple[TokenizerLike, str]:
-    """The tokenizer and the served model name, from the model files where not given."""
+def load_model_facts(settings: ApiSettings, tokenizer: TokenizerLike | None,
+                     ) -> tuple[TokenizerLike, str, dict[str, float]]:
+    """The tokenizer, the served model name and its sampling defaults (generation_config.json),
+    from the model files where not given."""
     if tokenizer is not None and settings.served_model_name:
-        return tokenizer, settings.served_model_name
+        return tokenizer, settings.served_model_name, {}
     from engine.files import cache_folder, resolve_model_path, served_model_name
+    from engine.generation_config import sampling_defaults
 
     path = resolve_model_path(settings.model)
     if tokenizer is None:
         from engine.tokenizer import Tokenizer
 
         tokenizer = Tokenizer.from_model_path(path, cache_dir=cache_folder(settings.data_dir))
-    return tokenizer, settings.served_model_name or served_model_name(path)
+    return tokenizer, settings.served_model_name or served_model_name(path), sampling_defaults(path)
 
 
 def run(settings: ApiSettings) -> None:

@@ -281,12 +281,22 @@ class Transformer(nn.Module):
     def run_layers(self, x: Tensor, index: CacheIndex) -> Tensor:
         """x: [B, T, dim] float32 embeddings -> [B, dim] normalized residual of the last token.
         engine/compiled.py runs the same step with each layer compiled."""
+        return self.last_normed(self.layers_out(x, index))
+
+    def layers_out(self, x: Tensor, index: CacheIndex) -> Tensor:
+        """x: [B, T, dim] float32 embeddings -> the last layer's output [B, T, dim], every position."""
         cos, sin = self.rope(index.positions)
         mask = index.mask()
         lo, hi = index.lo, index.hi
         for block in self.layers:
             x = block(x, cos, sin, block.k_cache[lo:hi], block.v_cache[lo:hi], index, mask)
-        return self.last_normed(x)
+        return x
+
+    def forward_all(self, tokens: Tensor, index: CacheIndex) -> Tensor:
+        """`forward` for every position: tokens [B, T] -> [B, T, dim] final-normed residuals
+        (prompt scoring: each position's logits score the token after it)."""
+        x = self.layers_out(self.embed(tokens), index)
+        return F.rms_norm(x, (self.cfg.dim,), self.norm, self.cfg.norm_eps)
 
     def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """positions [B, T] -> cos, sin [B, T, hd], rounded once per step to the activations'

@@ -9,12 +9,38 @@ from typing import Protocol, Sequence
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """One request's sampling, applied per row by engine/sampling.py in this order: the
+    constraint's mask, logit_bias, the penalties, min_tokens; then temperature, top_k, top_p, min_p."""
+
     temperature: float = 1.0  # 0 means greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 or less: off
     seed: int | None = None  # same seed, same prompt, same params -> same tokens
     min_tokens: int = 0  # end-of-sequence tokens are masked until this many were sampled
     already_sampled: int = 0  # tokens sampled before (a resumed request): its seeded stream continues after them
+    min_p: float = 0.0  # tokens less likely than min_p x the top token's probability are cut (after temperature)
+    presence_penalty: float = 0.0  # OpenAI's: subtracted from each token already in the answer
+    frequency_penalty: float = 0.0  # OpenAI's: subtracted once per time a token is in the answer
+    repetition_penalty: float = 1.0  # transformers': a token of the prompt or answer, logit / p (> 0) or x p (< 0)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit); -100 bans it
+    logprobs: int | None = None  # None: none; N: each sampled token's log-probability and the N likeliest
+    prompt_logprobs: int | None = None  # None: none; N: each prompt token's too (echo), read from position 0
+
+    @property
+    def is_plain(self) -> bool:
+        """No bias and no penalty: the logits go to temperature & co. as the model gave them."""
+        return (not self.logit_bias and self.presence_penalty == 0.0 and self.frequency_penalty == 0.0
+                and self.repetition_penalty == 1.0)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A token's log-probability under its row's distribution, and the `top` likeliest tokens
+    (id, log-probability), largest first."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 class Engine(Protocol):

@@ -13,8 +13,8 @@ import torch
 from engine.files import is_gguf, resolve_model_path
 from engine.lookup import Lookup
 from engine.model import KV_BUCKET, CacheIndex, ModelConfig, Transformer
-from engine.protocol import SamplingParams
-from engine.sampling import SlotSampler, sample_tokens
+from engine.protocol import SamplingParams, TokenLogprob
+from engine.sampling import SlotSampler, sample_tokens, score_prompt
 from engine.tokenizer import Tokenizer
 from engine.weights import DictSource, WeightSource
 
@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from engine.compiled import CompiledDecode
 
 log = logging.getLogger(__name__)
+
+SCORE_ROWS = 128  # prompt scoring: positions whose logits are made at once
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -42,6 +44,11 @@ class TorchEngine:
         self._samplers = [SlotSampler.start(SamplingParams(temperature=0.0)) for _ in range(self.num_slots)]
         self.compiled: CompiledDecode | None = None
         self._lookups: list[Lookup] | None = None  # prompt lookup's, one a slot (use_prompt_lookup)
+        self._held: list[list[int]] = [[] for _ in range(self.num_slots)]  # the ids each slot's cache holds
+        # prompt scoring (params.prompt_logprobs): each slot's scored prompt tokens so far, and the
+        # last read position's logits, which score the first token of the next chunk
+        self._prompt_scores: list[list[TokenLogprob]] = [[] for _ in range(self.num_slots)]
+        self._carry: list[torch.Tensor | None] = [None] * self.num_slots
 
     @property
     def prompt_lookup(self) -> bool:
@@ -84,8 +91,22 @@ class TorchEngine:
 
     def begin(self, slot: int, params: SamplingParams, keep: int = 0) -> None:
         self._check_slot(slot)
+        if params.prompt_logprobs is not None and keep:
+            raise ValueError("prompt scoring reads the prompt from its first token (keep=0)")
         self.truncate(slot, keep)
-        self._samplers[slot] = SlotSampler.start(params)
+        self._samplers[slot] = sampler = SlotSampler.start(params)
+        sampler.observe(self._held[slot])
+        self._prompt_scores[slot], self._carry[slot] = [], None
+
+    def logprobs(self, slot: int) -> list[TokenLogprob]:
+        """The TokenLogprob of each token read() and decode() returned for the slot since the last
+        call (params.logprobs), in order."""
+        return self._samplers[slot].take_logprobs()
+
+    def prompt_logprobs(self, slot: int) -> list[TokenLogprob]:
+        """The prompt's tokens after its first, scored as read so far (params.prompt_logprobs)."""
+        taken, self._prompt_scores[slot] = self._prompt_scores[slot], []
+        return taken
 
     def read(self, slot: int, tokens: Sequence[int], sample: bool) -> int | None:
         self._check_slot(slot)
@@ -98,13 +119,37 @@ class TorchEngine:
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
         positions = torch.arange(start, end, device=self.device).unsqueeze(0)
         index = CacheIndex.for_slots([slot], positions, span=end)
+        sampler = self._samplers[slot]
+        scoring = sampler.params.prompt_logprobs
         with torch.inference_mode():
-            hidden = self.model(ids, index)
-            logits = self.model.logits(hidden) if sample else None
+            if scoring is None:
+                hidden = self.model(ids, index)
+                logits = self.model.logits(hidden) if sample else None
+            else:
+                logits = self._score_prompt(slot, list(tokens), self.model.forward_all(ids, index)[0], scoring)
+                logits = logits if sample else None
         self._fed(slot, list(tokens))
         if logits is None:
             return None
-        return sample_tokens(logits, [self._samplers[slot]], self.eos_token_ids)[0]
+        return sample_tokens(logits, [sampler], self.eos_token_ids)[0]
+
+    def _score_prompt(self, slot: int, tokens: list[int], h: torch.Tensor, top: int) -> torch.Tensor:
+        """h [T, dim]: this chunk's final-normed rows. Row i's logits score token i + 1; the
+        previous chunk's last row scores this chunk's first token, and this chunk's last row waits
+        for the next chunk (returned: it is also what the first answer token is drawn from). A read
+        that gives way keeps these (the slot's state): its scores are those of one whole read.
+        Logits are made SCORE_ROWS rows at a time (a [T, V] float32 block is 200 KB a row)."""
+        carry = self._carry[slot]
+        for lo in range(0, h.shape[0], SCORE_ROWS):
+            logits = self.model.logits(h[lo:lo + SCORE_ROWS])
+            rows = logits[:-1] if carry is None else torch.cat([carry, logits[:-1]])
+            first = lo + (1 if carry is None else 0)
+            targets = tokens[first:lo + logits.shape[0]]
+            if targets:
+                self._prompt_scores[slot] += score_prompt(rows.cpu(), targets, top)
+            carry = logits[-1:].clone()
+        self._carry[slot] = carry
+        return carry
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> list[list[int]]:
         if len(slots) != len(tokens):
@@ -117,7 +162,8 @@ class TorchEngine:
             self._check_slot(slot)
             if self._positions[slot] >= self.ctx:
                 raise ValueError(f"slot {slot} is full (ctx={self.ctx})")
-        if self._lookups is not None and len(slots) == 1:
+        # penalties and constraints follow the tokens one by one: such a row decodes without guesses
+        if self._lookups is not None and len(slots) == 1 and self._samplers[slots[0]].is_plain:
             return [self._decode_guessing(slots[0], tokens[0])]
         slots = list(slots)
         logits = self._step(slots, list(tokens), [self._positions[s] for s in slots])
@@ -159,6 +205,8 @@ class TorchEngine:
 
     def _fed(self, slot: int, tokens: list[int]) -> None:
         self._positions[slot] += len(tokens)
+        self._held[slot] += tokens
+        self._samplers[slot].observe(tokens)
         if self._lookups is not None:
             self._lookups[slot].extend(tokens)
 
@@ -172,6 +220,7 @@ class TorchEngine:
         if not 0 <= length <= self._positions[slot]:
             raise ValueError(f"slot {slot}: cannot truncate {self._positions[slot]} tokens to {length}")
         self._positions[slot] = length
+        del self._held[slot][length:]
         if self._lookups is not None:
             self._lookups[slot].truncate(length)
 

@@ -23,6 +23,11 @@ class QueuedRequest:
     min_tokens: int = 0
     ignore_eos: bool = False
     stop: list[str] = field(default_factory=list)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    logit_bias: list[tuple[int, float]] = field(default_factory=list)  # (token id, bias)
 
     def params_json(self) -> str:
         # not asdict(): it deep-copies the prompt, a tenth of a millisecond per enqueue

@@ -38,12 +38,7 @@ class Refused:
 
 # Both endpoints. Fields evals' issue (29) implements move from here to the request models.
 _REFUSED_BOTH: dict[str, Refused] = {
-    "frequency_penalty": Refused("penalties are not implemented yet"),
-    "presence_penalty": Refused("penalties are not implemented yet"),
-    "logit_bias": Refused("logit_bias is not implemented yet"),
     # extensions other servers honour; a client that sends them expects an effect
-    "min_p": Refused("min_p is not implemented yet"),
-    "repetition_penalty": Refused("penalties are not implemented yet", (None, 1, 1.0)),
     "typical_p": Refused("typical_p is not implemented", (None, 1, 1.0)),
     "guided_json": Refused("use response_format json_schema"),
     "guided_regex": Refused("regular-expression constraints are not implemented"),

@@ -20,6 +20,10 @@ SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 MIN_TEMPERATURE = 0.01  # below it (but above 0) sampling is greedy in all but name, then overflows
 MIN_TOP_P = 0.01  # the top token alone is kept from here down; tinier values vanish in float32
 TOP_K_MAX = 2**31 - 1
+PENALTY_MAX = 2.0  # presence/frequency: OpenAI's range, -2..2
+REPETITION_MIN, REPETITION_MAX = 0.01, 10.0  # transformers' repetition_penalty: 1 is off
+LOGIT_BIAS_MAX = 100.0  # OpenAI's range, -100..100; -100 bans the token
+LOGIT_BIAS_ENTRIES = 1024
 
 
 class _Lenient(BaseModel):
@@ -69,6 +73,13 @@ class GenerationBody(BaseModel):
     n: int = 1
     min_tokens: int = Field(0, ge=0)
     ignore_eos: bool = False
+    presence_penalty: float = Field(0.0, ge=-PENALTY_MAX, le=PENALTY_MAX)
+    frequency_penalty: float = Field(0.0, ge=-PENALTY_MAX, le=PENALTY_MAX)
+    # None: the model's generation_config.json, else off (shapes.rules)
+    repetition_penalty: float | None = Field(None, ge=REPETITION_MIN, le=REPETITION_MAX)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    # token id (a string, as JSON keys are) -> bias; the ids are checked against the vocabulary in shapes.rules
+    logit_bias: dict[str, float] | None = Field(None, max_length=LOGIT_BIAS_ENTRIES)
     priority: Any = None  # never a validation error: see api.priority
     # seconds it may wait for a slot (api/queue_timeout.py); unlike priority a bad value is a 400
     queue_timeout: float | None = Field(None, gt=0, le=7 * 24 * 3600, allow_inf_nan=False)
@@ -79,6 +90,19 @@ class GenerationBody(BaseModel):
     @classmethod
     def _valid_unicode(cls, body: Any) -> Any:
         return require_unicode(body)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids_and_bounded(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not key.strip().isdigit():
+                raise ValueError(f"keys must be token ids (non-negative integers), got {key!r}")
+            if not -LOGIT_BIAS_MAX <= bias <= LOGIT_BIAS_MAX:
+                raise ValueError(f"biases must be within -{LOGIT_BIAS_MAX:g}..{LOGIT_BIAS_MAX:g}, got {bias}")
+        return value
+
+    def bias_pairs(self) -> list[tuple[int, float]]:
+        return sorted((int(k), float(v)) for k, v in (self.logit_bias or {}).items())
 
     @field_validator("temperature")
     @classmethod

@@ -5,7 +5,7 @@ to each request; batch creation to each line, so a line is refused exactly as th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from jinja2 import TemplateError
 
@@ -30,6 +30,24 @@ class Rules:
     ctx: int  # tokens per slot: prompt + answer
     default_max_tokens: int
     ignored: IgnoredFields = field(default_factory=IgnoredFields)  # shared by the copies rules_now makes
+    # the model's sampling defaults (engine.generation_config): what a body that sets none gets
+    defaults: dict[str, float] = field(default_factory=dict)
+
+    def sampling(self, body: GenerationBody, name: str, fallback: Any) -> Any:
+        """The body's value when it set one, else the model's default, else `fallback`."""
+        value = getattr(body, name)
+        if name in body.model_fields_set and value is not None:
+            return value
+        return self.defaults.get(name, fallback)
+
+    def logit_bias(self, body: GenerationBody) -> list[tuple[int, float]]:
+        pairs = body.bias_pairs()
+        vocab = getattr(self.tokenizer, "vocab_size", None)
+        outside = [t for t, _ in pairs if vocab is not None and t >= vocab]
+        if outside:
+            raise ApiError(400, f"logit_bias names token ids outside the vocabulary (0..{vocab - 1}): {outside[:5]}",
+                           code="invalid_value", param="logit_bias")
+        return pairs
 
     def check(self, body: GenerationBody) -> list[str]:
         """What comes before tokenizing: the fields (shapes/fields.py), the model asked for, and n.
@@ -87,11 +105,16 @@ class Rules:
             priority=priority,
             prompt=prompt,
             max_tokens=max_tokens,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            top_k=max(body.top_k, 0),
+            temperature=float(self.sampling(body, "temperature", 1.0)),
+            top_p=float(self.sampling(body, "top_p", 1.0)),
+            top_k=max(int(self.sampling(body, "top_k", 0)), 0),
             seed=body.seed,
             min_tokens=min(body.min_tokens, max_tokens),
             ignore_eos=body.ignore_eos,
             stop=body.stop_list(),
+            presence_penalty=body.presence_penalty,
+            frequency_penalty=body.frequency_penalty,
+            repetition_penalty=float(self.sampling(body, "repetition_penalty", 1.0)),
+            min_p=float(self.sampling(body, "min_p", 0.0)),
+            logit_bias=self.logit_bias(body),
         )

@@ -358,6 +358,11 @@ class Worker:
                     seed=request.seed,
                     min_tokens=max(0, request.min_tokens - len(done_ids)),
                     already_sampled=len(done_ids),  # a seeded stream goes on where it was
+                    min_p=request.min_p,
+                    presence_penalty=request.presence_penalty,
+                    frequency_penalty=request.frequency_penalty,
+                    repetition_penalty=request.repetition_penalty,
+                    logit_bias=tuple((int(t), float(b)) for t, b in request.logit_bias),
                 ),
                 keep=slot.read_pos,
             )

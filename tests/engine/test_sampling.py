@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -158,3 +159,106 @@ def test_top_p_looks_at_few_tokens_and_draws_what_sorting_them_all_would(tempera
     assert drawn == [_by_the_book(logits[row], params, reference) for row in range(rows)]
     # one sort a row; the peaked quarter of the rows sorts a handful of tokens each, not 49 152
     assert len(sorted_sizes) == rows and max(sorted_sizes[:rows // 4]) < 100, sorted_sizes
+
+
+# ---- logit_bias, penalties, min_p, the constraint hook, logprobs ------------------------------
+
+
+def _probs_of(logits: torch.Tensor, params: SamplingParams, n: int = 4000, history: list[int] = ()) -> torch.Tensor:
+    sampler = SlotSampler.start(params)
+    sampler.observe(history)
+    counts = torch.zeros(logits.shape[1])
+    for _ in range(n):
+        counts[sample_tokens(logits, [sampler], frozenset())[0]] += 1
+        sampler.answer_counts.clear()  # every draw from the same state
+    return counts / n
+
+
+def test_logit_bias_adds_to_the_logit_and_minus_100_bans():
+    logits = torch.zeros(1, 4)
+    # +ln(3) on token 1: it becomes three times as likely as each other token
+    probs = _probs_of(logits, SamplingParams(seed=1, logit_bias=((1, math.log(3.0)),)))
+    assert probs[1] == pytest.approx(0.5, abs=0.04) and probs[0] == pytest.approx(1 / 6, abs=0.03)
+    big = torch.tensor([[50.0, 0.0, 0.0, 0.0]])  # token 0 far ahead: -100 still removes it
+    assert _probs_of(big, SamplingParams(seed=2, logit_bias=((0, -100.0),)), n=500)[0] == 0
+    greedy = SlotSampler.start(SamplingParams(temperature=0.0, logit_bias=((0, -100.0),)))
+    assert sample_tokens(torch.tensor([[500.0, 1.0, 2.0, 0.0]]), [greedy], frozenset()) == [2]
+
+
+def test_presence_and_frequency_penalties_subtract_per_token_of_the_answer():
+    sampler = SlotSampler.start(SamplingParams(temperature=0.0, presence_penalty=0.5, frequency_penalty=0.25))
+    logits = torch.tensor([[3.0, 2.9, 2.0, 0.0]])
+    # token 0 wins, then it is penalized by 0.5 + 0.25 = 0.75 -> 2.25 < 2.9: token 1, then
+    # both penalized 0.75 -> 2.25 vs 2.15: token 0 again, now 3 - 0.5 - 0.5 = 2.0 < 2.15: token 1
+    assert [sample_tokens(logits, [sampler], frozenset())[0] for _ in range(4)] == [0, 1, 0, 1]
+    assert sampler.answer_counts == {0: 2, 1: 2}
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_logits_of_the_context():
+    sampler = SlotSampler.start(SamplingParams(temperature=0.0, repetition_penalty=2.0, logprobs=0))
+    sampler.observe([0, 3])  # the prompt held tokens 0 and 3
+    logits = torch.tensor([[4.0, 2.5, 1.0, -1.0]])
+    assert sample_tokens(logits, [sampler], frozenset()) == [1]  # 4 / 2 = 2 < 2.5
+    expected = torch.log_softmax(torch.tensor([2.0, 2.5, 1.0, -2.0]), dim=-1)
+    [entry] = sampler.take_logprobs()
+    assert entry.token == 1 and entry.logprob == pytest.approx(float(expected[1]), abs=1e-6)
+
+
+def test_min_p_cuts_tokens_below_its_share_of_the_top_probability():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.12, 0.08]]))
+    probs = _probs_of(logits, SamplingParams(seed=4, min_p=0.2))  # keeps p >= 0.1
+    assert probs[3] == 0 and probs[2] > 0
+    assert probs[0] == pytest.approx(0.5 / 0.92, abs=0.04)
+
+
+class _Only:
+    """A constraint that allows a fixed set of tokens, recording what it was told."""
+
+    def __init__(self, allowed: set[int], vocab: int) -> None:
+        self.mask = torch.tensor([i in allowed for i in range(vocab)])
+        self.accepted: list[int] = []
+
+    def allowed(self):
+        return self.mask
+
+    def accept(self, token: int) -> None:
+        self.accepted.append(token)
+
+    @property
+    def is_done(self) -> bool:
+        return False
+
+
+def test_the_constraint_masks_first_and_hears_of_the_chosen_token():
+    constraint = _Only({2, 3}, V)
+    # a bias lifts a disallowed token far ahead: the mask still wins (it comes first)
+    sampler = SlotSampler.start(SamplingParams(seed=3, logit_bias=((5, 100.0),), logprobs=2), constraint)
+    tokens = [sample_tokens(_logits(1, seed=s), [sampler], frozenset())[0] for s in range(30)]
+    assert set(tokens) <= {2, 3} and constraint.accepted == tokens
+    # logprobs come from the processed distribution: only the allowed tokens have any mass
+    entries = sampler.take_logprobs()
+    assert all({t for t, _ in e.top} == {2, 3} for e in entries)
+    assert all(sum(math.exp(lp) for _, lp in e.top) == pytest.approx(1.0, abs=1e-5) for e in entries)
+
+
+def test_logprobs_are_the_log_softmax_sorted_and_include_the_greedy_token():
+    logits = _logits(3, seed=9)
+    samplers = [SlotSampler.start(SamplingParams(temperature=0.0, logprobs=5)) for _ in range(3)]
+    tokens = sample_tokens(logits, samplers, frozenset())
+    for row, (sampler, token) in enumerate(zip(samplers, tokens)):
+        [entry] = sampler.take_logprobs()
+        reference = torch.log_softmax(logits[row], dim=-1)
+        assert entry.token == token and entry.logprob == pytest.approx(float(reference.max()), abs=1e-6)
+        values = [lp for _, lp in entry.top]
+        assert values == sorted(values, reverse=True) and entry.top[0][0] == token
+        assert [t for t, _ in entry.top] == torch.topk(reference, 5).indices.tolist()
+
+
+def test_plain_rows_are_not_touched_by_a_processed_neighbour():
+    logits = _logits(2, seed=1)
+    before = logits.clone()
+    plain = SlotSampler.start(SamplingParams(temperature=0.0))
+    biased = SlotSampler.start(SamplingParams(temperature=0.0, logit_bias=((int(logits[1].argmax()), -100.0),)))
+    tokens = sample_tokens(logits, [plain, biased], frozenset())
+    assert tokens[0] == int(before[0].argmax()) and tokens[1] != int(before[1].argmax())
+    assert torch.equal(logits, before)  # the caller's logits are left as they were
