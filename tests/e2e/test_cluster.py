@@ -1,4 +1,5 @@
-"""Strata on a real Redis Cluster: three masters on loopback (redis-server --cluster-enabled),
+"""Strata on a real Redis Cluster: three masters on loopback (the server `strata serve` embeds,
+with --cluster-enabled; the cluster formed from here with CLUSTER ADDSLOTSRANGE and CLUSTER MEET),
 `strata serve` pointed at them by a REDIS_URL listing the nodes (API, worker, batch worker, and the
 plain Redis serve starts for RQ beside a cluster), plus a second model (its own API and worker).
 Fake-engine workers: the subject is the queue layer, and the fake's answer depends only on what
@@ -13,6 +14,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,9 +26,11 @@ from redis.crc import key_slot
 from queues.connect import connect
 from queues.keys import Keys, models_key
 from queues.server import environ_without_settings, free_port, server_binary
+from tests import processes
 from tests.e2e.conftest import MODEL, healthy, sse, start, stop, wait_until
 
 MASTERS = 3
+SLOTS = 16384  # Redis Cluster's hash slots
 SEED = 11
 
 
@@ -67,32 +71,57 @@ def node_port() -> int:
         return port
 
 
-def start_cluster(folder: Path) -> Cluster:
-    """Three masters, no replicas, every slot covered."""
-    ports, processes = [], []
-    for _ in range(MASTERS):
-        port = node_port()
-        node = folder / str(port)
-        node.mkdir()
-        with open(node / "redis.log", "wb") as log:
-            processes.append(subprocess.Popen(
-                [server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
-                 "--cluster-config-file", "nodes.conf", "--appendonly", "no", "--save", "", "--dir", str(node)],
-                stdout=log, stderr=subprocess.STDOUT))
-        ports.append(port)
-    cluster = Cluster(ports, processes)
-    for port in ports:
-        wait_until(lambda p=port: _answers(cluster, p), f"node {port}", 15)
-    subprocess.run(["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
-                    "--cluster-replicas", "0", "--cluster-yes"], check=True, capture_output=True, timeout=60)
+def start_node(folder: Path) -> tuple[int, subprocess.Popen]:
+    port = node_port()
+    node = folder / str(port)
+    node.mkdir()
+    with open(node / "redis.log", "wb") as log:
+        process = processes.spawn(
+            [server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+             "--cluster-config-file", "nodes.conf", "--appendonly", "no", "--save", "", "--dir", str(node)],
+            stdout=log, stderr=subprocess.STDOUT)
+    return port, process
 
-    def ready() -> bool:
-        with cluster.node(ports[0]) as node:
-            return all("cluster_state:ok" in n.execute_command("CLUSTER", "INFO")
-                       for n in (cluster.node(p) for p in ports)) and node.ping()
 
-    wait_until(ready, "cluster_state:ok on every node", 30)
-    return cluster
+def form_cluster(cluster: Cluster) -> None:
+    """What `redis-cli --cluster create ... --cluster-replicas 0` does, over redis-py: each node
+    takes an equal range of the 16384 hash slots, the others meet the first, and every node then
+    sees all of them and every slot covered."""
+    count = len(cluster.ports)
+    for i, port in enumerate(cluster.ports):
+        with cluster.node(port) as node:
+            node.execute_command("CLUSTER", "ADDSLOTSRANGE", i * SLOTS // count, (i + 1) * SLOTS // count - 1)
+    for port in cluster.ports[1:]:
+        with cluster.node(port) as node:
+            node.execute_command("CLUSTER", "MEET", "127.0.0.1", cluster.ports[0])
+
+    def formed(port: int) -> bool:
+        with cluster.node(port) as node:
+            info = dict(line.split(":", 1) for line in node.execute_command("CLUSTER", "INFO").split() if ":" in line)
+            masters = {int(master[1]) for _first, _last, master, *_ in node.execute_command("CLUSTER", "SLOTS")}
+        return (info["cluster_state"] == "ok" and int(info["cluster_known_nodes"]) == count
+                and int(info["cluster_slots_assigned"]) == SLOTS and masters == set(cluster.ports))
+
+    wait_until(lambda: all(formed(p) for p in cluster.ports), "cluster_state:ok on every node", 60)
+
+
+@contextmanager
+def running_cluster(folder: Path) -> Iterator[Cluster]:
+    """Three masters, no replicas, every slot covered; every node stopped on the way out,
+    whatever failed on the way in."""
+    cluster = Cluster([], [])
+    try:
+        for _ in range(MASTERS):
+            port, process = start_node(folder)
+            cluster.ports.append(port)
+            cluster.processes.append(process)
+        for port in cluster.ports:
+            wait_until(lambda p=port: _answers(cluster, p), f"node {port}", 15)
+        form_cluster(cluster)
+        yield cluster
+    finally:
+        for process in cluster.processes:
+            processes.stop(process, 10)
 
 
 def _answers(cluster: Cluster, port: int) -> bool:
@@ -130,37 +159,50 @@ class Deployment:
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     folder = tmp_path_factory.mktemp("cluster")
-    cluster = start_cluster(folder)
-    port, port_b = free_port(), free_port()
-    model_b = other_model(cluster)
-    env = environ_without_settings()
-    fake = ["--engine", "fake", "--fake-decode-ms-per-step", "20", "--lease-ms", "3000", "--heartbeat-s", "0.5"]
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "strata", "serve", "--redis-url", cluster.url, "--port", str(port),
-         "--data-dir", str(folder / "data"), "--parallel", "2", "--restart-delay-s", "0.5", *fake], env=env)
-    rq_address = folder / "data" / "rq" / "redis.url"
-    wait_until(rq_address.exists, "serve's Redis for RQ", 30)
-    # the second model's processes share the cluster, and RQ's Redis for their batches
-    env_b = {**env, "STRATA_REDIS_URL": cluster.url, "STRATA_RQ_REDIS_URL": rq_address.read_text(),
-             "STRATA_SERVED_MODEL_NAME": model_b, "STRATA_PORT": str(port_b)}
-    worker_b = start("worker", env_b, *fake, "--parallel", "1")
-    api_b = start("api", env_b)
-    d = Deployment(cluster, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port_b}", model_b, folder / "data", serve)
-    try:
-        for base, model in ((d.base, MODEL), (d.base_b, model_b)):
-            wait_until(lambda b=base: healthy(b), "the API", 120)
-            wait_until(lambda b=base, m=model: m in [x["id"] for x in httpx.get(f"{b}/v1/models").json()["data"]],
-                       f"a worker of {model}", 60)
-        yield d
-    finally:
-        stop(api_b)
-        stop(worker_b)
-        serve.send_signal(signal.SIGTERM)
+    with running_cluster(folder) as cluster:
+        port, port_b = free_port(), free_port()
+        model_b = other_model(cluster)
+        env = environ_without_settings()
+        fake = ["--engine", "fake", "--fake-decode-ms-per-step", "20", "--lease-ms", "3000", "--heartbeat-s", "0.5"]
+        started: list[subprocess.Popen] = []
         try:
-            assert serve.wait(timeout=60) == 0
+            serve = start("serve", env, "--redis-url", cluster.url, "--port", str(port), "--data-dir",
+                          str(folder / "data"), "--parallel", "2", "--restart-delay-s", "0.5", *fake)
+            started.append(serve)
+            rq_address = folder / "data" / "rq" / "redis.url"
+            # its address written whole (a file seen between its creation and its write is empty)
+            wait_until(lambda: rq_address.exists() and rq_address.read_text().startswith("redis://"),
+                       "serve's Redis for RQ", 30)
+            # the second model's processes share the cluster, and RQ's Redis for their batches
+            env_b = {**env, "STRATA_REDIS_URL": cluster.url, "STRATA_RQ_REDIS_URL": rq_address.read_text(),
+                     "STRATA_SERVED_MODEL_NAME": model_b, "STRATA_PORT": str(port_b)}
+            started += [start("worker", env_b, *fake, "--parallel", "1"), start("api", env_b)]
+            d = Deployment(cluster, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port_b}", model_b,
+                           folder / "data", serve)
+            for base, model in ((d.base, MODEL), (d.base_b, model_b)):
+                wait_until(lambda b=base: healthy(b), "the API", 120)
+                wait_until(lambda b=base, m=model: m in [x["id"] for x in httpx.get(f"{b}/v1/models").json()["data"]],
+                           f"a worker of {model}", 60)
+            yield d
         finally:
-            for process in cluster.processes:
-                stop(process)
+            codes = [stop(process, 60) for process in reversed(started)]
+        assert codes[-1] == 0  # serve itself stopped cleanly on SIGTERM
+
+
+def test_a_cluster_that_fails_to_form_leaves_no_node_running(tmp_path, monkeypatch):
+    nodes: list[subprocess.Popen] = []
+
+    def fails(cluster: Cluster) -> None:
+        nodes.extend(cluster.processes)
+        assert all(_answers(cluster, port) for port in cluster.ports)  # every node was up
+        raise RuntimeError("CLUSTER MEET refused")
+
+    monkeypatch.setattr(sys.modules[__name__], "form_cluster", fails)
+    with pytest.raises(RuntimeError, match="CLUSTER MEET refused"):
+        with running_cluster(tmp_path):
+            pass
+    assert len(nodes) == MASTERS and all(node.poll() is not None for node in nodes)
+    assert processes.survivors((tmp_path,)) == {}
 
 
 def chat(base: str, model: str, content: str, max_tokens: int = 8, **extra) -> httpx.Response:

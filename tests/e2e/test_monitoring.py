@@ -7,12 +7,8 @@ with series. A metric renamed in api/metrics.py, or a query that does not parse,
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +18,8 @@ import pytest
 import yaml
 
 from queues.server import environ_without_settings, free_port
-from tests.e2e.conftest import MODEL, healthy, stop, wait_until
+from tests.e2e.conftest import MODEL, healthy, start, stop, wait_until
+from tests.processes import spawn, system_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "monitoring" / "grafana" / "dashboards" / "strata.json"
@@ -31,12 +28,7 @@ LOW, HIGH = -10, 10
 
 def binary(name: str) -> str:
     """Prometheus' own binaries; CI installs them (.ci/run: apt-get install prometheus)."""
-    found = shutil.which(name)
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{name} is not installed; .ci/run installs it (apt-get install prometheus)")
-        pytest.skip(f"{name} is not installed here (apt-get install prometheus); CI runs this test")
-    return found
+    return system_binary(name, "prometheus")
 
 
 @dataclass
@@ -73,24 +65,22 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Monitored]:
     config["scrape_configs"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{port}"]
     (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
     env = environ_without_settings()
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "strata", "serve", "--engine", "fake", "--port", str(port),
-         "--data-dir", str(folder / "data"), "--parallel", "2", "--prefill-chunk", "16",
-         "--fake-read-ms-per-token", "5", "--fake-decode-ms-per-step", "10",
-         "--metrics-priorities", json.dumps([LOW, 0, HIGH])], env=env)
-    with open(folder / "prometheus.log", "wb") as log:
-        prometheus = subprocess.Popen(compose_prometheus(folder / "prometheus.yml", folder / "tsdb", f"127.0.0.1:{prom_port}"),
-                                      stdout=log, stderr=subprocess.STDOUT)
     m = Monitored(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{prom_port}")
+    started: list[subprocess.Popen] = []
     try:
+        started.append(start("serve", env, "--engine", "fake", "--port", str(port), "--data-dir", str(folder / "data"),
+                             "--parallel", "2", "--prefill-chunk", "16", "--fake-read-ms-per-token", "5",
+                             "--fake-decode-ms-per-step", "10", "--metrics-priorities", json.dumps([LOW, 0, HIGH])))
+        with open(folder / "prometheus.log", "wb") as log:
+            started.append(spawn(compose_prometheus(folder / "prometheus.yml", folder / "tsdb", f"127.0.0.1:{prom_port}"),
+                                 stdout=log, stderr=subprocess.STDOUT))
         wait_until(lambda: healthy(m.api), "the API", 120)
         wait_until(lambda: MODEL in [x["id"] for x in httpx.get(f"{m.api}/v1/models").json()["data"]], "the worker", 60)
         wait_until(lambda: _ready(m.prometheus), "Prometheus", 60)
         yield m
     finally:
-        stop(prometheus)
-        serve.send_signal(signal.SIGTERM)
-        serve.wait(timeout=60)
+        for process in reversed(started):
+            stop(process, 60)
 
 
 def _ready(base: str) -> bool:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import re
 import shlex
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 
 from queues.keys import Keys
+from tests.processes import system_binary
 from tests.workers.conftest import MODEL, make_worker
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -21,8 +20,8 @@ def readme_commands() -> list[str]:
     return [line.split("#")[0].strip() for line in block.splitlines() if line.startswith("$R ")]
 
 
-@pytest.mark.skipif(shutil.which("redis-cli") is None, reason="redis-cli is not installed (CI installs Debian's)")
 def test_the_readme_redis_cli_examples_show_the_live_queue(redis_url, redis_client, submit):
+    redis_cli = system_binary("redis-cli", "redis-tools")
     submit("running-one", priority=1, max_tokens=100)
     worker = make_worker(redis_client, slots=1, worker_id="w-readme")
     worker.step()
@@ -36,7 +35,7 @@ def test_the_readme_redis_cli_examples_show_the_live_queue(redis_url, redis_clie
     for command in commands:
         command = (command.replace("chatcmpl-…", "running-one").replace("<wid>", "w-readme")
                    .replace("$M", base))
-        argv = ["redis-cli", "-u", redis_url] + shlex.split(command[len("$R "):])
+        argv = [redis_cli, "-u", redis_url] + shlex.split(command[len("$R "):])
         result = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=True)
         outputs[" ".join(command.split()[1:3])] = result.stdout.split("\n")
     waiting = [line for line in outputs[f'ZRANGE "{base}:waiting"'] if ":" in line]
