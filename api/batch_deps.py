@@ -10,7 +10,8 @@ import redis
 from fastapi import Depends, Request
 
 from api.settings import ApiSettings
-from queues.batches import BatchStore, rq_url
+from batches.handoff import rq_url
+from queues.batches import BatchStore
 from queues.connect import connect as connect_redis
 from queues.files import FileStore
 

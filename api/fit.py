@@ -9,7 +9,7 @@ from typing import Callable
 
 import redis.asyncio as aioredis
 
-from queues import metrics
+from queues import membership
 
 
 class Fit:
@@ -27,7 +27,7 @@ class Fit:
     async def ctx(self) -> int:
         now = self.clock()
         if self._read_ms is None or now - self._read_ms >= self.ttl_ms:
-            published = await metrics.live_ctx(self.client, self.model, now, self.live_within_ms)
+            published = await membership.live_ctx(self.client, self.model, now, self.live_within_ms)
             self._ctx = min(published or self.fallback, self.fallback)
             self._read_ms = now
         return self._ctx

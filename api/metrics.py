@@ -19,6 +19,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import generate_latest
 from prometheus_client.utils import floatToGoString
 
+from queues import membership
 from queues import metrics as recorded_metrics
 from queues.metrics import BUCKETS_MS, Histogram, ModelView
 
@@ -172,7 +173,7 @@ def render(views: list[ModelView], labels: PriorityLabels, now_ms: int) -> bytes
 
 async def gather(client, own_model: str, labels: PriorityLabels, now_ms: int, live_within_ms: int) -> list[ModelView]:  # noqa: ANN001
     """One view per model: this replica's model and every model a worker ever served here."""
-    models = [own_model] + [m for m in await recorded_metrics.known_models(client) if m != own_model]
+    models = [own_model] + [m for m in await membership.known_models(client) if m != own_model]
     return [await recorded_metrics.view(client, m, labels.bounds(), now_ms, live_within_ms) for m in models]
 
 

@@ -247,7 +247,7 @@ class BatchRun:
 
 
 def run_batch(batch_id: str) -> str:
-    """The RQ job (queues.batches.JOB_FUNCTION). Settings come from STRATA_ variables."""
+    """The RQ job (batches.handoff.JOB_FUNCTION). Settings come from STRATA_ variables."""
     settings = BatchWorkerSettings()
     client = connect(settings.redis_url, cluster=settings.redis_cluster, decode_responses=False)
     try:

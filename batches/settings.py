@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from queues.server import REDIS_URL_ALIASES, redis_cluster_field, rq_redis_url_field
+from queues.settings import REDIS_URL_ALIASES, redis_cluster_field, rq_redis_url_field
 
 
 class BatchWorkerSettings(BaseSettings):

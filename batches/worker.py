@@ -10,7 +10,8 @@ import time
 import redis
 
 from batches.settings import BatchWorkerSettings
-from queues.batches import RQ_QUEUE, BatchStatus, BatchStore, job_waiting, rq_url, submit_job
+from batches.handoff import RQ_QUEUE, job_waiting, rq_url, submit_job
+from queues.batches import BatchStatus, BatchStore
 from queues.connect import connect
 
 log = logging.getLogger("strata.batch")

@@ -50,7 +50,8 @@ from queues.claims import Claimed, Claims, Waiting
 from queues.intake import Intake
 from queues.keys import Keys
 from queues.records import QueuedRequest
-from queues.server import EmbeddedRedis, environ_without_settings, free_port, terminate
+from queues.server import EmbeddedRedis, free_port, terminate
+from queues.settings import environ_without_settings
 from workers.loop import Worker
 from workers.scheduler import Policy, Reserve
 

@@ -27,7 +27,8 @@ from rich.table import Table
 
 from engine.files import resolve_model_path, served_model_name
 from queues.keys import Keys
-from queues.server import environ_without_settings, free_port
+from queues.server import free_port
+from queues.settings import environ_without_settings
 
 MODEL = served_model_name(resolve_model_path(None))
 K = Keys(MODEL)

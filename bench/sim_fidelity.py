@@ -25,6 +25,7 @@ from bench.priority_scenarios import Run, alert_during_battery, long_read_gives_
 from engine import load_engine
 from engine.cost_profile import CostGrid, CostProfile
 from engine.files import resolve_model_path, served_model_name
+from queues.keys import Member
 from queues.server import EmbeddedRedis, ScratchRedis
 from simulate import fleet
 from simulate.calibrate import Plan, calibrate, prompt_tokens
@@ -39,7 +40,7 @@ def recorded(run: Run, rids: list[str]) -> list[Arrival]:
     start = min(int(r["enqueued_ms"]) for r in records.values())
     arrivals = [Arrival(rid, int(r["enqueued_ms"]) - start, int(r["priority"]), int(r["prompt_tokens"]),
                         int(r["completion_tokens"]), None, rid.split("-")[0]) for rid, r in records.items()]
-    return sorted(arrivals, key=lambda a: int(records[a.id]["member"].partition(":")[0]))  # enqueue order
+    return sorted(arrivals, key=lambda a: Member.parse(records[a.id]["member"]).seq)  # enqueue order
 
 
 def ttft_ms(record: dict[str, str]) -> int:

@@ -1,6 +1,7 @@
 """Batches (OpenAI Batch API) in Redis: the batch object and its state changes, the lines
 prepared at creation, each line's result (recorded once), and the lease of the RQ job running
-it. The job feeds the lines into the model's queue through queues/intake.py, as the API does.
+it. The job feeds the lines into the model's queue through queues/intake.py, as the API does;
+the RQ job that runs a batch is batches/handoff.py's.
 
 A batch's status (OpenAI's words, `BatchStatus`):
 validating -> in_progress -> finalizing -> completed
@@ -16,13 +17,9 @@ import redis
 import redis.exceptions
 
 from queues import scripts
-from queues.connect import is_cluster
 from queues.keys import batch_key, batch_lease_key, batch_lines_key, batch_results_key, batches_active_key, batches_key
-from queues.records import text
-
-RQ_QUEUE = "strata-batches"  # the RQ queue `strata batch-worker` listens on
-JOB_FUNCTION = "batches.job.run_batch"
-SCRIPT_NAMES = ("batch_result", "batch_lease", "batch_advance")
+from queues.records import decoded, text
+from queues.scripts import LeaseResult, LineResult
 
 
 class BatchStatus(enum.StrEnum):
@@ -72,7 +69,7 @@ class BatchStore:
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
-        self._scripts = {name: client.register_script(scripts.source(name)) for name in SCRIPT_NAMES}
+        self._scripts = scripts.register(client, scripts.BATCH_SCRIPTS)
 
     # -- the batch object ---------------------------------------------------------------------
     def create(self, batch: dict[str, str | int], lines: list[str]) -> None:
@@ -88,8 +85,7 @@ class BatchStore:
         pipe.execute()
 
     def get(self, batch_id: str) -> dict[str, str] | None:
-        raw = self.client.hgetall(batch_key(batch_id))
-        return {text(k): text(v) for k, v in raw.items()} or None
+        return decoded(self.client.hgetall(batch_key(batch_id))) or None
 
     def update(self, batch_id: str, fields: dict[str, str | int]) -> None:
         self.client.hset(batch_key(batch_id), mapping=fields)
@@ -106,9 +102,8 @@ class BatchStore:
             raise ValueError(f"not a move a batch makes: {', '.join(unlisted)}")
         now_s = int(time.time()) if now_s is None else now_s
         try:
-            status = BatchStatus(text(self._scripts["batch_advance"](
-                keys=[batch_key(batch_id)], args=[batch_id, " ".join(from_statuses), to, stamp, now_s],
-            )))
+            status = BatchStatus(text(scripts.run(self._scripts, scripts.batch_advance(
+                batch_id, from_statuses, to, stamp, now_s))))
         except redis.exceptions.ResponseError as error:
             if str(error).startswith("NOT_FOUND"):
                 raise BatchNotFound(batch_id) from None
@@ -146,11 +141,9 @@ class BatchStore:
 
     def record(self, batch_id: str, line: int, result: dict, count: str) -> bool:
         """A line's result, once: False when it already had one. `count`: 'completed', 'failed' or ''."""
-        done = self._scripts["batch_result"](
-            keys=[batch_results_key(batch_id), batch_key(batch_id)],
-            args=[line, json.dumps(result, separators=(",", ":")), count],
-        )
-        return bool(done)
+        done = scripts.run(self._scripts, scripts.batch_result(
+            batch_id, line, json.dumps(result, separators=(",", ":")), count))
+        return LineResult(int(done)) is LineResult.RECORDED
 
     def results(self, batch_id: str) -> list[tuple[int, str]]:
         """Every recorded result, in line order."""
@@ -160,53 +153,11 @@ class BatchStore:
     # -- the lease of the job running it -------------------------------------------------------
     def take_lease(self, batch_id: str, token: str, lease_ms: int) -> bool:
         """Take or renew; False when another job holds it."""
-        return bool(self._scripts["batch_lease"](keys=[batch_lease_key(batch_id)], args=[token, lease_ms]))
+        held = scripts.run(self._scripts, scripts.batch_lease(batch_id, token, lease_ms))
+        return LeaseResult(int(held)) is LeaseResult.HELD
 
     def release_lease(self, batch_id: str, token: str) -> None:
-        self._scripts["batch_lease"](keys=[batch_lease_key(batch_id)], args=[token, 0])
+        scripts.run(self._scripts, scripts.batch_lease(batch_id, token, 0))
 
     def is_leased(self, batch_id: str) -> bool:
         return bool(self.client.exists(batch_lease_key(batch_id)))
-
-
-# ---- the RQ job of a batch ---------------------------------------------------------------------
-
-
-def rq_url(redis_url: str, cluster: bool, rq_redis_url: str | None) -> str:
-    """RQ's Redis: --rq-redis-url, else the queues' own. RQ cannot use a Redis Cluster: its
-    worker wants a single server's connection pool, its keys (`rq:job:<id>`, `rq:queues`, ...)
-    share no hash tag, and its MULTI/EXEC pipelines span them. Only job hand-off lives there:
-    batches, lines and results stay in the queues' Redis, and a lost RQ job is re-queued by the
-    batch worker's sweep, so RQ's Redis needs no persistence of its own."""
-    if rq_redis_url:
-        return rq_redis_url
-    if is_cluster(redis_url, cluster):
-        raise ValueError("the queues' Redis is a cluster, where RQ cannot run: give RQ a plain Redis with "
-                         "--rq-redis-url (STRATA_RQ_REDIS_URL)")
-    return redis_url
-
-
-def submit_job(client: redis.Redis, batch_id: str, timeout_s: int = 26 * 3600) -> str:
-    """Enqueue the RQ job that runs a batch; returns its RQ job id. `client` must not decode
-    responses (RQ stores pickles)."""
-    from rq import Queue
-
-    job = Queue(RQ_QUEUE, connection=client).enqueue_call(
-        JOB_FUNCTION, args=(batch_id,), timeout=timeout_s, result_ttl=24 * 3600, failure_ttl=7 * 24 * 3600,
-        description=f"batch {batch_id}",
-    )
-    return job.id
-
-
-def job_waiting(client: redis.Redis, job_id: str | None) -> bool:
-    """The RQ job is queued (or scheduled/deferred) and has not started yet."""
-    if not job_id:
-        return False
-    from rq.exceptions import NoSuchJobError
-    from rq.job import Job, JobStatus
-
-    try:
-        status = Job.fetch(job_id, connection=client).get_status()
-    except NoSuchJobError:
-        return False
-    return status in (JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED)

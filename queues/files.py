@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import redis
 
 from queues.keys import file_content_key, file_key, files_key
-from queues.records import text
+from queues.records import decoded, text
 
 
 @dataclass(frozen=True)
@@ -46,10 +46,9 @@ class FileStore:
         return stored
 
     def get(self, file_id: str) -> StoredFile | None:
-        raw = self.client.hgetall(file_key(file_id))
-        if not raw:
+        h = decoded(self.client.hgetall(file_key(file_id)))
+        if not h:
             return None
-        h = {text(k): text(v) for k, v in raw.items()}
         return StoredFile(h["id"], int(h["bytes"]), int(h["created_at"]), h["filename"], h["purpose"])
 
     def content(self, file_id: str) -> bytes | None:

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import redis
 
-from queues.keys import Keys, models_key
-from queues.records import text
+from queues.keys import Keys, Member, models_key
+from queues.records import decoded, text
 from queues.worker_state import WorkerState
 
 
@@ -51,16 +51,16 @@ def model_view(client: redis.Redis, model: str, now_ms: int, limit: int = 50) ->
     members = [(text(m), s) for m, s in head]
     pipe = client.pipeline(transaction=False)
     for member, _score in members:
-        pipe.hmget(k.req(member.partition(":")[2]), "enqueued_ms", "prompt_tokens", "key_name", "priority")
+        pipe.hmget(k.req(Member.parse(member).id), "enqueued_ms", "prompt_tokens", "key_name", "priority")
     for worker in workers:
         pipe.hgetall(k.worker(text(worker)))
     replies = pipe.execute()
     for (member, _score), (enqueued, prompt_tokens, key_name, priority) in zip(members, replies[: len(members)]):
-        seq, _, rid = member.partition(":")
+        seq, rid = Member.parse(member)
         view.waiting.append(WaitingView(
             rid, int(priority or 0), int(seq), (now_ms - int(enqueued or now_ms)) / 1000,
             int(prompt_tokens or 0), text(key_name) if key_name else ""))
     for worker, h in zip(workers, replies[len(members):]):
         if h:  # else its hash expired: the worker is gone
-            view.workers.append((text(worker), WorkerState.from_hash({text(a): text(b) for a, b in h.items()})))
+            view.workers.append((text(worker), WorkerState.from_hash(decoded(h))))
     return view

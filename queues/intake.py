@@ -10,9 +10,11 @@ from typing import Callable
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from queues import claims, scripts
+from queues import scripts
 from queues.keys import Keys
-from queues.records import Event, QueuedRequest, parse_event, text
+from queues.lifecycle import RequestStatus
+from queues.records import Event, QueuedRequest, decoded, events, text
+from queues.scripts import ExpireResult
 
 
 def now_ms() -> int:
@@ -44,10 +46,10 @@ class Intake:
         shed, DUPLICATE when a request of that id exists. `fields` are written on the request
         hash too (e.g. `key_name`: who asked, for operators). Not claimed within
         `queue_timeout_ms`, it expires (None: no limit)."""
-        call = scripts.enqueue_call(self.keys, request, self.clock(), self.max_waiting, self.hard_limit, fields,
-                                    queue_timeout_ms)
+        call = scripts.enqueue(self.keys, request, self.clock(), self.max_waiting, self.hard_limit, fields,
+                               queue_timeout_ms)
         try:
-            _member, ahead = await self._scripts["enqueue"](**call)
+            _member, ahead = await scripts.run(self._scripts, call)
         except redis.exceptions.ResponseError as error:
             refused = scripts.refused(error)
             if refused:
@@ -72,30 +74,24 @@ class Intake:
                                         block=block_ms, count=256)
         found: dict[str, list[tuple[str, Event]]] = {}
         for stream, entries in reply or []:
-            found[by_stream[text(stream)]] = [
-                (text(entry_id), parse_event({text(a): text(b) for a, b in fields.items()}))
-                for entry_id, fields in entries
-            ]
+            found[by_stream[text(stream)]] = events(entries)
         return found
 
     async def record(self, request_id: str) -> dict[str, str] | None:
         """The request's hash (None: unknown, or expired past its retention)."""
         found = await self.client.hgetall(self.keys.req(request_id))
-        return {text(a): text(b) for a, b in found.items()} if found else None
+        return decoded(found) if found else None
 
     async def events(self, request_id: str, after: str = "0-0", count: int | None = None) -> list[tuple[str, Event]]:
         """The output events already in the stream after entry id `after`, without waiting."""
         entries = await self.client.xrange(self.keys.out(request_id), min=f"({after}", count=count)
-        return [(text(entry_id), parse_event({text(a): text(b) for a, b in fields.items()}))
-                for entry_id, fields in entries]
+        return events(entries)
 
-    async def cancel(self, request_id: str) -> str:
-        k = self.keys
-        status = await self._scripts["cancel"](
-            keys=[k.waiting, k.req(request_id), k.out(request_id), k.deadlines],
-            args=[self.clock(), self.retention_s, request_id],
-        )
-        return text(status)
+    async def cancel(self, request_id: str) -> RequestStatus | None:
+        """The status the request had (None: unknown): cancel.lua's answer."""
+        status = text(await scripts.run(self._scripts, scripts.cancel(self.keys, request_id, self.clock(),
+                                                                      self.retention_s)))
+        return RequestStatus(status) if status else None
 
     async def statuses(self, request_ids: list[str]) -> dict[str, str | None]:
         """Each request's status (None: its record is gone)."""
@@ -108,4 +104,5 @@ class Intake:
     async def expire_if_overdue(self, request_id: str) -> bool:
         """The request expires now if it still waits for its first claim past its deadline: the
         API does this for its own client, so a request expires on time even with no worker alive."""
-        return bool(await claims.expire(self._scripts, self.keys, request_id, self.clock(), self.retention_s))
+        call = scripts.expire(self.keys, request_id, self.clock(), self.retention_s)
+        return ExpireResult(int(await scripts.run(self._scripts, call))) is ExpireResult.EXPIRED

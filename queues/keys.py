@@ -4,8 +4,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 PREFIX = "strata"
+
+
+class Member(NamedTuple):
+    """A member of the waiting set, `<seq>:<id>` (enqueue.lua writes it: the arrival number,
+    zero-padded so that equal scores sort by arrival, then the request id)."""
+
+    seq: int
+    id: str
+
+    @classmethod
+    def parse(cls, member: str) -> "Member":
+        seq, _, request_id = member.partition(":")
+        return cls(int(seq), request_id)
 
 
 def models_key(prefix: str = PREFIX) -> str:

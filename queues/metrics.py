@@ -14,7 +14,8 @@ API, so bounded by the clamp range; the API folds them into bounded labels):
 
 with <hist> one of queue_ms (claimed − enqueued), first_token_ms (first token − enqueued) and
 latency_ms (finished − enqueued). Gauges are not stored: a scrape reads them live from the keys
-the queue already keeps (waiting, running, worker hashes)."""
+the queue already keeps (waiting, running, worker hashes). What /health and /v1/models read
+is queues/membership.py."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
-from queues.keys import Keys, models_key
-from queues.records import text
+from queues.keys import Keys, Member, models_key
+from queues.records import decoded, text
 from queues.worker_state import WorkerState
 
 # Histogram upper bounds (ms) shared by the three histograms: 10 ms … 10 min.
@@ -36,7 +37,7 @@ INF = "+Inf"
 
 
 def bounds_arg() -> str:
-    """finish.lua's ARGV[8]."""
+    """finish.lua's `bounds`."""
     return ",".join(map(str, BUCKETS_MS))
 
 
@@ -100,11 +101,6 @@ class ModelView:
     recorded: Recorded
 
 
-async def known_models(client: aioredis.Redis) -> list[str]:
-    """Every model a worker ever served on this Redis."""
-    return [text(m) for m in await client.zrange(models_key(), 0, -1)]
-
-
 async def view(
     client: aioredis.Redis,
     model: str,
@@ -138,7 +134,7 @@ async def view(
     replies = await pipe.execute()
     running = [int(p) for p in replies[: len(running_ids)] if p is not None]
     workers = [
-        (text(wid), WorkerState.from_hash({text(a): text(b) for a, b in h.items()}))
+        (text(wid), WorkerState.from_hash(decoded(h)))
         for wid, h in zip(worker_ids, replies[len(running_ids):])
         if h
     ]
@@ -148,44 +144,15 @@ async def view(
         running=running,
         workers=workers,
         last_heartbeat_ms=None if last_beat is None else int(last_beat),
-        recorded=parse({text(a): text(b) for a, b in metrics.items()}),
+        recorded=parse(decoded(metrics)),
     )
-
-
-async def queue_health(client: aioredis.Redis, model: str) -> tuple[int, int | None]:
-    """(requests waiting, newest worker heartbeat in ms or None) for /health: one round trip."""
-    pipe = client.pipeline(transaction=False)
-    pipe.zcard(Keys(model).waiting)
-    pipe.zscore(models_key(), model)
-    waiting, beat = await pipe.execute()
-    return int(waiting), None if beat is None else int(beat)
-
-
-async def live_workers(client: aioredis.Redis, model: str, now_ms: int, within_ms: int) -> int:
-    """Workers of `model` with a heartbeat in the last `within_ms` (a worker that stopped
-    cleanly has left the set already)."""
-    return int(await client.zcount(Keys(model).workers, now_ms - within_ms, "+inf"))
-
-
-async def live_ctx(client: aioredis.Redis, model: str, now_ms: int, within_ms: int) -> int | None:
-    """The smallest ctx (tokens per slot) a live worker of `model` publishes; None when no live
-    worker has said. What fits on every worker fits wherever the request lands."""
-    k = Keys(model)
-    ids = await client.zrangebyscore(k.workers, now_ms - within_ms, "+inf")
-    if not ids:
-        return None
-    pipe = client.pipeline(transaction=False)
-    for wid in ids:
-        pipe.hget(k.worker(text(wid)), "ctx")
-    found = [int(c) for c in await pipe.execute() if c and text(c).isdigit() and int(c) > 0]
-    return min(found, default=None)
 
 
 async def _waiting_by_range(client: aioredis.Redis, k: Keys, members: list[str],
                             ranges: list[tuple[float, float]]) -> list[int]:
     pipe = client.pipeline(transaction=False)
     for member in members:
-        pipe.hget(k.req(member.partition(":")[2]), "priority")
+        pipe.hget(k.req(Member.parse(member).id), "priority")
     counts = [0] * len(ranges)
     for priority in await pipe.execute():
         p = int(priority or 0)

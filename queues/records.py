@@ -70,6 +70,16 @@ def text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def decoded(reply: dict) -> dict[str, str]:
+    """A hash (HGETALL) or stream entry's fields as str -> str, whatever the client decodes."""
+    return {text(name): text(value) for name, value in reply.items()}
+
+
+def events(entries: list) -> list[tuple[str, "Event"]]:
+    """Stream entries (XRANGE, or one stream of an XREAD) as (entry id, event)."""
+    return [(text(entry_id), parse_event(decoded(fields))) for entry_id, fields in entries]
+
+
 def event_fields(event: Event) -> dict[str, str]:
     """Flat string fields of one stream entry, readable in redis-cli (XRANGE)."""
     if isinstance(event, Token):

@@ -30,10 +30,10 @@ class Replay:
 
     def enqueue(self, request: QueuedRequest, now_ms: int, queue_timeout_ms: int | None = None) -> bool:
         """False when the queue shed it (the API's 429)."""
-        call = scripts.enqueue_call(self.keys, request, now_ms, self.max_waiting, self.hard_limit,
-                                    queue_timeout_ms=queue_timeout_ms)
+        call = scripts.enqueue(self.keys, request, now_ms, self.max_waiting, self.hard_limit,
+                               queue_timeout_ms=queue_timeout_ms)
         try:
-            self._scripts["enqueue"](**call)
+            scripts.run(self._scripts, call)
         except redis.exceptions.ResponseError as error:
             refused = scripts.refused(error)
             if refused and refused.code is QueueError.QUEUE_FULL:

@@ -4,17 +4,14 @@ append-only persistence in the data folder."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import redis
-from pydantic import AliasChoices, Field
 
 ADDRESS_FILE = "redis.url"  # where `strata queues` and friends find a running serve's Redis
 
@@ -117,28 +114,6 @@ def recorded_url(data_dir: Path) -> str | None:
     """The address of the embedded Redis of a running `strata serve` using this data folder."""
     path = data_dir / ADDRESS_FILE
     return path.read_text().strip() if path.exists() else None
-
-
-# Every process reads its Redis from --redis-url, STRATA_REDIS_URL or the plain REDIS_URL.
-REDIS_URL_ALIASES = AliasChoices("redis_url", "STRATA_REDIS_URL", "REDIS_URL")
-
-
-def environ_without_settings() -> dict[str, str]:
-    """This process's environment minus every STRATA_ setting and REDIS_URL: a `strata` command
-    started with it runs on its defaults and the flags it is given (tests, benches)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("STRATA_") and k != "REDIS_URL"}
-
-
-def redis_cluster_field() -> Any:  # noqa: ANN401 - a pydantic FieldInfo standing for a bool default
-    """`--redis-cluster`, worded once for every process that connects."""
-    return Field(False, description="the Redis is a Redis Cluster (implied when the URL lists several nodes: "
-                                    "redis://host1:port1,host2:port2); see docs/operations.md")
-
-
-def rq_redis_url_field() -> Any:  # noqa: ANN401 - a pydantic FieldInfo standing for a str | None default
-    """`--rq-redis-url`, worded once for the API and the batch worker (both must name the same one)."""
-    return Field(None, description="a plain (non-cluster) Redis for RQ's batch job queue; unset: the queues' Redis, "
-                                   "which must then not be a cluster (RQ cannot run on one)")
 
 
 @dataclass

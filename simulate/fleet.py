@@ -11,7 +11,8 @@ stamped with the time its engine calls end. With several workers that is the one
 a step's effects become visible to the others at its start rather than its end.
 
 The simulation makes no scheduling decision of its own: it drives Worker.step(), and the
-Claims (WatchedClaims) and Replay calls of queues/ carry every Redis write."""
+Claims (WatchedClaims), Membership (WatchedMembership) and Replay calls of queues/ carry every
+Redis write."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import redis
 from engine.cost_profile import CostProfile
 from engine.fake import FakeEngine
 from queues.claims import Claimed, Claims, Held, Verdict, Waiting
+from queues.membership import Membership
 from queues.records import QueuedRequest
 from queues.replay import Replay
 from queues.worker_state import WorkerState
@@ -95,11 +97,23 @@ class WatchedClaims(Claims):
     def requeue_expired(self, now_ms: int) -> list[str]:
         return super().requeue_expired(now_ms) if self.exact else []  # leases are long: none runs out
 
+    def reclaim_from_dead(self, is_dead: Callable[[str], bool], now_ms: int) -> list[str]:
+        return []  # no worker process dies in a simulation
+
+
+class WatchedMembership(Membership):
+    """The fleet's keys as WatchedClaims treats the queue: unless `exact`, no worker hash
+    (operators read it, no scheduling decision does) and no look for dead workers."""
+
+    def __init__(self, *args, exact: bool, **kwargs) -> None:  # noqa: ANN002, ANN003
+        super().__init__(*args, **kwargs)
+        self.exact = exact
+
     def heartbeat(self, state: WorkerState, now_ms: int, ttl_s: int) -> None:
-        if self.exact:  # the worker hash is for operators; no scheduling decision reads it
+        if self.exact:
             super().heartbeat(state, now_ms, ttl_s)
 
-    def reclaim_from_dead(self, is_dead: Callable[[str], bool], now_ms: int) -> list[str]:
+    def forget_dead(self, is_dead: Callable[[str], bool]) -> list[str]:
         return []  # no worker process dies in a simulation
 
 
@@ -161,7 +175,8 @@ def _serve(arrivals: Sequence[Arrival], client: redis.Redis, settings: WorkerSet
                                max_attempts=settings.max_attempts, ended=ended, exact=exact_reports, queue=queue)
         worker = Worker(engine, claims, CountingDecoder(), prefill_chunk=settings.prefill_chunk, policy=settings.policy(),
                         device=f"sim:{n}", heartbeat_ms=int(settings.heartbeat_s * 1000),
-                        idle_wait_s=settings.idle_wait_s, clock=engine.clock)
+                        idle_wait_s=settings.idle_wait_s, clock=engine.clock,
+                        membership=WatchedMembership(client, MODEL, f"sim-{n}", exact=exact_reports))
         worker.announce(0)
         fleet.append(worker)
     replay = Replay(client, MODEL, max_waiting=max_waiting, hard_limit=hard_limit)

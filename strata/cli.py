@@ -11,7 +11,7 @@ from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, CliApp, CliSubCommand, SettingsConfigDict
 
 from api.settings import ApiSettings
-from queues.server import REDIS_URL_ALIASES, redis_cluster_field
+from queues.settings import REDIS_URL_ALIASES, redis_cluster_field
 from simulate.settings import CalibrateSettings, SimulateSettings
 from strata.batch import BatchCommand, BatchWorkerCommand
 from workers.settings import WorkerSettings

@@ -76,7 +76,7 @@ def serve(settings) -> int:  # noqa: ANN001 - a ServeCommand
     env = child_env(settings, url)
     rq_server = None
     if is_cluster(url, settings.redis_cluster) and not settings.rq_redis_url:
-        # RQ cannot run on a cluster (queues/batches.py rq_url): its job hand-off gets a plain
+        # RQ cannot run on a cluster (batches/handoff.py rq_url): its job hand-off gets a plain
         # Redis of its own; the batches themselves stay in the cluster
         rq_server = EmbeddedRedis(settings.data_dir / "rq").start()
         env["STRATA_RQ_REDIS_URL"] = rq_server.url

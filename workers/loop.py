@@ -12,6 +12,7 @@ from typing import Callable
 from engine.protocol import Engine, SamplingParams
 from queues.claims import UNAVAILABLE, Claimed, Claims, Held, Verdict
 from queues.lifecycle import RequestStatus
+from queues.membership import Membership
 from queues.records import Done, Event, Failed, Token
 from queues.worker_state import WorkerState
 from workers import scheduler
@@ -55,9 +56,11 @@ class Worker:
         idle_wait_s: float = 0.5,
         clock: Callable[[], int] = wall_ms,
         is_dead: Callable[[str], bool] = lambda _worker_id: False,
+        membership: Membership | None = None,
     ) -> None:
         self.engine = engine
         self.claims = claims
+        self.membership = membership or Membership(claims.client, claims.model, claims.worker_id)
         self.decoder = decoder
         self.prefill_chunk = prefill_chunk
         self.policy = policy
@@ -94,7 +97,7 @@ class Worker:
 
     def announce(self, now: int) -> None:
         """The queue's order is the workers' policy: publish --aging-s for enqueue.lua."""
-        before = self.claims.set_aging(self.policy.aging_s, now)
+        before = self.membership.set_aging(self.policy.aging_s, now)
         if before is not None and before != self.policy.aging_s:
             log.warning("aging %s s -> %s for every new request of this model (another worker had set it); "
                         "requests already waiting keep their places", before, self.policy.aging_s)
@@ -166,7 +169,7 @@ class Worker:
         active = [(s.request.id, s.claim_seq) for s in self.slots if s.request]
         try:
             back = self.claims.give_back(active, self.clock())
-            self.claims.leave()
+            self.membership.leave()
             if back:
                 log.info("gave back %d requests", len(back))
         except UNAVAILABLE as error:
@@ -231,16 +234,17 @@ class Worker:
         back = self.claims.reclaim_from_dead(self.is_dead, now)
         if back:
             log.warning("took back %d requests of a dead worker on this host: %s", len(back), back)
+        self.membership.forget_dead(self.is_dead)
         gone = self.claims.expire_overdue(now)
         if gone:
             log.info("%d requests waited past their queue_timeout and expired: %s", len(gone), gone)
         self._publish(now)
         if self._idle:
-            self.claims.set_idle(True, now)  # still idle: keep the entry fresh
+            self.membership.set_idle(True, now)  # still idle: keep the entry fresh
         self._next_beat = now + self.heartbeat_ms
 
     def _publish(self, now: int) -> None:
-        self.claims.heartbeat(self.describe(), now, ttl_s=max(3, 5 * self.heartbeat_ms // 1000))
+        self.membership.heartbeat(self.describe(), now, ttl_s=max(3, 5 * self.heartbeat_ms // 1000))
 
     def _note_idle(self, now: int) -> None:
         # idle means "any newcomer can land here": a free reserved slot would turn most away, and
@@ -248,7 +252,7 @@ class Worker:
         idle = self._lines_free() and any(s.is_free and not s.is_reserved for s in self.slots)
         if idle != self._idle:
             self._idle = idle
-            self.claims.set_idle(idle, now)
+            self.membership.set_idle(idle, now)
 
     def _lines_free(self) -> bool:
         return not any(s.phase is Phase.READING for s in self.slots)
@@ -300,7 +304,7 @@ class Worker:
                 self.blame = None
 
     def _idle_elsewhere(self, now: int) -> bool:
-        return self.claims.idle_elsewhere(now, within_ms=3 * self.heartbeat_ms)
+        return self.membership.idle_elsewhere(now, within_ms=3 * self.heartbeat_ms)
 
     def _give_way(self, parked: Slot, to: Slot, out: StepOutput) -> None:
         parked.yields += 1

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from queues.server import REDIS_URL_ALIASES, redis_cluster_field
+from queues.settings import REDIS_URL_ALIASES, redis_cluster_field
 from workers.scheduler import Policy, Reserve
 
 

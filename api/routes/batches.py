@@ -19,7 +19,8 @@ from api.deps import KeyDep, ServicesDep
 from api.generation import check_key_may_use
 from api.priority import resolve_priority
 from batches import lines
-from queues.batches import BatchNotFound, BatchStatus, submit_job
+from batches.handoff import submit_job
+from queues.batches import BatchNotFound, BatchStatus
 from shapes.answers import ENDPOINTS
 from shapes.errors import ApiError
 

@@ -18,7 +18,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from api.deps import REPLICA_HEADER, ServicesDep
-from queues.metrics import queue_health
+from queues.membership import queue_health
 
 router = APIRouter(tags=["health"])
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from api.deps import KeyDep, ServicesDep
-from queues.metrics import live_workers
+from queues.membership import live_workers
 from shapes.errors import ApiError
 from shapes.responses import ModelCard, ModelList
 

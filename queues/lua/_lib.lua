@@ -5,7 +5,13 @@ event (if any) is appended, it is counted once in the metrics hash, and it is ke
 expire: a waiting request's queue deadline passed before any worker claimed it: it leaves the
 queue and the deadlines set, ends `expired` with a queue_timeout error event, is counted as
 requests:<p>:expired, and is kept `ttl` s.
-overdue: the request waits for its first claim and its queue deadline is at or before `now`. ]]
+overdue: the request waits for its first claim and its queue deadline is at or before `now`.
+cancelled_event: the last event of a request its client cancelled, the one definition of it
+(cancel.lua, finish.lua, requeue.lua). ]]
+local function cancelled_event()
+  return {'type', 'error', 'message', 'cancelled', 'code', 'cancelled'}
+end
+
 local function owns(req, worker, claim_seq)
   local h = redis.call('HMGET', req, 'status', 'worker', 'claim_seq')
   return h[1] == 'running' and h[2] == worker and h[3] == claim_seq

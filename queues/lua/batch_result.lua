@@ -1,13 +1,18 @@
 --[[ batch_result: one line of a batch gets its result, once.
-KEYS[1] batch results hash   KEYS[2] batch hash
-ARGV[1] line number   ARGV[2] the result: one JSON line of the output or error file
-ARGV[3] the count to raise: 'completed', 'failed', or '' (a line the batch never ran)
-Returns 1 when recorded, 0 when the line already had a result (a restarted job met it again):
-a line is counted and written exactly once however often its job is restarted. ]]
-if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then
-  return 0
+KEYS: batch results hash, batch hash
+ARGV: line number, the result (one JSON line of the output or error file), the count to raise
+  ('completed', 'failed', or '' for a line the batch never ran)
+Returns (LineResult) RECORDED, or ALREADY when the line already had a result (a
+restarted job met it again): a line is counted and written exactly once however often its job
+is restarted. ]]
+local results, batch = KEYS[1], KEYS[2]
+local line, result, count = ARGV[1], ARGV[2], ARGV[3]
+local ALREADY, RECORDED = 0, 1
+
+if redis.call('HSETNX', results, line, result) == 0 then
+  return ALREADY
 end
-if ARGV[3] ~= '' then
-  redis.call('HINCRBY', KEYS[2], ARGV[3], 1)
+if count ~= '' then
+  redis.call('HINCRBY', batch, count, 1)
 end
-return 1
+return RECORDED

@@ -1,26 +1,28 @@
 --[[ cancel: the client is gone (or asked to stop). A waiting request leaves the queue at once;
 a running one is marked, and its worker frees the slot at its next step (it reads the status).
 Moves: waiting -> cancelled
-KEYS[1] waiting zset   KEYS[2] request hash   KEYS[3] output stream   KEYS[4] deadlines zset
-ARGV[1] now (ms)   ARGV[2] retention (s)   ARGV[3] id
+KEYS: waiting zset, request hash, output stream, deadlines zset
+ARGV: now (ms), retention (s), request id
 Returns the status the request had: 'waiting', 'running', or the final status it already had
-('' when unknown). ]]
-local status = redis.call('HGET', KEYS[2], 'status')
+('' when unknown): queues/scripts.py reads it as a RequestStatus (None for ''). ]]
+local waiting, req, out, deadlines = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local now, ttl, id = ARGV[1], ARGV[2], ARGV[3]
+
+local status = redis.call('HGET', req, 'status')
 if not status then
   return ''
 end
 if status == 'waiting' then
-  redis.call('ZREM', KEYS[1], redis.call('HGET', KEYS[2], 'member'))
+  redis.call('ZREM', waiting, redis.call('HGET', req, 'member'))
   -- its queue deadline no longer matters; the sweep would drop it too, one heartbeat later
-  redis.call('ZREM', KEYS[4], ARGV[3])
-  redis.call('HSET', KEYS[2], 'status', 'cancelled', 'finished_ms', ARGV[1])
-  redis.call('XADD', KEYS[3], '*', 'type', 'error', 'message', 'cancelled', 'code', 'cancelled')
-  local ttl = tonumber(ARGV[2])
-  if ttl > 0 then
-    redis.call('EXPIRE', KEYS[2], ttl)
-    redis.call('EXPIRE', KEYS[3], ttl)
+  redis.call('ZREM', deadlines, id)
+  redis.call('HSET', req, 'status', 'cancelled', 'finished_ms', now)
+  redis.call('XADD', out, '*', unpack(cancelled_event()))
+  if tonumber(ttl) > 0 then
+    redis.call('EXPIRE', req, ttl)
+    redis.call('EXPIRE', out, ttl)
   end
 elseif status == 'running' then
-  redis.call('HSET', KEYS[2], 'cancel_requested_ms', ARGV[1])
+  redis.call('HSET', req, 'cancel_requested_ms', now)
 end
 return status

@@ -3,24 +3,28 @@ once the worker has the prompt, and recorded by the step's report (report.lua). 
 its queue deadline is never claimed: it expires here instead (so a worker racing the sweep
 cannot take it), and the caller reads the new head.
 Moves: waiting -> running, waiting -> expired
-KEYS[1] waiting zset   KEYS[2] running zset   KEYS[3] request hash   KEYS[4] claim counter
-KEYS[5] deadlines zset   KEYS[6] output stream   KEYS[7] metrics hash
-ARGV[1] member (as read from the head of waiting)   ARGV[2] id   ARGV[3] worker id
-ARGV[4] now (ms)   ARGV[5] lease deadline (ms)   ARGV[6] retention (s) of an expired request
-Returns the request hash as a flat list; nil when another worker took the member first; 0 when
-it expired here. ]]
-if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  return nil
+KEYS: waiting zset, running zset, request hash, claim counter, deadlines zset, output stream,
+  metrics hash
+ARGV: member (as read from the head of waiting), request id, worker id, now (ms),
+  lease deadline (ms), retention (s) of an expired request
+Returns {result} or {CLAIMED, the request hash as a flat list}; result (ClaimResult):
+GONE another worker took the member first, EXPIRED its queue deadline passed (it expired here). ]]
+local waiting, running, req, claims, deadlines, out, metrics = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local member, id, worker, now, lease_deadline, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local GONE, CLAIMED, EXPIRED = 0, 1, 2
+
+if not redis.call('ZSCORE', waiting, member) then
+  return {GONE}
 end
-if overdue(KEYS[3], ARGV[4]) then
-  expire(KEYS[1], KEYS[5], KEYS[3], KEYS[6], KEYS[7], ARGV[2], ARGV[4], tonumber(ARGV[6]))
-  return 0
+if overdue(req, now) then
+  expire(waiting, deadlines, req, out, metrics, id, now, tonumber(ttl))
+  return {EXPIRED}
 end
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('ZREM', KEYS[5], ARGV[2])
-redis.call('ZADD', KEYS[2], ARGV[5], ARGV[2])
-redis.call('HSET', KEYS[3], 'status', 'running', 'worker', ARGV[3], 'slot', '', 'claimed_ms', ARGV[4])
-redis.call('HINCRBY', KEYS[3], 'attempts', 1)
+redis.call('ZREM', waiting, member)
+redis.call('ZREM', deadlines, id)
+redis.call('ZADD', running, lease_deadline, id)
+redis.call('HSET', req, 'status', 'running', 'worker', worker, 'slot', '', 'claimed_ms', now)
+redis.call('HINCRBY', req, 'attempts', 1)
 -- the model's n-th claim: the order in which requests got slots, across all workers
-redis.call('HSET', KEYS[3], 'claim_seq', redis.call('INCR', KEYS[4]))
-return redis.call('HGETALL', KEYS[3])
+redis.call('HSET', req, 'claim_seq', redis.call('INCR', claims))
+return {CLAIMED, redis.call('HGETALL', req)}

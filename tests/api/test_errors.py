@@ -6,7 +6,7 @@ import time
 import httpx
 import pytest
 
-from queues.claims import Claims
+from queues.membership import Membership
 from queues.worker_state import WorkerState
 
 CHAT = "/v1/chat/completions"
@@ -105,7 +105,7 @@ def test_unknown_route_and_method_use_the_same_shape(http):
 def test_models_lists_the_served_model(http, redis_client):
     assert http.get("/v1/models").json() == {"object": "list", "data": []}  # no worker yet
     assert_error(http.get("/v1/models/tiny"), 404, code="model_not_found")
-    Claims(redis_client, "tiny", "w1").heartbeat(WorkerState(slots_total=1), int(time.time() * 1000), ttl_s=10)
+    Membership(redis_client, "tiny", "w1").heartbeat(WorkerState(slots_total=1), int(time.time() * 1000), ttl_s=10)
     body = http.get("/v1/models").json()
     assert body["object"] == "list"
     assert [m["id"] for m in body["data"]] == ["tiny"]

@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from queues.claims import Claims
+from queues.membership import Membership
 from queues.records import Done
 from queues.worker_state import WorkerState
 from tests.api.conftest import MODEL
@@ -20,7 +20,7 @@ def ask(base: str, prompt: str, max_tokens: int | None = None) -> httpx.Response
 
 
 def test_a_prompt_that_fits_the_api_but_not_the_live_workers_is_refused(start_api, redis_client, worker):
-    Claims(redis_client, MODEL, "small").heartbeat(WorkerState(ctx=32), int(time.time() * 1000), ttl_s=30)
+    Membership(redis_client, MODEL, "small").heartbeat(WorkerState(ctx=32), int(time.time() * 1000), ttl_s=30)
     base = start_api(ctx=64)
     r = ask(base, "x" * 40)  # 40 tokens: room under --ctx 64, none on a worker of 32
     assert r.status_code == 400, r.text
@@ -29,7 +29,7 @@ def test_a_prompt_that_fits_the_api_but_not_the_live_workers_is_refused(start_ap
 
 
 def test_the_answer_is_cut_to_what_the_workers_can_hold(start_api, redis_client, worker):
-    Claims(redis_client, MODEL, "small").heartbeat(WorkerState(ctx=32), int(time.time() * 1000), ttl_s=30)
+    Membership(redis_client, MODEL, "small").heartbeat(WorkerState(ctx=32), int(time.time() * 1000), ttl_s=30)
     base = start_api(ctx=64)
     answers: list[httpx.Response] = []
     asking = threading.Thread(target=lambda: answers.append(ask(base, "x" * 20, max_tokens=30)))
@@ -48,7 +48,7 @@ def test_without_a_live_worker_the_api_uses_its_own_ctx(start_api, worker):
 
 
 def test_the_api_ctx_stays_a_cap_beside_larger_workers(start_api, redis_client, worker):
-    Claims(redis_client, MODEL, "big").heartbeat(WorkerState(ctx=4096), int(time.time() * 1000), ttl_s=30)
+    Membership(redis_client, MODEL, "big").heartbeat(WorkerState(ctx=4096), int(time.time() * 1000), ttl_s=30)
     base = start_api(ctx=64)
     r = ask(base, "x" * 70)
     assert r.status_code == 400 and "context is 64 tokens" in r.json()["error"]["message"]

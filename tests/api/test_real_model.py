@@ -10,7 +10,7 @@ import pytest
 
 from engine.files import resolve_model_path
 from engine.tokenizer import Tokenizer
-from queues.claims import Claims
+from queues.membership import Membership
 from queues.worker_state import WorkerState
 from queues.records import Done, Token
 from tests.api.conftest import Worker
@@ -27,7 +27,7 @@ def test_real_tokenizer_and_openai_client(start_api, redis_client, tokenizer):
     base = start_api(tokenizer=tokenizer, served_model_name=None, ctx=2048)
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
     # a live worker's heartbeat: /v1/models lists only models someone serves
-    Claims(redis_client, "SmolLM2-135M-Instruct", "w1").heartbeat(WorkerState(), int(time.time() * 1000), ttl_s=10)
+    Membership(redis_client, "SmolLM2-135M-Instruct", "w1").heartbeat(WorkerState(), int(time.time() * 1000), ttl_s=10)
     assert [m.id for m in client.models.list()] == ["SmolLM2-135M-Instruct"]
     worker = Worker(redis_client, "SmolLM2-135M-Instruct")
 

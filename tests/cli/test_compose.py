@@ -24,7 +24,8 @@ from api.settings import ApiSettings
 from batches.settings import BatchWorkerSettings
 from engine.files import cache_folder, resolve_model_path, served_model_name
 from queues.keys import Keys
-from queues.server import environ_without_settings, free_port, server_binary
+from queues.server import free_port, server_binary
+from queues.settings import environ_without_settings
 from strata.cli import ServeCommand, Strata
 from tests.processes import system_binary
 from workers.settings import WorkerSettings

@@ -25,7 +25,7 @@ def test_the_backlog_in_service_order_and_the_workers_read(redis_url, redis_clie
     worker.step()
     for rid, priority, length in [("battery-1", -10, 30), ("alert", 9, 12), ("agent", 0, 50), ("battery-2", -10, 31)]:
         submit(rid, priority=priority, prompt_len=length)
-    worker.claims.set_idle(False, worker.clock())
+    worker.membership.set_idle(False, worker.clock())
     worker._maintain(worker.clock())
     out = run_queues("--redis-url", redis_url)
     lines = out.splitlines()

@@ -25,7 +25,8 @@ from redis.crc import key_slot
 
 from queues.connect import connect
 from queues.keys import Keys, models_key
-from queues.server import environ_without_settings, free_port, server_binary
+from queues.server import free_port, server_binary
+from queues.settings import environ_without_settings
 from tests import processes
 from tests.e2e.conftest import MODEL, healthy, sse, start, stop, wait_until
 

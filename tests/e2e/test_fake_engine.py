@@ -18,7 +18,8 @@ from engine.fake import FakeDecoder, FakeEngine
 from engine.files import default_model_path
 from engine.protocol import SamplingParams
 from engine.tokenizer import Tokenizer
-from queues.server import environ_without_settings, free_port
+from queues.server import free_port
+from queues.settings import environ_without_settings
 from tests.e2e.conftest import MODEL, healthy, sse, wait_until
 
 MESSAGES = [{"role": "user", "content": "Say hello."}]

@@ -21,7 +21,8 @@ import pytest
 import redis
 
 from queues.keys import Keys
-from queues.server import environ_without_settings, free_port, terminate
+from queues.server import free_port, terminate
+from queues.settings import environ_without_settings
 from tests.e2e.conftest import MODEL, healthy, sse, wait_until
 
 pytestmark = pytest.mark.smollm2

@@ -17,7 +17,8 @@ import httpx
 import pytest
 import yaml
 
-from queues.server import environ_without_settings, free_port
+from queues.server import free_port
+from queues.settings import environ_without_settings
 from tests.e2e.conftest import MODEL, healthy, start, stop, wait_until
 from tests.processes import spawn, system_binary
 

@@ -11,7 +11,8 @@ import httpx
 import pytest
 import redis
 
-from queues.server import environ_without_settings, free_port
+from queues.server import free_port
+from queues.settings import environ_without_settings
 from tests.e2e.conftest import MODEL, healthy, wait_until
 
 pytestmark = pytest.mark.smollm2

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from api.keys import KeysFileError, load_keys
-from queues.claims import Claims
+from queues.membership import Membership
 from queues.worker_state import WorkerState
 from queues.keys import Keys
 from tests.operate.conftest import MODEL
@@ -89,7 +89,7 @@ def test_missing_or_wrong_key_is_401(keyed):
 
 
 def test_a_key_sees_and_uses_only_its_models(keyed, redis_client):
-    Claims(redis_client, MODEL, "w1").heartbeat(WorkerState(), now_ms=int(time.time() * 1000), ttl_s=10)  # a live worker
+    Membership(redis_client, MODEL, "w1").heartbeat(WorkerState(), now_ms=int(time.time() * 1000), ttl_s=10)  # a live worker
     response = ask(keyed, BATTERY)
     assert response.status_code == 404 and error_code(response) == "model_not_found"
     battery = {"Authorization": f"Bearer {BATTERY}"}

@@ -159,10 +159,10 @@ def test_reserved_slots_total_and_busy_per_worker(start_api, redis_url, redis_cl
 
 
 def test_waiting_by_priority_with_aging_reads_the_priorities_not_the_scores(start_api, redis_url, redis_client, clock):
-    from queues.claims import Claims
+    from queues.membership import Membership
 
     http = start_api(clock=clock)
-    Claims(redis_client, MODEL, "w1").set_aging(1.0, clock())
+    Membership(redis_client, MODEL, "w1").set_aging(1.0, clock())
     for rid, priority in [("a", 0), ("b", 5), ("c", -3)]:
         enqueue(redis_url, clock, rid, priority=priority)
         clock.advance(4000)  # scores 0, -1, 11: nothing like -priority

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from queues.keys import Keys
+from queues.keys import Keys, Member
 from tests.operate.conftest import MODEL, make_worker, metric_samples
 
 K = Keys(MODEL)
@@ -41,7 +41,7 @@ def wait_until(check, clock) -> None:  # noqa: ANN001
 
 
 def waiting_ids(redis_client) -> list[str]:
-    return [m.partition(":")[2] for m in redis_client.zrange(K.waiting, 0, -1)]
+    return [Member.parse(m).id for m in redis_client.zrange(K.waiting, 0, -1)]
 
 
 def test_nobody_claims_it_in_time_408_and_counted(start_api, redis_client, clock):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from queues.batches import rq_url
+from batches.handoff import rq_url
 from queues.connect import cluster_nodes, is_cluster
 
 

@@ -10,6 +10,7 @@ from queues.claims import Claims, Held, Verdict
 from queues.intake import Intake
 from queues.keys import Keys
 from queues.lifecycle import RequestStatus
+from queues.membership import Membership
 from queues.records import Done, Token
 from queues.scripts import QueueError, QueueRefused
 from queues.worker_state import WorkerState
@@ -194,9 +195,10 @@ def test_claims_of_a_dead_worker_on_this_host_come_back_without_waiting_for_the_
     dead, frozen = Claims(redis_client, MODEL, "dead", lease_ms=60_000), Claims(redis_client, MODEL, "frozen")
     dead.claim(dead.head()[0], now_ms=0)
     frozen.claim(frozen.head()[0], now_ms=0)
-    dead.heartbeat(WorkerState(device="cpu"), now_ms=0, ttl_s=60)
+    Membership(redis_client, MODEL, "dead").heartbeat(WorkerState(device="cpu"), now_ms=0, ttl_s=60)
     heir = Claims(redis_client, MODEL, "heir")
     assert heir.reclaim_from_dead(lambda worker: worker == "dead", now_ms=5) == ["a"]
+    assert Membership(redis_client, MODEL, "heir").forget_dead(lambda worker: worker == "dead") == ["dead"]
     k = Keys(MODEL)
     assert [w.id for w in heir.head(3)] == ["a", "c"]  # its original place
     assert redis_client.hget(k.req("a"), "claims_lost") == "1"
@@ -206,10 +208,11 @@ def test_claims_of_a_dead_worker_on_this_host_come_back_without_waiting_for_the_
 
 def test_a_dead_worker_that_holds_nothing_leaves_the_workers_set(redis_url, redis_client):
     """Its leases ran out (and were requeued) before its heir looked: it still goes."""
-    gone, alive = Claims(redis_client, MODEL, "gone"), Claims(redis_client, MODEL, "alive")
+    gone, alive = Membership(redis_client, MODEL, "gone"), Membership(redis_client, MODEL, "alive")
     gone.heartbeat(WorkerState(device="cpu"), now_ms=0, ttl_s=60)
     alive.heartbeat(WorkerState(device="cpu"), now_ms=0, ttl_s=60)
-    assert alive.reclaim_from_dead(lambda worker: worker == "gone", now_ms=5) == []
+    assert Claims(redis_client, MODEL, "alive").reclaim_from_dead(lambda worker: worker == "gone", now_ms=5) == []
+    assert alive.forget_dead(lambda worker: worker == "gone") == ["gone"]
     k = Keys(MODEL)
     assert redis_client.zrange(k.workers, 0, -1) == ["alive"] and not redis_client.exists(k.worker("gone"))
 

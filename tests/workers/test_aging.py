@@ -13,7 +13,8 @@ import redis.asyncio as aioredis
 from engine.fake import VirtualClock
 from queues.claims import Claims
 from queues.intake import Intake
-from queues.keys import Keys
+from queues.keys import Keys, Member
+from queues.membership import Membership
 from queues.records import QueuedRequest
 from queues.scripts import QueueError, QueueRefused
 from tests.conftest import distinct_prompt
@@ -38,7 +39,7 @@ def enqueue(redis_url: str, clock: VirtualClock, rid: str, priority: int = 0, ma
 
 
 def queue(redis_client) -> list[tuple[str, float]]:
-    return [(m.partition(":")[2], s) for m, s in redis_client.zrange(K.waiting, 0, -1, withscores=True)]
+    return [(Member.parse(m).id, s) for m, s in redis_client.zrange(K.waiting, 0, -1, withscores=True)]
 
 
 def work_until(worker, clock: VirtualClock, ms: int) -> None:
@@ -54,7 +55,7 @@ def claim_order(redis_client, rids) -> list[str]:
 def test_the_score_is_age_over_s_minus_priority_and_zrange_is_service_order(redis_client, redis_url):
     clock = VirtualClock(now_ms=10_000)
     claims = Claims(redis_client, MODEL, "w1")
-    claims.set_aging(2.0, clock())  # the epoch: 10 000 ms
+    Membership(redis_client, MODEL, "w1").set_aging(2.0, clock())  # the epoch: 10 000 ms
     assert redis_client.hgetall(K.policy) == {"aging_s": "2.0", "aging_epoch_ms": "10000"}
     enqueue(redis_url, clock, "old-low", priority=0)   # 0/2 - 0 = 0
     clock.advance(3000)
@@ -72,7 +73,7 @@ def test_the_score_is_age_over_s_minus_priority_and_zrange_is_service_order(redi
 def test_a_requeued_request_goes_back_to_its_aged_place(redis_client, redis_url):
     clock = VirtualClock(now_ms=0)
     claims = Claims(redis_client, MODEL, "w1")
-    claims.set_aging(1.0, 0)
+    Membership(redis_client, MODEL, "w1").set_aging(1.0, 0)
     enqueue(redis_url, clock, "first", priority=0)
     clock.advance(500)
     enqueue(redis_url, clock, "second", priority=0)
@@ -85,7 +86,7 @@ def test_a_requeued_request_goes_back_to_its_aged_place(redis_client, redis_url)
 
 def test_shedding_counts_what_is_served_before_it_now(redis_client, redis_url):
     clock = VirtualClock(now_ms=0)
-    Claims(redis_client, MODEL, "w1").set_aging(1.0, 0)
+    Membership(redis_client, MODEL, "w1").set_aging(1.0, 0)
     for i in range(2):
         enqueue(redis_url, clock, f"low{i}", priority=0)
     clock.advance(10_000)
@@ -98,9 +99,8 @@ def test_shedding_counts_what_is_served_before_it_now(redis_client, redis_url):
 
 def test_without_aging_the_score_is_minus_priority_and_set_aging_none_turns_it_off(redis_client, redis_url):
     clock = VirtualClock(now_ms=7000)
-    claims = Claims(redis_client, MODEL, "w1")
-    claims.set_aging(3.0, 0)
-    assert claims.set_aging(None, 0) == 3.0
+    Membership(redis_client, MODEL, "w1").set_aging(3.0, 0)
+    assert Membership(redis_client, MODEL, "w1").set_aging(None, 0) == 3.0
     enqueue(redis_url, clock, "a", priority=2)
     clock.advance(10_000)
     enqueue(redis_url, clock, "b", priority=1)

@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 from engine.fake import VirtualClock
 from queues.claims import Claims, Waiting
 from queues.intake import Intake
-from queues.keys import Keys
+from queues.keys import Keys, Member
 from queues.records import QueuedRequest, parse_event
 from tests.conftest import distinct_prompt
 from tests.workers.conftest import MODEL, make_worker, run_until_idle
@@ -35,7 +35,7 @@ def enqueue(redis_url: str, clock: VirtualClock, rid: str, timeout_ms: int | Non
 
 def head(redis_client) -> Waiting:
     member, score = redis_client.zrange(K.waiting, 0, 0, withscores=True)[0]
-    return Waiting(member, member.partition(":")[2], int(-score), int(member.partition(":")[0]))
+    return Waiting.of(member, str(int(-score)))
 
 
 def last_event(redis_client, rid: str) -> dict:
@@ -66,7 +66,7 @@ def test_a_worker_racing_past_the_deadline_cannot_claim_it_it_expires(redis_clie
     assert "worker" not in h and "claim_seq" not in h
     event = parse_event(last_event(redis_client, "late"))
     assert (event.code, "0.3 s" in event.message) == ("queue_timeout", True)
-    assert [m.partition(":")[2] for m in redis_client.zrange(K.waiting, 0, -1)] == ["next"]
+    assert [Member.parse(m).id for m in redis_client.zrange(K.waiting, 0, -1)] == ["next"]
     assert redis_client.zcard(K.deadlines) == 0
     assert redis_client.hget(K.metrics, "requests:4:expired") == "1"
     assert 0 < redis_client.ttl(K.req("late")) <= 60
@@ -88,7 +88,7 @@ def test_the_sweep_expires_what_is_due_only_and_drops_stale_entries(redis_client
     assert claims.expire_overdue(100) == ["due"]
     assert redis_client.zrange(K.deadlines, 0, -1) == ["later"]  # claimed's entry dropped
     assert claims.expire_overdue(100_000) == ["later"]
-    assert [m.partition(":")[2] for m in redis_client.zrange(K.waiting, 0, -1)] == ["forever"]
+    assert [Member.parse(m).id for m in redis_client.zrange(K.waiting, 0, -1)] == ["forever"]
     assert redis_client.hget(K.req("claimed"), "status") == "running"
 
 

@@ -1,0 +1,116 @@
+"""Who serves a model: each worker's heartbeat and published state, its idle signal, the queue
+policy the workers publish, and the reads of all that (/health, /v1/models, the API's fit
+check). Claims on requests are queues/claims.py; this is the fleet they belong to."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import redis
+import redis.asyncio as aioredis
+
+from queues.keys import Keys, models_key
+from queues.records import text
+from queues.worker_state import WorkerState
+
+
+class Membership:
+    """One worker's membership of its model's fleet (sync client)."""
+
+    def __init__(self, client: redis.Redis, model: str, worker_id: str) -> None:
+        self.client = client
+        self.keys = Keys(model)
+        self.model = model
+        self.worker_id = worker_id
+
+    def heartbeat(self, state: WorkerState, now_ms: int, ttl_s: int) -> None:
+        k = self.keys
+        key = k.worker(self.worker_id)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.delete(key)
+        pipe.hset(key, mapping={**state.to_hash(), "heartbeat_ms": now_ms})
+        pipe.expire(key, ttl_s)
+        pipe.zadd(k.workers, {self.worker_id: now_ms})
+        pipe.zadd(models_key(), {self.model: now_ms})
+        pipe.execute()
+
+    def set_aging(self, aging_s: float | None, now_ms: int) -> float | None:
+        """Publish this worker's --aging-s for enqueue.lua (None: no aging); the epoch (the zero
+        of aged scores) is set once and kept, so scores stay comparable across restarts. Returns
+        the value there before (workers of one model should agree)."""
+        key = self.keys.policy
+        before = self.client.hget(key, "aging_s")
+        if aging_s is None:
+            self.client.hdel(key, "aging_s")
+        else:
+            self.client.hsetnx(key, "aging_epoch_ms", now_ms)
+            self.client.hset(key, "aging_s", repr(float(aging_s)))
+        return float(before) if before else None
+
+    def set_idle(self, idle: bool, now_ms: int) -> None:
+        if idle:
+            self.client.zadd(self.keys.idle, {self.worker_id: now_ms})
+        else:
+            self.client.zrem(self.keys.idle, self.worker_id)
+
+    def idle_elsewhere(self, now_ms: int, within_ms: int) -> bool:
+        """Another live worker has a free slot and free lines."""
+        others = self.client.zrangebyscore(self.keys.idle, now_ms - within_ms, "+inf")
+        return any(text(w) != self.worker_id for w in others)
+
+    def forget_dead(self, is_dead: Callable[[str], bool]) -> list[str]:
+        """Workers of the set known to be dead (same host, no such process) leave it, with their
+        hashes and idle entries; their claims are queues/claims.py `reclaim_from_dead`."""
+        dead = [w for w in (text(w) for w in self.client.zrange(self.keys.workers, 0, -1))
+                if w != self.worker_id and is_dead(w)]
+        for worker in dead:
+            self._forget(worker)
+        return dead
+
+    def leave(self) -> None:
+        """A clean stop: the worker's hash goes at once rather than when its TTL ends."""
+        self._forget(self.worker_id)
+
+    def _forget(self, worker_id: str) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.delete(self.keys.worker(worker_id))
+        pipe.zrem(self.keys.workers, worker_id)
+        pipe.zrem(self.keys.idle, worker_id)
+        pipe.execute()
+
+
+# ---- what the API reads of the fleet (asyncio client) -----------------------------------------
+
+
+async def known_models(client: aioredis.Redis) -> list[str]:
+    """Every model a worker ever served on this Redis."""
+    return [text(m) for m in await client.zrange(models_key(), 0, -1)]
+
+
+async def queue_health(client: aioredis.Redis, model: str) -> tuple[int, int | None]:
+    """(requests waiting, newest worker heartbeat in ms or None) for /health: one round trip."""
+    pipe = client.pipeline(transaction=False)
+    pipe.zcard(Keys(model).waiting)
+    pipe.zscore(models_key(), model)
+    waiting, beat = await pipe.execute()
+    return int(waiting), None if beat is None else int(beat)
+
+
+async def live_workers(client: aioredis.Redis, model: str, now_ms: int, within_ms: int) -> int:
+    """Workers of `model` with a heartbeat in the last `within_ms` (a worker that stopped
+    cleanly has left the set already)."""
+    return int(await client.zcount(Keys(model).workers, now_ms - within_ms, "+inf"))
+
+
+async def live_ctx(client: aioredis.Redis, model: str, now_ms: int, within_ms: int) -> int | None:
+    """The smallest ctx (tokens per slot) a live worker of `model` publishes; None when no live
+    worker has said. What fits on every worker fits wherever the request lands."""
+    k = Keys(model)
+    ids = await client.zrangebyscore(k.workers, now_ms - within_ms, "+inf")
+    if not ids:
+        return None
+    pipe = client.pipeline(transaction=False)
+    for wid in ids:
+        pipe.hget(k.worker(text(wid)), "ctx")
+    found = [int(c) for c in await pipe.execute() if c and text(c).isdigit() and int(c) > 0]
+    return min(found, default=None)
