@@ -1,27 +1,31 @@
 """The worker loop: admit into free slots, advance one read by a chunk (the lines), decode all
 decoding slots together, report the step to Redis, finish what ended. Decisions come from
-workers/scheduler.py; this file only carries them out."""
+workers/scheduler.py; what becomes of a sampled token is workers/acceptance.py; the fleet's
+upkeep once a heartbeat is workers/upkeep.py. This file carries them out, and keeps one
+request's failure, or Redis going away, from taking the worker down."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 from engine.protocol import Engine, SamplingParams
 from queues.claims import UNAVAILABLE, Claimed, Claims, Held, Verdict
 from queues.lifecycle import RequestStatus
 from queues.membership import Membership
-from queues.records import Done, Event, Failed, Token
+from queues.records import Event, Failed
 from queues.worker_state import WorkerState
 from workers import scheduler
+from workers.acceptance import accept
 from workers.slot import Phase, Slot
 from workers.text import Decoder, TextStream
+from workers.upkeep import Upkeep, describe
 
 log = logging.getLogger("strata.worker")
-
-RESERVED_LOOKAHEAD = 64  # with aging: how far down the queue a free reserved slot looks for its tier
 
 
 def wall_ms() -> int:
@@ -40,6 +44,26 @@ class StepOutput:
         if request.id not in self.held:
             self.held[request.id] = Held(request.id, slot.claim_seq, request.priority, slot.generated)
         return self.held[request.id]
+
+
+class SlotFailed(Exception):
+    """An error no targeted handler expected, raised while working on one slot: the step gives
+    that slot's claim back as lost (and the others' cleanly)."""
+
+    def __init__(self, slot: Slot) -> None:
+        super().__init__(f"slot {slot.index} ({slot.request.id if slot.request else 'free'})")
+        self.slot = slot
+
+
+@contextmanager
+def blamed_on(slot: Slot) -> Iterator[None]:
+    """Whatever breaks in here is about `slot`; Redis going away is about no one."""
+    try:
+        yield
+    except (SlotFailed, *UNAVAILABLE):
+        raise
+    except Exception as error:  # noqa: BLE001 - re-raised, naming its slot
+        raise SlotFailed(slot) from error
 
 
 class Worker:
@@ -65,19 +89,15 @@ class Worker:
         self.prefill_chunk = prefill_chunk
         self.policy = policy
         self.device = device
-        self.heartbeat_ms = heartbeat_ms
         self.idle_wait_s = idle_wait_s
         self.clock = clock
-        self.is_dead = is_dead  # another worker's id -> its process is known to be gone
+        self.upkeep = Upkeep(claims, self.membership, heartbeat_ms=heartbeat_ms, is_dead=is_dead)
         floors = scheduler.slot_floors(engine.num_slots, policy.reserve)
         self.slots = [Slot(i, min_priority=floor) for i, floor in enumerate(floors)]
         self.steps = 0
         self.give_ways = 0
         self.stopping = False
         self.current: Slot | None = None  # the read that holds the lines
-        self.blame: Slot | None = None  # the slot being worked on: whom an unexpected error is about
-        self._next_beat = 0
-        self._idle: bool | None = None
         self.redis_up = True
         self._dropped: list[tuple[str, int]] = []  # claims let go while Redis was away: handed back once it is back
 
@@ -112,11 +132,13 @@ class Worker:
         except UNAVAILABLE as error:
             self.forget(error)
             return False
-        except Exception:  # noqa: BLE001 - a bug the targeted handlers did not catch
-            culprit = self.blame
-            log.exception("step failed at %s; giving back the requests it held",
-                          culprit.request.id if culprit and culprit.request else "no one request")
-            self._abandon(culprit)
+        except SlotFailed as failed:
+            log.exception("step failed at %s; giving back the requests it held", failed)
+            self._abandon(failed.slot)
+            return False
+        except Exception:  # noqa: BLE001 - a bug the targeted handlers did not catch, about no one slot
+            log.exception("step failed; giving back the requests it held, all as suspects")
+            self._abandon(None)
             return False
 
     def _abandon(self, culprit: Slot | None) -> None:
@@ -160,8 +182,7 @@ class Worker:
         self._dropped += [(s.request.id, s.claim_seq) for s in self.slots if s.request]
         log.warning("Redis unavailable (%s); dropping %d requests until it is back", error, len(self._dropped))
         self._release_all()
-        self._idle = None  # say again, once Redis is back
-        self._next_beat = 0
+        self.upkeep.redis_lost()
 
     def stop(self) -> None:
         """Hand back whatever is still running; the next worker resumes it. With Redis gone the
@@ -183,8 +204,8 @@ class Worker:
             back = self.claims.give_back(self._dropped, now)
             log.info("Redis is back: handed back %d of the %d requests dropped", len(back), len(self._dropped))
             self._dropped = []
-        if now >= self._next_beat:
-            self._maintain(now)
+        if self.upkeep.due(now):
+            self.upkeep.run(now, self.describe())
         self.steps += 1
         out = StepOutput()
         self._admit(now, out)
@@ -193,22 +214,17 @@ class Worker:
             self._give_way(lines.gave_way, lines.read, out)
         if lines.read is not self.current:
             self.current = lines.read
-            self._publish(now)  # the read in progress is visible in the worker hash
+            self.upkeep.publish(self.describe(), now)  # the read in progress is visible in the worker hash
         decoding = scheduler.decoding(self.slots)  # before the read, so a slot never gets two tokens in one step
         early = Verdict(frozenset(), frozenset())
         if lines.read:
-            self.blame = lines.read
-            self._read_chunk(lines.read, out)
+            with blamed_on(lines.read):
+                self._read_chunk(lines.read, out)
             first = out.held.get(lines.read.request.id) if lines.read.request else None
-            if first and first.first_token and decoding:
-                # its first token goes out now, not after the others' decode step: an alert in a
-                # reserved slot then waits for its own read, not for a decode (one more round
-                # trip, only in the steps where a read ends beside decodes)
+            if scheduler.first_token_early(bool(first and first.first_token), decoding):
                 early = self.claims.report([out.held.pop(first.id)], self.clock())
-        self.blame = None
         if decoding:
             self._decode(decoding, out)
-        self.blame = None
         for slot in self.slots:
             if slot.request:
                 out.of(slot).generated = slot.generated
@@ -223,88 +239,33 @@ class Worker:
         for slot in self.slots:
             if slot.request and slot.request.id in verdict.cancelled:
                 self._finish(slot, None, RequestStatus.CANCELLED)
-        self._note_idle(now)
+        self.upkeep.note_idle(scheduler.is_idle(self.slots), now)
         return bool(lines.read or decoding)
 
-    # -- the parts --------------------------------------------------------------------------
-    def _maintain(self, now: int) -> None:
-        back = self.claims.requeue_expired(now)
-        if back:
-            log.warning("took back %d requests whose worker stopped renewing: %s", len(back), back)
-        back = self.claims.reclaim_from_dead(self.is_dead, now)
-        if back:
-            log.warning("took back %d requests of a dead worker on this host: %s", len(back), back)
-        self.membership.forget_dead(self.is_dead)
-        gone = self.claims.expire_overdue(now)
-        if gone:
-            log.info("%d requests waited past their queue_timeout and expired: %s", len(gone), gone)
-        self._publish(now)
-        if self._idle:
-            self.membership.set_idle(True, now)  # still idle: keep the entry fresh
-        self._next_beat = now + self.heartbeat_ms
-
-    def _publish(self, now: int) -> None:
-        self.membership.heartbeat(self.describe(), now, ttl_s=max(3, 5 * self.heartbeat_ms // 1000))
-
-    def _note_idle(self, now: int) -> None:
-        # idle means "any newcomer can land here": a free reserved slot would turn most away, and
-        # a busy worker that left its newcomer to us would then make it wait for nothing
-        idle = self._lines_free() and any(s.is_free and not s.is_reserved for s in self.slots)
-        if idle != self._idle:
-            self._idle = idle
-            self.membership.set_idle(idle, now)
-
-    def _lines_free(self) -> bool:
-        return not any(s.phase is Phase.READING for s in self.slots)
-
     def describe(self) -> WorkerState:
-        """The worker hash an operator reads with HGETALL."""
-        read = self.current if self.current and self.current.request else None
-        return WorkerState(
-            device=self.device,
-            ctx=self.engine.ctx,
-            slots_total=len(self.slots),
-            slots_busy=sum(not s.is_free for s in self.slots),
-            steps=self.steps,
-            give_ways=self.give_ways,
-            reading=read.request.id if read else "",
-            reading_priority=read.priority if read else None,
-            reading_prompt_tokens=len(read.tokens) if read else 0,
-            reading_progress=read.read_pos if read else 0,
-            reading_yields=read.yields if read else 0,
-            parked=[s.request.id for s in self.slots if s.is_parked],
-            reserved={s.index: s.min_priority for s in self.slots if s.is_reserved},
-            reserved_busy=sum(s.is_reserved and not s.is_free for s in self.slots),
-        )
+        """The worker hash an operator reads with HGETALL (workers/upkeep.py `describe`)."""
+        return describe(self.slots, self.current, device=self.device, ctx=self.engine.ctx, steps=self.steps,
+                        give_ways=self.give_ways)
 
+    # -- the parts --------------------------------------------------------------------------
     def _admit(self, now: int, out: StepOutput) -> None:
         while not self.stopping and any(s.is_free for s in self.slots):
             head = self.claims.head()
-            if not head:
+            pick = scheduler.pick_waiting(self.slots, head, self.policy)
+            if pick is None and scheduler.look_further(head, self.policy):
+                pick = scheduler.pick_waiting(self.slots, self.claims.head(scheduler.RESERVED_LOOKAHEAD), self.policy)
+            if pick is None:
                 return
-            pick = head[0]
-            if not scheduler.can_admit(self.slots, pick.priority):
-                # only reserved slots are free and the head is below them. Without aging the head
-                # has the highest priority: nobody behind qualifies. With aging an older, lower
-                # request may lead a higher one that a reserved slot admits: look further.
-                if self.policy.aging_s is None:
-                    return
-                pick = next((w for w in self.claims.head(RESERVED_LOOKAHEAD)
-                             if scheduler.can_admit(self.slots, w.priority)), None)
-                if pick is None:
-                    return
-            lines_busy = not self._lines_free()  # only then is another worker asked about (a round trip)
-            if not scheduler.admit_here(lines_busy, lines_busy and self._idle_elsewhere(now)):
+            lines_busy = not scheduler.lines_free(self.slots)  # only then is another worker asked about (a round trip)
+            if not scheduler.admit_here(lines_busy, lines_busy and self.upkeep.idle_elsewhere(now)):
                 return  # an idle worker takes it: nobody here gives way or waits for the lines
             claimed = self.claims.claim(pick, now)
             if claimed:
                 slot = scheduler.free_slot(self.slots, claimed.request.prompt, self.policy, claimed.request.priority)
-                self.blame = slot
-                self._start(slot, claimed, out)
-                self.blame = None
-
-    def _idle_elsewhere(self, now: int) -> bool:
-        return self.membership.idle_elsewhere(now, within_ms=3 * self.heartbeat_ms)
+                if slot is None:  # cannot be: pick_waiting saw a free slot admit it, and no one else takes slots
+                    raise RuntimeError(f"no free slot for {claimed.request.id} (priority {claimed.request.priority})")
+                with blamed_on(slot):
+                    self._start(slot, claimed, out)
 
     def _give_way(self, parked: Slot, to: Slot, out: StepOutput) -> None:
         parked.yields += 1
@@ -396,7 +357,7 @@ class Worker:
         if last:
             slot.phase = Phase.DECODING
             out.of(slot).first_token = True
-            self._accept(slot, token, out)
+            self._take(slot, [token], out)
 
     def _decode(self, slots: list[Slot], out: StepOutput) -> None:
         try:
@@ -407,35 +368,17 @@ class Worker:
                 out.ended.append((slot, Failed(f"engine error: {error}"), RequestStatus.FAILED))
             return
         for slot, new in zip(slots, tokens):
-            self.blame = slot
             try:
-                for token in new:  # more than one: a guess the step confirmed (engine/lookup.py)
-                    if not self._accept(slot, token, out):
-                        break  # ended: what came after its last token is dropped
+                self._take(slot, new, out)
             except Exception as error:  # noqa: BLE001 - e.g. its stop strings or text: this request only
                 log.exception("could not take tokens %s for %s", new, slot.request.id)
                 out.ended.append((slot, Failed(f"engine error: {error}"), RequestStatus.FAILED))
 
-    def _accept(self, slot: Slot, token: int, out: StepOutput) -> bool:
-        """A token was sampled for this slot: stream it and decide whether the request ends.
-        Returns whether it goes on."""
-        request = slot.request
-        slot.generated += 1
-        slot.last_token = token
-        if token in self.engine.eos_token_ids and not request.ignore_eos:
-            self._end(slot, "stop", out, tail=slot.text.flush())
-            return False
-        out.of(slot).tokens.append(Token(slot.text.push(token), [token]))
-        if slot.text.stopped:
-            self._end(slot, "stop", out)
-            return False
-        if slot.generated >= request.max_tokens or self.engine.position(slot.index) >= self.engine.ctx:
-            self._end(slot, "length", out, tail=slot.text.flush())
-            return False
-        return True
-
-    def _end(self, slot: Slot, reason: str, out: StepOutput, tail: str = "") -> None:
-        if tail:
-            out.of(slot).tokens.append(Token(tail, []))
-        done = Done(reason, len(slot.request.prompt), slot.generated)
-        out.ended.append((slot, done, RequestStatus.FINISHED))
+    def _take(self, slot: Slot, tokens: Sequence[int], out: StepOutput) -> None:
+        """Tokens sampled for this slot: streamed in the step's report; the request may end."""
+        taken = accept(slot, tokens, eos_token_ids=self.engine.eos_token_ids,
+                       context_full=self.engine.position(slot.index) >= self.engine.ctx)
+        if taken.events:
+            out.of(slot).tokens.extend(taken.events)
+        if taken.done:
+            out.ended.append((slot, taken.done, RequestStatus.FINISHED))

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Protocol, Sequence, TypeVar
 
 from workers.slot import Phase, Slot
+
+RESERVED_LOOKAHEAD = 64  # with aging: how far down the queue a free reserved slot looks for its tier
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,53 @@ def shared_prefix(cached: Sequence[int], prompt: Sequence[int]) -> int:
             break
         n += 1
     return n
+
+
+class Queued(Protocol):
+    @property
+    def priority(self) -> int: ...
+
+
+W = TypeVar("W", bound=Queued)
+
+
+def pick_waiting(slots: Sequence[Slot], waiting: Sequence[W], policy: Policy) -> W | None:
+    """Which of the waiting requests (the queue's head, in service order) a free slot takes now;
+    None: nobody. The head, if a free slot admits it. When only reserved slots are free and the
+    head is below them: without aging the head has the highest priority, so nobody behind
+    qualifies either; with aging an older, lower request may lead a higher one that a reserved
+    slot admits, so the first of `waiting` that one admits."""
+    for candidate in waiting:
+        if can_admit(slots, candidate.priority):
+            return candidate
+        if policy.aging_s is None:
+            return None
+    return None
+
+
+def look_further(head: Sequence[Queued], policy: Policy) -> bool:
+    """pick_waiting found nobody in `head`: is it worth reading RESERVED_LOOKAHEAD of the queue?
+    Only with aging (see pick_waiting), and only when the queue has more than was read."""
+    return policy.aging_s is not None and 0 < len(head) < RESERVED_LOOKAHEAD
+
+
+def lines_free(slots: Sequence[Slot]) -> bool:
+    """No prompt is being read: a newcomer's read would start at once."""
+    return not any(s.phase is Phase.READING for s in slots)
+
+
+def is_idle(slots: Sequence[Slot]) -> bool:
+    """What the worker tells the fleet as "idle": any newcomer can land here and read at once.
+    A free reserved slot does not count (it would turn most newcomers away), and a busy worker
+    that left its newcomer to us (admit_here) would then make it wait for nothing."""
+    return lines_free(slots) and any(s.is_free and not s.is_reserved for s in slots)
+
+
+def first_token_early(read_ended: bool, decoding: Sequence[Slot]) -> bool:
+    """A read that ended this step reports its first token at once, before the step's decode of
+    the other slots: an alert in a reserved slot then waits for its own read, not for a decode
+    too. One more round trip, only in the steps where a read ends beside decodes."""
+    return read_ended and bool(decoding)
 
 
 def admit_here(lines_busy: bool, idle_elsewhere: bool) -> bool:

@@ -26,7 +26,7 @@ def test_the_backlog_in_service_order_and_the_workers_read(redis_url, redis_clie
     for rid, priority, length in [("battery-1", -10, 30), ("alert", 9, 12), ("agent", 0, 50), ("battery-2", -10, 31)]:
         submit(rid, priority=priority, prompt_len=length)
     worker.membership.set_idle(False, worker.clock())
-    worker._maintain(worker.clock())
+    worker.upkeep.run(worker.clock(), worker.describe())
     out = run_queues("--redis-url", redis_url)
     lines = out.splitlines()
     order = [rid for line in lines for rid in ("alert", "agent", "battery-1", "battery-2") if f" {rid} " in line]
@@ -42,7 +42,8 @@ def test_the_backlog_in_service_order_and_the_workers_read(redis_url, redis_clie
 def test_it_finds_the_embedded_redis_of_a_running_serve(redis_url, redis_client, submit, tmp_path):
     (tmp_path / "redis.url").write_text(redis_url)
     submit("only", priority=1)
-    make_worker(redis_client, slots=0)._maintain(0)
+    idle = make_worker(redis_client, slots=0)
+    idle.upkeep.run(0, idle.describe())
     out = run_queues(env={"STRATA_DATA_DIR": str(tmp_path)})
     assert "fake: 1 waiting, 0 running" in out and " only " in out
 
@@ -62,6 +63,6 @@ def test_a_workers_reserved_slots_show(redis_url, redis_client, submit):
     submit("x", priority=0, prompt_len=12, max_tokens=20)
     submit("y", priority=0, prompt_len=12, max_tokens=20)
     worker.step()  # alert takes slot 0 (unreserved first), x waits: slots 1, 2 are kept for >= 10
-    worker._maintain(worker.clock())
+    worker.upkeep.run(worker.clock(), worker.describe())
     worker_line = next(line for line in run_queues("--redis-url", redis_url).splitlines() if "gpu1-worker" in line)
     assert "0/2 (1:>=10 2:>=10)" in worker_line and "1/3" in worker_line

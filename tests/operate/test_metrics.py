@@ -145,14 +145,14 @@ def test_reserved_slots_total_and_busy_per_worker(start_api, redis_url, redis_cl
     enqueue(redis_url, clock, "b", priority=0, max_tokens=50)
     enqueue(redis_url, clock, "c", priority=0, max_tokens=50)
     worker.step()
-    worker._publish(clock())
+    worker.upkeep.publish(worker.describe(), clock())
     live = metric_samples(http)
     assert value(live, "strata_worker_reserved_slots_total", worker="w1") == 2
     assert value(live, "strata_worker_reserved_slots_busy", worker="w1") == 0  # alert got slot 0
     assert value(live, "strata_requests_waiting", priority="0") == 2  # b, c: only reserved slots are free
     enqueue(redis_url, clock, "mid", priority=5, max_tokens=50)
     worker.step()
-    worker._publish(clock())
+    worker.upkeep.publish(worker.describe(), clock())
     live = metric_samples(http)
     assert value(live, "strata_worker_reserved_slots_busy", worker="w1") == 1
     assert value(live, "strata_worker_slots_busy", worker="w1") == 4 - 1

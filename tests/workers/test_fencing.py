@@ -77,14 +77,14 @@ def test_a_request_that_keeps_breaking_steps_fails_after_max_attempts(redis_clie
     """An error no handler expected: the step's claims go back as lost, the worker lives on; the
     request that causes it fails as worker_lost on its third claim, the others finish."""
     worker = make_worker(redis_client, slots=2)
-    read_chunk = worker._read_chunk
+    position = worker.engine.position
 
-    def breaks(slot, out):
-        if slot.request.id == "poison":
+    def breaks(slot: int) -> int:  # asked once the read of the prompt ends, outside any handler
+        if worker.slots[slot].request.id == "poison":
             raise KeyError("a bug")
-        return read_chunk(slot, out)
+        return position(slot)
 
-    worker._read_chunk = breaks
+    worker.engine.position = breaks
     submit("poison", priority=1, max_tokens=4)
     submit("fine", max_tokens=4)
     for _ in range(200):

@@ -137,7 +137,7 @@ def test_the_worker_hash_shows_slots_and_the_current_read(redis_client, submit):
     submit("long", priority=3, prompt_len=40)
     worker = make_worker(redis_client, slots=2, chunk=8)
     worker.step()
-    worker._maintain(worker.clock())
+    worker.upkeep.run(worker.clock(), worker.describe())
     h = redis_client.hgetall(K.worker("w1"))
     assert (h["slots_total"], h["slots_busy"], h["reading"]) == ("2", "1", "long")
     assert (h["reading_priority"], h["reading_prompt_tokens"], h["reading_progress"]) == ("3", "40", "8")

@@ -25,7 +25,7 @@ def test_the_readme_redis_cli_examples_show_the_live_queue(redis_url, redis_clie
     submit("running-one", priority=1, max_tokens=100)
     worker = make_worker(redis_client, slots=1, worker_id="w-readme")
     worker.step()
-    worker._maintain(worker.clock())
+    worker.upkeep.run(worker.clock(), worker.describe())
     for rid, priority in [("low", -5), ("alert", 9), ("normal", 0)]:
         submit(rid, priority=priority)
     base = Keys(MODEL).base

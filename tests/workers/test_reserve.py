@@ -87,7 +87,7 @@ def test_the_alert_takes_the_reserved_slot_while_the_battery_waits(redis_client,
     # battery's decode step in the same turn
     assert int(alert["first_token_ms"]) - arrived == 30
     assert worker.engine.calls[-1].kind == "decode" and worker.engine.calls[-1].at_ms == arrived + 40
-    worker._publish(worker.clock())
+    worker.upkeep.publish(worker.describe(), worker.clock())
     assert WorkerState.from_hash(redis_client.hgetall(K.worker("w1"))).reserved_busy == 1
 
     run_until_idle(worker)

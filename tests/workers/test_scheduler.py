@@ -80,8 +80,3 @@ def test_an_empty_groups_first_request_takes_its_slot_0():
     assert scheduler.free_slot(slots, [1, 2], Policy(batch_groups=2), priority=0).index == 2
     assert scheduler.free_slot(slots, [1, 2], Policy(batch_groups=2, slot_low_first=False), priority=0).index == 3
 
-
-def test_admission_leaves_a_newcomer_to_an_idle_worker():
-    assert scheduler.admit_here(lines_busy=False, idle_elsewhere=True)
-    assert scheduler.admit_here(lines_busy=True, idle_elsewhere=False)
-    assert not scheduler.admit_here(lines_busy=True, idle_elsewhere=True)
