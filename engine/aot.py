@@ -43,6 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from engine.model import CacheIndex, Transformer
+from engine.quants.blocks import QuantLinear
 from engine.weights import PackedLinear
 
 log = logging.getLogger(__name__)
@@ -52,8 +53,9 @@ _SOURCES = ("model.py", "weights.py", "aot.py")
 
 def head_inside(model: Transformer) -> bool:
     """Whether the packages hold the head too: not when it is oneDNN-prepacked (a bf16 head where
-    the int8 kernel is missing), which a graph cannot take as an input."""
-    return not isinstance(model.head, PackedLinear)
+    the int8 kernel is missing), which a graph cannot take as an input, nor the file's blocks
+    through engine/quants' C++ op (a K-quant head, `QuantLinear`)."""
+    return not isinstance(model.head, (PackedLinear, QuantLinear))
 
 
 def _tensors(owners: list[object]) -> list[tuple[object, str]]:

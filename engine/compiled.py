@@ -33,6 +33,7 @@ from torch import Tensor
 from engine import aot
 from engine.graphs import GraphedDecode, HeadOut, Record, record_cuda
 from engine.model import Block, CacheIndex, Transformer
+from engine.quants.blocks import QuantLinear
 from engine.weights import PackedLinear
 
 log = logging.getLogger(__name__)
@@ -66,10 +67,13 @@ def _layer(block: Block, x: Tensor, cos: Tensor, sin: Tensor, keys: Tensor, valu
 
 def compilable(model: Transformer) -> bool:
     """Whether the layers' linears can go into a graph: oneDNN's prepacked bf16 linear (bf16
-    without int4: --no-int4, Q8_0 and K-quant files) fails in inductor's lowering (an assertion
-    on its arguments). A TwoFormLinear's prepacked copy serves prefill only and does not count."""
-    return not any(isinstance(linear, PackedLinear) for block in model.layers
-                   for linear in (block.wqkv, block.wo, block.w_gate_up, block.w_down))
+    without int4: --no-int4, F16 files) fails in inductor's lowering (an assertion on its
+    arguments). The file's blocks through engine/quants' C++ op (`QuantLinear`, layers or a
+    K-quant head) decode eagerly too: not tried in a graph yet. A TwoFormLinear's prepacked copy
+    serves prefill only and does not count."""
+    return not isinstance(model.head, QuantLinear) and not any(
+        isinstance(linear, (PackedLinear, QuantLinear)) for block in model.layers
+        for linear in (block.wqkv, block.wo, block.w_gate_up, block.w_down))
 
 
 class CompiledDecode:

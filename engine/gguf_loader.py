@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from engine import rope
 from engine.gguf_file import GGUFFile, GGUFTensor
 from engine.model import ModelConfig
+from engine.quants import blocks as quants
 from engine.weights import DenseRows, Int4Blocks, RowTable
 
 # Architectures whose Q/K rows llama.cpp's converter permuted (HF -> interleaved RoPE pairs).
@@ -120,10 +121,25 @@ class GGUFModel:
             q, scale, offset = (unpermute_rope_rows(a, heads) for a in (q, scale, offset))
         return Int4Blocks(*(torch.from_numpy(np.ascontiguousarray(a)) for a in (q, scale, offset)))
 
+    def quant(self, name: str) -> quants.QuantBlocks | None:
+        """A matrix as the file's own blocks (rows in HF order), for `engine.quants`' kernels;
+        None for a type they do not take or when they are not built."""
+        tensor = self._tensors[name]
+        if len(tensor.shape) != 2 or not quants.shape_ok(tensor.qtype, tensor.shape[1]) or not quants.available():
+            return None
+        raw = tensor.rows()
+        heads = self._permuted_heads(name)
+        if heads:  # each row is whole blocks: the same row un-permutation as dense()
+            raw = unpermute_rope_rows(raw, heads)
+        return quants.QuantBlocks(torch.from_numpy(np.array(raw, copy=True)), tensor.qtype, tensor.shape[1])
+
     def rows(self, name: str) -> RowTable:
         tensor = self._tensors[name]
         if tensor.qtype in QuantRows.TYPES:
             return QuantRows(tensor)
+        blocks = self.quant(name)
+        if blocks is not None:  # K-quants, IQ quants, Q5_0/Q5_1: the file's blocks, not a dense copy
+            return quants.QuantRows(blocks)
         return DenseRows(self.dense(name))
 
     def _permuted_heads(self, name: str) -> int:

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from engine.quants.blocks import INT4_TYPES, INT8_HEAD_TYPES, QuantLinear, QuantRows
 from engine.rope import RopeScaling, tables
 from engine.weights import (
     DenseLinear, DenseRows, HeadBound, Int4Linear, Int8Linear, PackedLinear, RowTable, TwoFormLinear, WeightSource,
@@ -188,6 +189,7 @@ class Transformer(nn.Module):
         cpu_bf16 = device.type == "cpu" and dtype == torch.bfloat16
         use_int4 = int4 and cpu_bf16 and int4_available()
         use_packed = prepack and cpu_bf16 and can_prepack()
+        use_quant = cpu_bf16  # the file's blocks through engine/quants' kernels, where the source has them
         names = source.names()
 
         def vector(name: str) -> Tensor:
@@ -204,6 +206,10 @@ class Transformer(nn.Module):
                         return counted("int4+bf16-packed",
                                        TwoFormLinear(Int4Linear(fused, b), packed, PREFILL_PACKED_MIN_TOKENS))
                     return counted("int4", Int4Linear(fused, b))
+            if use_quant:
+                held = [source.quant(n) for n in parts]
+                if all(q is not None and (int4 or q.qtype not in INT4_TYPES) for q in held):
+                    return counted("quant", QuantLinear(held, b))  # type: ignore[arg-type]
             weight = torch.cat([source.dense(n) for n in parts]).to(dtype)
             if use_packed:
                 return counted("bf16-packed", PackedLinear(weight, b))
@@ -225,7 +231,7 @@ class Transformer(nn.Module):
             block.w_down = linear([p + "down"])
         head_name = "embed" if cfg.tie_embeddings or "output" not in names else "output"
         model.norm = vector("norm")
-        model.embed = source.rows("embed")
+        model.embed = rows_on(device, source, "embed")
         if dtype == torch.float32:
             weight = source.dense(head_name).to(device)
             model.head = DenseLinear(weight)
@@ -234,7 +240,17 @@ class Transformer(nn.Module):
         else:
             exact = source.dense(head_name)
             effective: Callable[[slice], Tensor]
-            if cpu_bf16 and int8_available() and int8_shape_ok(exact):
+            held = source.quant(head_name) if use_quant else None
+            if held is not None and held.qtype not in INT8_HEAD_TYPES:
+                # K-quant / IQ heads (Q6_K in Q4_K_M files): the file's blocks, one copy for the
+                # head and its exact rows (and the embedding, if tied); e_n = 0 in its bound
+                head = QuantLinear([held], slabs=False)
+                model.head, effective = head, head.dequantized
+                rows = QuantRows(held)
+                if head_name == "embed":
+                    model.embed = rows
+                model.head_rows = rows
+            elif cpu_bf16 and int8_available() and int8_shape_ok(exact):
                 head = Int8Linear(exact)
                 model.head, effective = head, head.dequantized
             else:
@@ -243,7 +259,8 @@ class Transformer(nn.Module):
                 effective = lambda rows: weight[rows].float()  # noqa: E731
             # cuBLAS may add split-K partial sums in bf16; allow a few such roundings there.
             model.head_bound = HeadBound(exact, effective, reduced_sums=4 if device.type == "cuda" else 0).to(device)
-            model.head_rows = model.embed if head_name == "embed" else source.rows(head_name)
+            if model.head_rows is None:
+                model.head_rows = model.embed if head_name == "embed" else rows_on(device, source, head_name)
             del exact, effective
         if isinstance(model.embed, nn.Module):
             model.embed.to(device)
@@ -355,6 +372,15 @@ class Transformer(nn.Module):
         rows, cols = candidates.nonzero(as_tuple=True)
         logits[rows, cols] = (h[rows] * self.head_rows(cols)).sum(-1)
         return logits
+
+
+def rows_on(device: torch.device, source: WeightSource, name: str) -> RowTable:
+    """The source's row table, unless it needs engine/quants' CPU op on another device (CUDA: the
+    dense rows, as before those types were kept as blocks)."""
+    rows = source.rows(name)
+    if device.type != "cpu" and isinstance(rows, QuantRows):
+        return DenseRows(source.dense(name))
+    return rows
 
 
 def rotate_half(x: Tensor) -> Tensor:

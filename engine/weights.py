@@ -10,6 +10,8 @@ copy of each matrix, in one of the forms below, chosen at load:
 - `Int4Linear`: the file's Q4_0/Q4_1 blocks as int4 (CPU), bf16 activations.
 - `TwoFormLinear`: int4 for decode, bf16 prepacked for prefill chunks (CPU).
 - `Int8Linear`: int8 per output row (CPU), bf16 activations: the vocabulary head.
+- `engine.quants.blocks.QuantLinear`: the file's Q8_0 / Q5_x / K-quant / IQ blocks as they are
+  (CPU), through the C++ kernels in engine/quants/.
 
 A low-precision head comes with a `HeadBound`: per-row constants that bound how far each of its
 logits can be from the float32 model's, so `Transformer.logits` knows which tokens to recompute.
@@ -17,11 +19,14 @@ logits can be from the float32 model's, so `Transformer.logits` knows which toke
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Callable, NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from engine.quants.blocks import QuantBlocks
 
 
 class Int4Blocks(NamedTuple):
@@ -49,6 +54,9 @@ class WeightSource(Protocol):
         """The file's own 4-bit blocks (HF row order), or None if the tensor is not Q4_0/Q4_1."""
 
     def rows(self, name: str) -> RowTable: ...
+
+    def quant(self, name: str) -> "QuantBlocks | None":
+        """The file's own blocks for engine.quants' kernels (engine/quants/blocks.py), or None."""
 
 
 class DenseRows(nn.Module):
@@ -79,6 +87,9 @@ class DictSource:
 
     def rows(self, name: str) -> RowTable:
         return DenseRows(self._weights[name])
+
+    def quant(self, name: str) -> None:
+        return None
 
 
 class DenseLinear(nn.Module):

@@ -1,0 +1,94 @@
+"""Build and load the quantized-matrix kernels (dequant.cpp, ops.cpp) as a torch op library.
+
+`make install` runs `python -m engine.quants.build`; a process that finds no library for the
+current sources (a checkout updated since) builds it then, once (~1 minute on 2 cores). g++ is
+called directly with torch's include and library folders (torch.utils.cpp_extension's lists), so
+neither ninja nor setuptools is needed. The library's name carries a hash of the sources, the
+flags and torch's version: a stale one is never loaded. Without a C++ compiler nothing is built
+and `load()` says why; the loader then dequantizes those types to bf16 as before."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).resolve().parent
+SOURCES = ("dequant.cpp", "ops.cpp")
+# dequant.cpp must not fuse a product and a sum (numpy rounds each): bit-exact unpacking.
+FLAGS = {"dequant.cpp": ["-ffp-contract=off"], "ops.cpp": ["-fopenmp"]}
+COMMON = ["-O3", "-std=c++20", "-fPIC", "-fno-math-errno"]
+BUILD_DIR = HERE / "_build"
+
+
+def _torch_flags() -> tuple[list[str], list[str]]:
+    from torch.utils.cpp_extension import include_paths, library_paths
+
+    abi = int(torch.compiled_with_cxx11_abi())
+    compile_flags = [f"-D_GLIBCXX_USE_CXX11_ABI={abi}"] + [f"-I{p}" for p in include_paths()]
+    libs = library_paths()
+    link = [f"-L{p}" for p in libs] + [f"-Wl,-rpath,{p}" for p in libs] + ["-lc10", "-ltorch_cpu", "-ltorch", "-fopenmp"]
+    return compile_flags, link
+
+
+def library_path() -> Path:
+    h = hashlib.sha1(torch.__version__.encode())
+    for name in SOURCES:
+        h.update((HERE / name).read_bytes())
+    h.update(repr((FLAGS, COMMON)).encode())
+    return BUILD_DIR / f"strata_quants-{h.hexdigest()[:12]}.so"
+
+
+def compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
+def build() -> Path:
+    """Compile the library if it is not there yet; its path."""
+    target = library_path()
+    if target.exists():
+        return target
+    cxx = compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler (g++) found: install one to keep K-quants/IQ quants quantized")
+    compile_flags, link = _torch_flags()
+    BUILD_DIR.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=BUILD_DIR) as tmp:
+        objects = []
+        for name in SOURCES:
+            obj = Path(tmp) / (name + ".o")
+            extra = compile_flags if name == "ops.cpp" else []
+            subprocess.run([cxx, *COMMON, *FLAGS[name], *extra, "-c", str(HERE / name), "-o", str(obj)], check=True)
+            objects.append(str(obj))
+        out = Path(tmp) / target.name
+        subprocess.run([cxx, "-shared", *objects, "-o", str(out), *link], check=True)
+        out.replace(target)  # whole or absent, even with several workers building at once
+    return target
+
+
+@cache
+def load() -> str | None:
+    """Load the ops into torch.ops.strata_quants (building them if needed). None on success,
+    else why they are not available."""
+    try:
+        torch.ops.load_library(str(build()))
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
+        log.warning("quantized-matrix kernels unavailable (%s): those GGUF types are dequantized to bf16", e)
+        return str(e)
+    return None
+
+
+if __name__ == "__main__":
+    path = build()
+    torch.ops.load_library(str(path))
+    print(f"built {path}", file=sys.stderr)
