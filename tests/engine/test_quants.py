@@ -8,6 +8,8 @@ greedy tokens."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 import torch
@@ -97,18 +99,27 @@ def test_a_row_of_a_batch_does_not_depend_on_its_neighbours():
 DIM, HIDDEN, LAYERS, HEADS, KV, VOCAB = 256, 512, 2, 4, 2, 320
 
 
-def mix(name: str):
-    """tensor name -> type, after llama.cpp's recipes (Q4_K_M: v and down of the first half of the
-    layers in Q6_K, the rest Q4_K; the output Q6_K), on a model whose widths are multiples of 256."""
+def more_bits(layer: int, layers: int) -> bool:
+    """The layers whose v and down llama.cpp's K-quant mixes keep in more bits: the first and
+    last eighth and every third between."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
+def mix(name: str, layers: int = LAYERS):
+    """tensor name -> type, after llama.cpp's recipes (Q4_K_M: v and down of `more_bits` layers in
+    Q6_K, the rest Q4_K; the output Q6_K; Q4_0: all Q4_0 but the output, Q6_K), on a model whose
+    widths are multiples of 256."""
     def pick(tensor: str) -> Q:
         if tensor.endswith("norm.weight"):
             return Q.F32
-        first_half = tensor.startswith("blk.0.")
-        sensitive = tensor.endswith(("attn_v.weight", "ffn_down.weight")) and first_half
+        layer = int(tensor.split(".")[1]) if tensor.startswith("blk.") else -1
+        sensitive = tensor.endswith(("attn_v.weight", "ffn_down.weight")) and more_bits(layer, layers)
         if name == "Q4_K_M":
             return Q.Q6_K if tensor == "output.weight" or sensitive else Q.Q4_K
         if name == "Q5_K_M":
             return Q.Q6_K if tensor == "output.weight" or sensitive else Q.Q5_K
+        if name == "Q4_0":
+            return Q.Q6_K if tensor == "output.weight" else Q.Q4_0
         if name == "Q6_K":
             return Q.Q6_K
         if name == "Q8_0":
@@ -123,41 +134,53 @@ def mix(name: str):
     return pick
 
 
-def shapes() -> dict[str, tuple[int, int] | tuple[int]]:
-    out: dict[str, tuple[int, int] | tuple[int]] = {"token_embd.weight": (VOCAB, DIM), "output.weight": (VOCAB, DIM),
-                                                    "output_norm.weight": (DIM,)}
-    hd = DIM // HEADS
-    for i in range(LAYERS):
+@dataclass(frozen=True)
+class Shape:
+    dim: int = DIM
+    hidden: int = HIDDEN
+    layers: int = LAYERS
+    heads: int = HEADS
+    kv: int = KV
+    vocab: int = VOCAB
+
+
+def shapes(shape: Shape) -> dict[str, tuple[int, ...]]:
+    dim, vocab, hd = shape.dim, shape.vocab, shape.dim // shape.heads
+    out: dict[str, tuple[int, ...]] = {"token_embd.weight": (vocab, dim), "output.weight": (vocab, dim),
+                                       "output_norm.weight": (dim,)}
+    for i in range(shape.layers):
         p = f"blk.{i}."
-        out |= {p + "attn_norm.weight": (DIM,), p + "ffn_norm.weight": (DIM,), p + "attn_q.weight": (DIM, DIM),
-                p + "attn_k.weight": (KV * hd, DIM), p + "attn_v.weight": (KV * hd, DIM),
-                p + "attn_output.weight": (DIM, DIM), p + "ffn_gate.weight": (HIDDEN, DIM),
-                p + "ffn_up.weight": (HIDDEN, DIM), p + "ffn_down.weight": (DIM, HIDDEN)}
+        out |= {p + "attn_norm.weight": (dim,), p + "ffn_norm.weight": (dim,), p + "attn_q.weight": (dim, dim),
+                p + "attn_k.weight": (shape.kv * hd, dim), p + "attn_v.weight": (shape.kv * hd, dim),
+                p + "attn_output.weight": (dim, dim), p + "ffn_gate.weight": (shape.hidden, dim),
+                p + "ffn_up.weight": (shape.hidden, dim), p + "ffn_down.weight": (dim, shape.hidden)}
     return out
 
 
-def write_mix(path, name: str) -> int:
-    """A random model in that mix; returns the file's tensor bytes."""
+def write_mix(path, name: str, shape: Shape = Shape(), quantize_small: bool = True) -> int:
+    """A random model of that shape in that mix; returns the file's tensor bytes. Types gguf-py
+    quantizes are quantized from random weights (`quantize_small`; else random blocks, as for
+    the rest: quantizing a billion weights in numpy takes minutes)."""
     rng = np.random.default_rng(7)
-    pick = mix(name)
+    pick = mix(name, shape.layers)
     writer = GGUFWriter(path, "llama")
-    writer.add_block_count(LAYERS)
-    writer.add_context_length(512)
-    writer.add_embedding_length(DIM)
-    writer.add_feed_forward_length(HIDDEN)
-    writer.add_head_count(HEADS)
-    writer.add_head_count_kv(KV)
+    writer.add_block_count(shape.layers)
+    writer.add_context_length(4096)
+    writer.add_embedding_length(shape.dim)
+    writer.add_feed_forward_length(shape.hidden)
+    writer.add_head_count(shape.heads)
+    writer.add_head_count_kv(shape.kv)
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_vocab_size(VOCAB)
-    for tensor, shape in shapes().items():
+    writer.add_vocab_size(shape.vocab)
+    for tensor, dims in shapes(shape).items():
         qtype = pick(tensor)
         if qtype == Q.F32:
-            writer.add_tensor(tensor, (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32))
-        elif qtype in GGUF_QUANTIZES:
-            writer.add_tensor(tensor, gguf_quantize(rng.normal(0, 0.05, shape).astype(np.float32), qtype), raw_dtype=qtype)
+            writer.add_tensor(tensor, (1 + 0.1 * rng.standard_normal(dims)).astype(np.float32))
+        elif qtype in GGUF_QUANTIZES and quantize_small:
+            writer.add_tensor(tensor, gguf_quantize(rng.normal(0, 0.05, dims).astype(np.float32), qtype), raw_dtype=qtype)
         else:
-            writer.add_tensor(tensor, random_blocks(qtype, *shape, rng), raw_dtype=qtype)
+            writer.add_tensor(tensor, random_blocks(qtype, *dims, rng), raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -1,0 +1,95 @@
+"""Speed and memory of a GGUF kept as its blocks (engine/quants), on a random-weight model of a
+real shape (SmolLM2-1.7B's by default: 24 layers, dim 2048, hidden 8192, vocabulary 49 152),
+written in one of llama.cpp's mixes (tests/engine/test_quants.py's recipes):
+
+    .venv/bin/python -m bench.quant_speed --mix Q4_K_M [--batches 1 4] [--steps 8]
+
+Model level (no tokenizer, no worker), eager, CPU bf16 as `strata serve` builds it (int4 for
+Q4_0/Q4_1 matrices without their bf16 prefill copy, which alone would be 3.4 GB here: more than
+this shared machine gives one developer): decode tok/s at each batch size over ~200 cached
+tokens, prompt tok/s of one 512-token chunk, the weight bytes the model holds against the file's
+tensor bytes, and RSS. The file is written once under the temporary folder and reused. Random
+weights: speed only, the text means nothing. Not asserted; the cores are shared, so compare
+numbers measured in one run."""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from engine.gguf_loader import GGUFModel
+from engine.model import CacheIndex, Transformer
+from engine.quants.blocks import held_bytes
+from tests.engine.test_quants import Shape, write_mix
+
+SHAPES = {"smollm2-1.7b": Shape(dim=2048, hidden=8192, layers=24, heads=32, kv=32, vocab=49152),
+          "tiny": Shape()}
+CONTEXT, PROMPT = 200, 512
+
+
+def rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mix", default="Q4_K_M")
+    parser.add_argument("--shape", default="smollm2-1.7b", choices=sorted(SHAPES))
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 4])
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    path = Path(tempfile.gettempdir()) / "strata-bench-cache" / f"random-{args.shape}-{args.mix}.gguf"
+    path.parent.mkdir(exist_ok=True)
+    if not path.exists():
+        started = time.perf_counter()
+        write_mix(path.with_suffix(".tmp"), args.mix, SHAPES[args.shape], quantize_small=False)
+        path.with_suffix(".tmp").replace(path)
+        print(f"wrote {path} in {time.perf_counter() - started:.0f}s")
+    source = GGUFModel(path)
+    file_bytes = sum(t.data.nbytes for t in source.file.tensors.values())
+    started = time.perf_counter()
+    model = Transformer.build(source.config, source, dtype=torch.bfloat16, device=torch.device("cpu"),
+                              int4=True, prefill_bf16=False)
+    load_s = time.perf_counter() - started
+    held = held_bytes(model)
+    slots = max(args.batches)
+    model.allocate_cache(slots, CONTEXT + PROMPT + args.steps + 8)
+    print(f"{args.mix} {args.shape}: forms {model.forms}, load {load_s:.1f}s, held {held / 2**20:.0f} MiB "
+          f"/ file tensors {file_bytes / 2**20:.0f} MiB = {held / file_bytes:.3f}x, RSS {rss_mib():.0f} MiB")
+    gen = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for s in range(slots):  # ~200 tokens of context in every slot
+            ids = torch.randint(0, source.config.vocab_size, (1, CONTEXT), generator=gen)
+            model(ids, CacheIndex.for_slots([s], torch.arange(CONTEXT).unsqueeze(0), CONTEXT))
+        for batch in args.batches:
+            rows = list(range(batch))
+            tokens = torch.randint(0, source.config.vocab_size, (batch, 1), generator=gen)
+            times = []
+            for step in range(args.steps + 1):
+                pos = torch.full((batch, 1), CONTEXT + step)
+                started = time.perf_counter()
+                h = model(tokens, CacheIndex.for_slots(rows, pos, 256 * ((CONTEXT + step) // 256 + 1)))
+                tokens = model.logits(h).argmax(-1, keepdim=True)
+                times.append(time.perf_counter() - started)
+            per_step = sorted(times[1:])[len(times[1:]) // 2]
+            print(f"  decode B={batch}: {batch / per_step:.2f} tok/s ({per_step * 1000:.0f} ms a step, median of {args.steps})")
+        ids = torch.randint(0, source.config.vocab_size, (1, PROMPT), generator=gen)
+        start = CONTEXT + args.steps + 1
+        started = time.perf_counter()
+        model(ids, CacheIndex.for_slots([0], torch.arange(start, start + PROMPT).unsqueeze(0), start + PROMPT))
+        print(f"  prompt: {PROMPT / (time.perf_counter() - started):.1f} tok/s (one {PROMPT}-token chunk)")
+    print(f"  RSS after: {rss_mib():.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
