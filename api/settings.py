@@ -2,33 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from queues.settings import REDIS_URL_ALIASES, redis_cluster_field, rq_redis_url_field
+from queues.settings import CONFIG, ModelSettings, QueueLimits, RedisSettings, RqSettings
 
 
-class ApiSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="STRATA_", populate_by_name=True, extra="ignore")
+class ApiSettings(RedisSettings, QueueLimits, RqSettings, ModelSettings):
+    """The shared options (queues/settings.py), then the API's own."""
 
-    redis_url: str = Field(
-        "redis://127.0.0.1:6379/0",
-        validation_alias=REDIS_URL_ALIASES,
-        description="Redis (or Valkey) holding the queues; also read from plain REDIS_URL.",
-    )
-    redis_cluster: bool = redis_cluster_field()
-    rq_redis_url: str | None = rq_redis_url_field()
-    model: str | None = Field(
-        None, description="Model file (.gguf) or Hugging Face folder; empty = the bundled SmolLM2."
-    )
-    served_model_name: str | None = Field(
-        None, description="Name clients pass as `model`; empty = derived from the model file name."
-    )
-    data_dir: Path = Field(
-        Path("data"), description="Where a GGUF's converted tokenizer is cached (the worker's --data-dir: they share it)."
-    )
+    model_config = CONFIG
+
     host: str = Field("127.0.0.1", description="Address the HTTP server binds.")
     port: int = Field(8000, ge=0, le=65535, description="Port the HTTP server binds.")
     fd: int | None = Field(
@@ -36,18 +19,10 @@ class ApiSettings(BaseSettings):
         description="Accept on this listening socket, inherited from a supervisor (`strata serve --api-workers N` "
         "hands one to each replica), instead of binding host:port.",
     )
-    ctx: int = Field(2048, ge=2, description="Tokens per slot: prompt + answer must fit.")
     priority_min: int = Field(-100, description="Lowest priority; lower values are raised to it.")
     priority_max: int = Field(100, description="Highest priority; higher values are lowered to it.")
     default_max_tokens: int = Field(
         256, ge=1, description="Answer length when a request gives no max_tokens."
-    )
-    max_waiting: int = Field(
-        1000, ge=0,
-        description="Shed a request (429) when this many of its priority or higher already wait; 0 = never.",
-    )
-    queue_hard_limit: int = Field(
-        10000, ge=0, description="Shed every request when this many wait in all; 0 = no limit."
     )
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1, description="Largest request body (413 above).")
     retry_after_s: int = Field(1, ge=0, description="Retry-After seconds sent with a 429.")
@@ -59,10 +34,6 @@ class ApiSettings(BaseSettings):
         30.0, ge=0,
         description="An answer in progress waits this long for Redis to come back, then ends with an "
         "`unavailable` error event.",
-    )
-    retention_s: int = Field(3600, ge=0, description="How long finished request records stay in Redis.")
-    redis_connect_s: float = Field(
-        30.0, ge=0, description="How long startup keeps retrying to reach Redis."
     )
     keys_file: str | None = Field(
         None,

@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import CliPositionalArg, SettingsConfigDict
 
-from api.settings import ApiSettings
+from queues.settings import QueueLimits
 from workers.settings import WorkerSettings
 
 DEFAULT_PROFILE = Path("data/cost-profile.json")  # where `strata calibrate` writes by default
@@ -29,7 +29,7 @@ class CalibrateSettings(WorkerSettings):
     quick: bool = Field(False, description="a few points, one try each: seconds, for tests and a first look")
 
 
-class SimulateSettings(WorkerSettings):
+class SimulateSettings(WorkerSettings, QueueLimits):
     model_config = SettingsConfigDict(env_prefix="STRATA_", extra="ignore")
 
     workload: CliPositionalArg[Path] = Field(description="YAML or JSON file of traffic classes and/or recorded requests")
@@ -37,8 +37,6 @@ class SimulateSettings(WorkerSettings):
                                                    "if it exists, else the one measured on the development CPU")
     workers: int = Field(1, ge=1, description="simulated workers (one per GPU), each with --parallel slots")
     seed: int | None = Field(None, description="arrivals' seed; default the workload file's")
-    max_waiting: int = ApiSettings.model_fields["max_waiting"]
-    queue_hard_limit: int = ApiSettings.model_fields["queue_hard_limit"]
     ignore_priority: bool = Field(False, description="send every request at priority 0 (reported by its class's): "
                                                      "what the service does without priorities")
     compare: list[str] = Field([], description="run again on the same arrivals with these settings changed, side by "
@@ -74,6 +72,3 @@ class SimulateSettings(WorkerSettings):
                 changes[name] = value if value else None  # `aging_s=`: back to its default off
         data = self.model_dump(exclude={"compare"})
         return type(self).model_validate({**data, **changes, "compare": []})
-
-    def variant_name(self) -> str:
-        return ", ".join(self.compare)

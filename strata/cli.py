@@ -11,10 +11,13 @@ from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, CliApp, CliSubCommand, SettingsConfigDict
 
 from api.settings import ApiSettings
-from queues.settings import REDIS_URL_ALIASES, redis_cluster_field
+from queues.settings import REDIS_URL_ALIASES, RedisSettings, one_definition
 from simulate.settings import CalibrateSettings, SimulateSettings
 from strata.batch import BatchCommand, BatchWorkerCommand
 from workers.settings import WorkerSettings
+
+
+one_definition(WorkerSettings, ApiSettings)  # serve composes both: each shared option is queues/settings.py's
 
 
 class ServeCommand(WorkerSettings, ApiSettings):
@@ -27,7 +30,6 @@ class ServeCommand(WorkerSettings, ApiSettings):
         validation_alias=REDIS_URL_ALIASES,
         description="use this Redis; unset: start an embedded one with its data in --data-dir",
     )
-    data_dir: Path = Field(Path("data"), description="embedded Redis's append-only files and address")
     redis_fsync: Literal["always", "everysec"] = Field(
         "everysec", description="embedded Redis's appendfsync. Either way it writes its append-only file before it "
                                 "answers, so a killed Redis loses nothing; `always` also fsyncs first (a machine crash "
@@ -71,7 +73,7 @@ class QueuesCommand(BaseSettings):
         None, validation_alias=REDIS_URL_ALIASES,
         description="default: the embedded Redis of a running `strata serve` (see --data-dir)",
     )
-    redis_cluster: bool = redis_cluster_field()
+    redis_cluster: bool = RedisSettings.model_fields["redis_cluster"]
     data_dir: Path = Field(Path("data"), description="where a running `strata serve` recorded its Redis")
     watch: bool = Field(False, description="refresh until Ctrl-C")
     interval_s: float = Field(1.0, gt=0, description="refresh period with --watch")

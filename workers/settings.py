@@ -3,37 +3,29 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import NoDecode
 
-from queues.settings import REDIS_URL_ALIASES, redis_cluster_field
+from queues.settings import CONFIG, ModelSettings, RedisSettings
 from workers.scheduler import Policy, Reserve
 
 
-class WorkerSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="STRATA_", extra="ignore")
+class WorkerSettings(RedisSettings, ModelSettings):
+    """The shared options (queues/settings.py), then the worker's own."""
 
-    redis_url: str = Field(
-        "redis://127.0.0.1:6379/0",
-        validation_alias=REDIS_URL_ALIASES,
-        description="Redis the worker pulls requests from",
-    )
-    redis_cluster: bool = redis_cluster_field()
-    model: str | None = Field(None, description="GGUF file or Hugging Face folder; default SmolLM2-135M-Instruct")
+    model_config = CONFIG
+
     engine: Literal["torch", "fake"] = Field(
         "torch", description="torch: the model's weights; fake: no weights, deterministic tokens (' t7' per token) "
                              "that take --fake-read-ms-per-token and --fake-decode-ms-per-step of real time (load tests)")
     fake_read_ms_per_token: float = Field(0.05, ge=0, description="--engine fake: wall time per prompt token read")
     fake_decode_ms_per_step: float = Field(10.0, ge=0, description="--engine fake: wall time per decode step (all slots)")
-    served_model_name: str | None = Field(None, description="name clients use; default derived from the file")
     device: str = Field("cpu", description="cpu or cuda:N")
     dtype: str | None = Field(None, description="float32 or bfloat16; default bfloat16 on CUDA and for a quantized GGUF on the CPU, "
                                                 "else float32; float32 is the exact path (see docs/engine.md)")
     parallel: int = Field(4, ge=1, description="slots: requests decoded together")
-    ctx: int = Field(2048, ge=16, description="tokens per slot (prompt + answer)")
     prefill_chunk: int = Field(256, ge=1, description="tokens read per chunk; a chunk boundary is where a read can stop")
     prefill_preempt: bool = Field(True, description="a read may give way at a chunk boundary (rule 4)")
     yields_max: int = Field(2, ge=0, description="most times one read gives way")
@@ -56,14 +48,11 @@ class WorkerSettings(BaseSettings):
     prompt_lookup: bool = Field(True, description="CPU, 2+ slots: a one-row decode step also checks guesses of the next tokens from "
                                                   "the request's own text, several tokens a step when right, the same tokens "
                                                   "(docs/engine.md); off: one token a step")
-    data_dir: Path = Field(Path("data"), description="where the converted tokenizer and compiled code are cached")
     lease_ms: int = Field(15_000, ge=100, description="a claim not renewed for this long goes back to the queue")
     max_attempts: int = Field(3, ge=1, description="a request whose workers died this many times while running it fails (worker_lost)")
-    redis_connect_s: float = Field(20.0, gt=0, description="how long to wait at start for Redis to answer")
     heartbeat_s: float = Field(1.0, gt=0, description="how often the worker hash is refreshed")
     idle_wait_s: float = Field(0.5, gt=0, description="longest block on an empty queue")
     worker_id: str | None = Field(None, description="default host-pid-device")
-    retention_s: int = Field(3600, ge=0, description="how long a finished request's hash and stream stay")
 
     @field_validator("reserve", mode="before")
     @classmethod
