@@ -209,7 +209,7 @@ class Transformer(nn.Module):
             if use_quant:
                 held = [source.quant(n) for n in parts]
                 if all(q is not None and (int4 or q.qtype not in INT4_TYPES) for q in held):
-                    return counted("quant", QuantLinear(held, b))  # type: ignore[arg-type]
+                    return counted("quant", QuantLinear(held, b, int4=int4 and int4_available()))  # type: ignore[arg-type]
             weight = torch.cat([source.dense(n) for n in parts]).to(dtype)
             if use_packed:
                 return counted("bf16-packed", PackedLinear(weight, b))
