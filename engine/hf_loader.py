@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from engine import rope
+from engine.errors import ConfigError
 from engine.model import ModelConfig
 
 _SUPPORTED = {"llama", "mistral", "qwen2", "qwen3"}
@@ -35,7 +36,7 @@ def read_config(folder: str | Path) -> ModelConfig:
     raw = json.loads((Path(folder) / "config.json").read_text())
     model_type = raw.get("model_type", "llama")
     if model_type not in _SUPPORTED:
-        raise ValueError(f"unsupported model_type {model_type!r} (supported: {sorted(_SUPPORTED)})")
+        raise ConfigError(f"unsupported model_type {model_type!r} (supported: {sorted(_SUPPORTED)})")
     rope_theta, rope_scaling = rope.from_hf(raw)  # an unimplemented scaling is refused here
     dim = raw["hidden_size"]
     n_heads = raw["num_attention_heads"]

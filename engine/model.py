@@ -14,6 +14,7 @@ batch 1 every extra op is Python overhead that dominates the step.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from engine.memory import ensure_kv_fits
 from engine.quants.blocks import INT4_TYPES, INT8_HEAD_TYPES, QuantLinear, QuantRows
 from engine.rope import RopeScaling, tables
 from engine.weights import (
@@ -69,6 +71,16 @@ class ModelConfig:
     @property
     def kv_size(self) -> int:
         return self.n_kv_heads * self.head_dim
+
+    def kv_shape(self, num_slots: int, ctx: int) -> tuple[int, int, int, int]:
+        """One layer's K (or V) buffer. One spare position: a step's span (<= ctx) is then never the
+        buffer's whole length, which a compiled graph would otherwise specialize on (a contiguous
+        gather) and rebuild."""
+        return (num_slots, self.n_kv_heads, ctx + 1, self.head_dim)
+
+    def kv_cache_bytes(self, num_slots: int, ctx: int, dtype: torch.dtype) -> int:
+        """Every layer's K and V buffers together."""
+        return 2 * self.n_layers * math.prod(self.kv_shape(num_slots, ctx)) * dtype.itemsize
 
 
 @dataclass(frozen=True)
@@ -271,9 +283,9 @@ class Transformer(nn.Module):
     def allocate_cache(self, num_slots: int, ctx: int) -> None:
         """One K and one V buffer per layer (a single shared buffer made writes copy it whole)."""
         cfg = self.cfg
-        # One spare position: a step's span (<= ctx) is then never the buffer's whole length,
-        # which a compiled graph would otherwise specialize on (a contiguous gather) and rebuild.
-        shape = (num_slots, cfg.n_kv_heads, ctx + 1, cfg.head_dim)
+        shape = cfg.kv_shape(num_slots, ctx)
+        # refused before any buffer: zeros past the free memory allocate, and fail only when written
+        ensure_kv_fits(cfg.kv_cache_bytes(num_slots, ctx, self.cache_dtype), self.device, num_slots, ctx)
         for block in self.layers:
             block.k_cache = torch.zeros(shape, device=self.device, dtype=self.cache_dtype)
             block.v_cache = torch.zeros(shape, device=self.device, dtype=self.cache_dtype)

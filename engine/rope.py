@@ -32,10 +32,12 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor
 
+from engine.errors import ConfigError
+
 KINDS = ("default", "linear", "dynamic", "yarn", "llama3")
 
 
-class UnsupportedRope(ValueError):
+class UnsupportedRope(ConfigError):
     """A config declares a RoPE scaling this engine does not implement."""
 
 

@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
+from engine.errors import ConfigError
 from engine.files import is_gguf, resolve_model_path
 from engine.lookup import Lookup
+from engine.memory import ensure_kv_fits
 from engine.model import KV_BUCKET, CacheIndex, ModelConfig, Transformer
 from engine.protocol import SamplingParams, TokenLogprob
 from engine.sampling import SlotSampler, sample_tokens, score_prompt
@@ -271,9 +273,9 @@ def load_engine(
         torch.set_num_threads(threads)
     dev = torch.device(device)
     if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"unsupported device {device!r}: use 'cpu' or 'cuda:N'")
+        raise ConfigError(f"unsupported device {device!r}: use 'cpu' or 'cuda:N'")
     if dtype is not None and dtype not in _DTYPES:
-        raise ValueError(f"unsupported dtype {dtype!r} (use one of {sorted(_DTYPES)})")
+        raise ConfigError(f"unsupported dtype {dtype!r} (use one of {sorted(_DTYPES)})")
 
     started = time.perf_counter()
     path = resolve_model_path(model_path)
@@ -289,6 +291,9 @@ def load_engine(
         config, source, file_eos, quantized = (
             hf_loader.read_config(path), DictSource(hf_loader.load_weights(path)), [], False)
     torch_dtype = _DTYPES[dtype] if dtype is not None else default_dtype(dev, quantized)
+    # a KV cache that cannot fit even at 2 bytes a value is refused now, not after minutes of
+    # loading; the exact size is checked again once the weights are in (Transformer.allocate_cache)
+    ensure_kv_fits(config.kv_cache_bytes(num_slots, ctx, torch.bfloat16), dev, num_slots, ctx, at_least=True)
     tokenizer = Tokenizer.from_model_path(path, extra_eos_ids=file_eos, cache_dir=cache_dir, chat=False)
     engine = build_engine(config, source, tokenizer, num_slots=num_slots, ctx=ctx, device=dev,
                           dtype=torch_dtype, int4=int4, prefill_bf16=prefill_bf16)

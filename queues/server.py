@@ -74,7 +74,9 @@ class EmbeddedRedis:
             "--protected-mode", "yes",
         ]
         with open(self.data_dir / "redis.log", "ab") as log:
-            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+            # a process group of its own: a Ctrl-C in the terminal reaches `strata serve` and its
+            # workers, which still hand their requests back to this Redis; serve stops it last
+            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, process_group=0)
         client = redis.Redis.from_url(self.url)
         deadline = time.monotonic() + timeout_s
         try:

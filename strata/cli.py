@@ -11,9 +11,11 @@ from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, CliApp, CliSubCommand, SettingsConfigDict
 
 from api.settings import ApiSettings
+from engine.errors import ConfigError
 from queues.settings import REDIS_URL_ALIASES, RedisSettings, one_definition
 from simulate.settings import CalibrateSettings, SimulateSettings
 from strata.batch import BatchCommand, BatchWorkerCommand
+from strata.startup import fail
 from workers.settings import WorkerSettings
 
 
@@ -128,9 +130,19 @@ class Strata(BaseSettings):
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run one subcommand. A configuration that cannot work (a bad flag or STRATA_ variable, a model
+    path that is not there, an architecture the engine lacks, a port in use, a KV cache beyond the
+    free memory) is the operator's to fix: said in one line, exit code 2, no traceback. Ctrl-C ends
+    any command quietly (exit code 130), during start-up too."""
+    args = sys.argv[1:] if argv is None else argv
+    command = next((a for a in args if not a.startswith("-")), "")
     try:
-        CliApp.run(Strata, cli_args=sys.argv[1:] if argv is None else argv)
+        CliApp.run(Strata, cli_args=args)
     except ValidationError as error:
-        # a bad flag or STRATA_ variable is the operator's to fix: say which, without a traceback
-        lines = [f"  {'.'.join(map(str, e['loc'][1:])) or 'settings'}: {e['msg']}" for e in error.errors()]
-        sys.exit("strata: invalid configuration\n" + "\n".join(lines))
+        # which flag or variable, and what is wrong with it
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'][1:])) or 'settings'}: {e['msg']}" for e in error.errors())
+        fail(command, f"invalid configuration: {problems}")
+    except ConfigError as error:
+        fail(command, str(error))
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,9 +1,11 @@
 """`strata serve`: one command that serves a real model. Starts Redis if none is given, then the
-API and a worker as child processes; restarts a child that dies (the embedded Redis too); stops
-all on Ctrl-C/SIGTERM."""
+API and a worker as child processes; restarts a child that dies (the embedded Redis too), except
+one that says its configuration cannot work (exit code 2: then all stop); prints a banner once it
+answers (strata/startup.py); stops all on Ctrl-C/SIGTERM."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -15,8 +17,11 @@ import time
 from dataclasses import dataclass
 
 from engine.devices import parse_devices
+from engine.errors import ConfigError
+from engine.files import resolve_model_path, served_model_name
 from queues.connect import is_cluster
 from queues.server import EmbeddedRedis
+from strata.startup import FATAL_CONFIG, Banner, Readiness, client_url
 
 log = logging.getLogger("strata.serve")
 
@@ -51,49 +56,66 @@ def child_env(settings, redis_url: str) -> dict[str, str]:  # noqa: ANN001 - a S
 def listen(host: str, port: int) -> socket.socket:
     """The API's port, bound here once: every API replica accepts on this one socket (the kernel
     hands each connection to one of them), and it stays open while a replica restarts, so
-    connections wait in its backlog instead of being refused or reset."""
+    connections wait in its backlog instead of being refused or reset. In use: a ConfigError."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
+    try:
+        return socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            raise ConfigError(f"port {port} on {host} is in use (another strata serve?): pick another with --port") \
+                from None
+        raise ConfigError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
 
 
 def serve(settings) -> int:  # noqa: ANN001 - a ServeCommand
+    """Run until Ctrl-C/SIGTERM (0), or until a child exits with FATAL_CONFIG: then everything
+    stops and so does serve, with that code (a worker that cannot load its model would fail the
+    same way at every restart)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per readiness probe (Readiness)
     stopping = False
 
     def stop(_signum: int, _frame: object) -> None:
         nonlocal stopping
         stopping = True
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    listener = listen(settings.host, settings.port)  # first: a port in use stops us before anything started
-    redis_server = None
-    url = settings.redis_url
-    if not url:
-        redis_server = EmbeddedRedis(settings.data_dir, appendfsync=settings.redis_fsync).start()
-        url = redis_server.url
-        log.info("embedded Redis at %s, data in %s", url, settings.data_dir.resolve())
-    env = child_env(settings, url)
-    rq_server = None
-    if is_cluster(url, settings.redis_cluster) and not settings.rq_redis_url:
-        # RQ cannot run on a cluster (batches/handoff.py rq_url): its job hand-off gets a plain
-        # Redis of its own; the batches themselves stay in the cluster
-        rq_server = EmbeddedRedis(settings.data_dir / "rq").start()
-        env["STRATA_RQ_REDIS_URL"] = rq_server.url
-        log.info("Redis Cluster at %s; RQ's jobs in an embedded Redis at %s", url, rq_server.url)
-    python = sys.executable
-    children = [
-        Child(f"worker {device}", [python, "-m", "strata", "worker"], {**env, "STRATA_DEVICE": device})
-        for device in parse_devices(settings.devices)
-    ]
-    fd = listener.fileno()
-    children += [Child(f"api {n}" if settings.api_workers > 1 else "api", [python, "-m", "strata", "api"],
-                       {**env, "STRATA_FD": str(fd)}, pass_fds=(fd,)) for n in range(settings.api_workers)]
-    children.append(Child("batch-worker", [python, "-m", "strata", "batch-worker"], env))  # runs batches (RQ)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: its terminal closed
+        signal.signal(signum, stop)
+    # before anything starts: a model that is not there, a port in use
+    model_path = resolve_model_path(settings.model)
+    model = settings.served_model_name or served_model_name(model_path)
+    listener = listen(settings.host, settings.port)
+    code = 0
+    redis_server = rq_server = None
+    children: list[Child] = []
+    api = client_url(settings.host, settings.port)
     try:
+        url = settings.redis_url
+        if not url:
+            redis_server = EmbeddedRedis(settings.data_dir, appendfsync=settings.redis_fsync).start()
+            url = redis_server.url
+            log.info("embedded Redis at %s, data in %s", url, settings.data_dir.resolve())
+        env = child_env(settings, url)
+        if is_cluster(url, settings.redis_cluster) and not settings.rq_redis_url:
+            # RQ cannot run on a cluster (batches/handoff.py rq_url): its job hand-off gets a plain
+            # Redis of its own; the batches themselves stay in the cluster
+            rq_server = EmbeddedRedis(settings.data_dir / "rq").start()
+            env["STRATA_RQ_REDIS_URL"] = rq_server.url
+            log.info("Redis Cluster at %s; RQ's jobs in an embedded Redis at %s", url, rq_server.url)
+        python = sys.executable
+        workers = [Child(f"worker {device}", [python, "-m", "strata", "worker"], {**env, "STRATA_DEVICE": device})
+                   for device in parse_devices(settings.devices)]
+        fd = listener.fileno()
+        children = [*workers, *(
+            Child(f"api {n}" if settings.api_workers > 1 else "api", [python, "-m", "strata", "api"],
+                  {**env, "STRATA_FD": str(fd)}, pass_fds=(fd,)) for n in range(settings.api_workers))]
+        children.append(Child("batch-worker", [python, "-m", "strata", "batch-worker"], env))  # runs batches (RQ)
         for child in children:
-            child.start()
-        log.info("serving on http://%s:%d (Redis %s); Ctrl-C stops", settings.host, settings.port, url)
+            if not stopping:
+                child.start()
+        log.info("starting %s on %s; the API will be at %s (a banner says when it answers); Ctrl-C stops",
+                 model, ", ".join(w.name.removeprefix("worker ") for w in workers), api)
+        readiness: Readiness | None = Readiness(url, settings.redis_cluster, model, api)
         while not stopping:
             time.sleep(0.2)
             for server in (redis_server, rq_server):
@@ -106,11 +128,27 @@ def serve(settings) -> int:  # noqa: ANN001 - a ServeCommand
                     except RuntimeError:
                         log.exception("embedded Redis did not restart; trying again")
             for child in children:
-                code = child.exited()
-                if code is not None and not stopping:
-                    log.warning("%s exited with %s; restarting in %.1fs", child.name, code, settings.restart_delay_s)
-                    time.sleep(settings.restart_delay_s)
-                    child.start()
+                exited = child.exited()
+                if exited is None or stopping:
+                    continue
+                if exited == FATAL_CONFIG:
+                    log.error("%s cannot run with this configuration (its reason above); stopping everything",
+                              child.name)
+                    code, stopping = FATAL_CONFIG, True
+                    break
+                log.warning("%s exited with %s; restarting in %.1fs", child.name, exited, settings.restart_delay_s)
+                time.sleep(settings.restart_delay_s)
+                child.start()
+            if readiness and not stopping:
+                states = readiness.workers([w.process.pid for w in workers if w.process])
+                if states is not None:
+                    readiness.close()
+                    readiness = None
+                    print(Banner(model, model_path, settings.engine == "fake", states, api, url,
+                                 settings.redis_cluster, None if settings.redis_url else settings.data_dir).text(),
+                          flush=True)
+        if readiness:
+            readiness.close()
     finally:
         for child in children:
             if child.process and child.process.poll() is None:
@@ -127,4 +165,4 @@ def serve(settings) -> int:  # noqa: ANN001 - a ServeCommand
             if server:
                 server.stop()
         log.info("stopped")
-    return 0
+    return code

@@ -58,8 +58,13 @@ def run_worker(settings: WorkerSettings) -> None:
 
     # the pid names the process: serve's workers share one log, and worker ids carry it too
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
+    # A model that is not there, of an architecture the engine lacks, or whose KV cache cannot fit
+    # raises ConfigError here: `strata worker` then says so in one line and exits with code 2,
+    # which `strata serve` does not restart (strata/cli.py, strata/serve.py).
     path = resolve_model_path(settings.model)
     name = settings.served_model_name or served_model_name(path)
+    log.info("loading %s from %s on %s: %d slots of %d tokens", name, path, settings.device, settings.parallel,
+             settings.ctx)
     engine = build_engine(settings, path)
     worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}-{settings.device}"
     claims = Claims(connect(settings.redis_url, cluster=settings.redis_cluster, within_s=settings.redis_connect_s), name, worker_id,
