@@ -90,10 +90,6 @@ class GGUFModel:
         plain = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16}
         return any(t.qtype not in plain for n, t in self._tensors.items() if n.rsplit(".", 1)[-1] in _INT4_NAMES)
 
-    def qtypes(self) -> dict[str, str]:
-        """name -> quantization type name, for logs and docs."""
-        return {n: t.qtype.name for n, t in self._tensors.items()}
-
     # ---- engine.weights.WeightSource ------------------------------------------------------
 
     def names(self) -> set[str]:

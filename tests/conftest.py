@@ -4,23 +4,16 @@ a test started outlived it."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import uuid
-import zlib
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 import redis
-import redis.asyncio as aioredis
 
-from queues.intake import Intake
-from queues.records import QueuedRequest
-from queues.server import EmbeddedRedis, free_port
+from queues.server import EmbeddedRedis
+from tests.helpers.queue import Submit
 from tests.processes import RUN_MARK, kill, survivors
-
-MODEL = "fake"  # the model name the fake-engine tests queue under
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -64,27 +57,6 @@ def redis_client(redis_url: str):
     client.close()
 
 
-class Submit:
-    """Enqueue through the API's own path (Intake), from synchronous tests."""
-
-    def __init__(self, redis_url: str) -> None:
-        self.redis_url = redis_url
-
-    def __call__(self, rid: str, priority: int = 0, prompt_len: int = 4, max_tokens: int = 3,
-                 prompt: list[int] | None = None, **kw) -> None:
-        async def go() -> None:
-            client = aioredis.Redis.from_url(self.redis_url)
-            try:
-                await Intake(client, MODEL).enqueue(
-                    QueuedRequest(id=rid, priority=priority, prompt=prompt or distinct_prompt(rid, prompt_len),
-                                  max_tokens=max_tokens, **kw)
-                )
-            finally:
-                await client.aclose()
-
-        asyncio.run(go())
-
-
 @pytest.fixture
 def submit(redis_url: str) -> Submit:
     return Submit(redis_url)
@@ -109,47 +81,3 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory):
     LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
     return folder
-
-
-def distinct_prompt(rid: str, length: int) -> list[int]:
-    """Token ids no other request's prompt starts with, so no slot's cached prefix is reused
-    unless a test means it to be."""
-    start = 1 + (zlib.crc32(rid.encode()) % 100_000) * 10_000
-    return list(range(start, start + length))
-
-
-@contextmanager
-def serve_app(app) -> Iterator[str]:  # noqa: ANN001 - a FastAPI app
-    """A real uvicorn server for `app` on a free loopback port, in a thread; yields its base URL."""
-    import threading
-    import time
-
-    import uvicorn
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-
-
-def sse(lines) -> Iterator[dict]:  # noqa: ANN001 - httpx's line iterator
-    """Each SSE event a client reads, as {"id": ..., "data": ...}, read lazily; comments skipped."""
-    current: dict = {}
-    for line in lines:
-        if line == "":
-            if current:
-                yield current
-            current = {}
-        elif not line.startswith(":"):
-            name, _, value = line.partition(": ")
-            current[name] = value

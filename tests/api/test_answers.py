@@ -8,15 +8,10 @@ import httpx
 
 from queues.claims import Claims
 from queues.records import Done, Failed, Token
-from tests.conftest import sse
+from tests.helpers.api import sse_events
 
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "hi"}]
-
-
-def sse_events(response: httpx.Response) -> list[dict]:
-    """Each SSE event as {"id": ..., "data": ...}; comments skipped."""
-    return list(sse(response.iter_lines()))
 
 
 def test_whole_chat_answer_with_usage(http, worker):

@@ -14,8 +14,8 @@ import pytest
 from queues.claims import Claims, Held
 from queues.lifecycle import RequestStatus
 from queues.records import Done, Token
-from tests.api.test_answers import CHAT, HI, sse_events
-from tests.conftest import sse
+from tests.helpers.api import CHAT, HI, sse_events
+from tests.helpers.http import sse
 
 WORDS = [f" w{i}" for i in range(12)]
 

@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from queues.keys import Keys
-from tests.batches.conftest import MODEL, fake_worker
-from tests.conftest import sse
+from tests.helpers.batches import MODEL, fake_worker
+from tests.helpers.http import sse
 
 DROPS = 200
 SLOTS = 4

@@ -8,31 +8,10 @@ import pytest
 
 from queues.membership import Membership
 from queues.worker_state import WorkerState
+from tests.helpers.api import assert_error, assert_still_serves
 
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "hi"}]
-
-
-def assert_error(response: httpx.Response, status: int, *, code=None, param=None):
-    assert response.status_code == status, response.text
-    body = response.json()
-    assert set(body) == {"error"}
-    assert set(body["error"]) == {"message", "type", "param", "code"}
-    assert body["error"]["message"]
-    if code is not None:
-        assert body["error"]["code"] == code
-    if param is not None:
-        assert body["error"]["param"] == param
-    return body["error"]
-
-
-def assert_still_serves(http: httpx.Client, worker):
-    assert http.get("/health").json() == {"status": "ok"}
-    with http.stream("POST", CHAT, json={"messages": HI, "stream": True, "priority": 3}) as response:
-        assert response.status_code == 200
-        request_id = response.headers["x-request-id"]
-        assert worker.wait_for(1) == [request_id]
-        assert worker.record(request_id)["priority"] == "3"
 
 
 @pytest.mark.parametrize(

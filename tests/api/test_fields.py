@@ -15,7 +15,7 @@ from openai.types.chat import completion_create_params as chat_create_params
 
 from shapes.fields import REFUSED_CHAT, REFUSED_COMPLETIONS, IgnoredFields, treatment
 from shapes.requests import ChatCompletionRequest, CompletionRequest
-from tests.api.test_errors import assert_error
+from tests.helpers.api import assert_error
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 HI = [{"role": "user", "content": "hi"}]

@@ -11,7 +11,7 @@ import httpx
 from queues.membership import Membership
 from queues.records import Done
 from queues.worker_state import WorkerState
-from tests.api.conftest import MODEL
+from tests.helpers.api import MODEL
 
 
 def ask(base: str, prompt: str, max_tokens: int | None = None) -> httpx.Response:

@@ -18,8 +18,8 @@ from schemathesis import GenerationMode
 
 from api.app import create_app
 from api.settings import ApiSettings
-from tests.api.conftest import MODEL, FakeTokenizer
-from tests.batches.conftest import fake_worker
+from tests.helpers.api import MODEL, FakeTokenizer
+from tests.helpers.batches import fake_worker
 
 LONE = "\ud800"
 
@@ -37,7 +37,7 @@ HOSTILE = [LONE, f"a{LONE}", "", " ", 1e-300, -1e-300, 0, -1, 2**64, -(2**64), 1
 
 @pytest.fixture
 def base_url(redis_url: str) -> Iterator[str]:
-    from tests.conftest import serve_app
+    from tests.helpers.http import serve_app
 
     app = create_app(ApiSettings(redis_url=redis_url, served_model_name=MODEL, ctx=128, default_max_tokens=8),
                      tokenizer=FakeTokenizer())

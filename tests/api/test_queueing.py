@@ -5,7 +5,7 @@ from contextlib import ExitStack
 
 import httpx
 
-from tests.api.conftest import FakeTokenizer
+from tests.helpers.api import FakeTokenizer
 
 CHAT = "/v1/chat/completions"
 

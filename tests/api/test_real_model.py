@@ -13,7 +13,7 @@ from engine.tokenizer import Tokenizer
 from queues.membership import Membership
 from queues.worker_state import WorkerState
 from queues.records import Done, Token
-from tests.api.conftest import Worker
+from tests.helpers.api import Worker
 
 pytestmark = pytest.mark.smollm2
 

@@ -11,7 +11,7 @@ import redis
 
 from queues.records import Done, Token
 from queues.server import EmbeddedRedis
-from tests.api.conftest import Worker
+from tests.helpers.api import Worker
 
 
 def test_health_and_requests_follow_redis(start_api, tmp_path):

@@ -7,7 +7,7 @@ import json
 from engine.generation_config import sampling_defaults
 from shapes.requests import ChatCompletionRequest
 from shapes.rules import Rules
-from tests.api.conftest import FakeTokenizer
+from tests.helpers.api import FakeTokenizer
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

@@ -14,7 +14,7 @@ from queues.connect import UNAVAILABLE
 from queues.intake import Intake
 from queues.records import Token
 from queues.server import EmbeddedRedis
-from tests.api.conftest import Worker
+from tests.helpers.api import Worker
 
 
 async def read_all(reader: SharedReader, follower, count: int, within_s: float = 10) -> list[str]:  # noqa: ANN001

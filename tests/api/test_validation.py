@@ -10,7 +10,7 @@ from contextlib import ExitStack
 import httpx
 import pytest
 
-from tests.api.test_errors import assert_error, assert_still_serves
+from tests.helpers.api import assert_error, assert_still_serves
 
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "hi"}]

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.batches.conftest import MODEL, chat_lines
+from tests.helpers.batches import MODEL, chat_lines
 
 GOOD = chat_lines(1)[0]
 

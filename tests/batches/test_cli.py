@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from tests.batches.conftest import chat_lines
+from tests.helpers.batches import chat_lines
 
 
 def strata(*args: str) -> subprocess.CompletedProcess:

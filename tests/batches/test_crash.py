@@ -7,7 +7,7 @@ from collections import Counter
 
 from queues.batches import request_id
 from queues.keys import batch_key, batch_lease_key
-from tests.batches.conftest import BatchWorkerProcess, chat_lines
+from tests.helpers.batches import BatchWorkerProcess, chat_lines
 
 
 def test_killed_batch_worker_resumes_every_line_exactly_once(start_stack):

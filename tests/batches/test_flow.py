@@ -6,7 +6,7 @@ import json
 from collections import Counter
 
 from queues.batches import request_id
-from tests.batches.conftest import MODEL, chat_lines
+from tests.helpers.batches import MODEL, chat_lines
 
 
 def test_interactive_request_is_served_before_the_batch_lines_still_waiting(start_stack):

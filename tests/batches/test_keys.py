@@ -3,7 +3,7 @@ models bind it, and each line's request hash names the key (never the key itself
 
 from __future__ import annotations
 
-from tests.batches.conftest import chat_lines
+from tests.helpers.batches import chat_lines
 
 KEYS = """
 keys:

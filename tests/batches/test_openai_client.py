@@ -7,7 +7,7 @@ import time
 
 import openai
 
-from tests.batches.conftest import chat_lines
+from tests.helpers.batches import chat_lines
 
 
 def test_openai_client_files_and_batches(start_stack, tmp_path):

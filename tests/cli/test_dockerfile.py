@@ -5,7 +5,6 @@ image's `pip install .` does first), and the installed wheel runs the `strata` e
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 import sys

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from tests.workers.conftest import make_worker
+from tests.helpers.workers import make_worker
 
 
 def run_queues(*args: str, env: dict[str, str] | None = None) -> str:

@@ -18,7 +18,7 @@ from engine.files import resolve_model_path, served_model_name
 from queues.keys import Keys, models_key
 from queues.server import EmbeddedRedis, free_port
 from tests import processes
-from tests.conftest import sse  # noqa: F401 - the e2e tests take it from here
+from tests.helpers.http import sse  # noqa: F401 - the e2e tests take it from here
 
 MODEL = served_model_name(resolve_model_path(None))
 

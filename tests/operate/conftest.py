@@ -16,9 +16,9 @@ from api.settings import ApiSettings
 from engine.fake import VirtualClock
 from queues.intake import Intake
 from queues.records import QueuedRequest
-from tests.api.conftest import FakeTokenizer
-from tests.conftest import serve_app
-from tests.workers.conftest import MODEL, make_worker  # noqa: F401 - make_worker re-exported
+from tests.helpers.api import FakeTokenizer
+from tests.helpers.http import serve_app
+from tests.helpers.workers import MODEL, make_worker  # noqa: F401 - make_worker re-exported
 
 __all__ = ["MODEL", "make_worker", "enqueue", "metric_samples"]
 

@@ -14,7 +14,7 @@ from queues.intake import Intake
 from queues.keys import Keys
 from queues.lifecycle import RequestStatus
 from tests.operate.conftest import MODEL, enqueue, make_worker, metric_samples
-from tests.workers.conftest import run_until_idle
+from tests.helpers.workers import run_until_idle
 
 K = Keys(MODEL)
 LABELS = PriorityLabels([-10, 0, 5, 10])

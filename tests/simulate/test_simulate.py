@@ -13,7 +13,7 @@ from simulate import fleet
 from simulate.main import simulate
 from simulate.settings import SimulateSettings
 from simulate.workload import Arrival
-from tests.workers.conftest import MODEL, make_worker
+from tests.helpers.workers import MODEL, make_worker
 from workers.settings import WorkerSettings
 
 # the fake engine's flat costs as a profile: 1 ms per prompt token, 10 ms per decode step

@@ -17,8 +17,8 @@ from queues.keys import Keys, Member
 from queues.membership import Membership
 from queues.records import QueuedRequest
 from queues.scripts import QueueError, QueueRefused
-from tests.conftest import distinct_prompt
-from tests.workers.conftest import MODEL, make_worker, run_until_idle
+from tests.helpers.queue import distinct_prompt
+from tests.helpers.workers import MODEL, make_worker, run_until_idle
 from workers.scheduler import Policy, Reserve
 
 K = Keys(MODEL)

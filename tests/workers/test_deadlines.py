@@ -13,8 +13,8 @@ from queues.claims import Claims, Waiting
 from queues.intake import Intake
 from queues.keys import Keys, Member
 from queues.records import QueuedRequest, parse_event
-from tests.conftest import distinct_prompt
-from tests.workers.conftest import MODEL, make_worker, run_until_idle
+from tests.helpers.queue import distinct_prompt
+from tests.helpers.workers import MODEL, make_worker, run_until_idle
 
 K = Keys(MODEL)
 

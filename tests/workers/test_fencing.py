@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from engine.fake import VirtualClock
 from queues.keys import Keys
-from tests.conftest import distinct_prompt
-from tests.workers.conftest import MODEL, make_worker, run_until_idle
+from tests.helpers.queue import distinct_prompt
+from tests.helpers.workers import MODEL, make_worker, run_until_idle
 
 K = Keys(MODEL)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from engine.fake import VirtualClock
 from queues.keys import Keys
-from tests.workers.conftest import MODEL, make_worker, run_until_idle
+from tests.helpers.workers import MODEL, make_worker, run_until_idle
 from workers.scheduler import Policy
 
 K = Keys(MODEL)

@@ -10,7 +10,8 @@ import redis
 from engine import load_engine
 from queues.claims import Claims
 from queues.keys import Keys
-from tests.workers.conftest import MODEL, Submit, run_until_idle, spy_on_reads
+from tests.helpers.queue import Submit
+from tests.helpers.workers import MODEL, run_until_idle, spy_on_reads
 from workers.loop import Worker
 
 pytestmark = pytest.mark.smollm2

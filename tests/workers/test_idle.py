@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from engine.fake import VirtualClock
 from queues.keys import Keys
-from tests.workers.conftest import MODEL, make_worker
+from tests.helpers.workers import MODEL, make_worker
 
 K = Keys(MODEL)
 

@@ -7,8 +7,8 @@ import pytest
 from engine.fake import FakeEngine
 from queues.claims import Claims
 from queues.keys import Keys
-from tests.conftest import distinct_prompt
-from tests.workers.conftest import MODEL, make_worker, run_until_idle
+from tests.helpers.queue import distinct_prompt
+from tests.helpers.workers import MODEL, make_worker, run_until_idle
 from workers.loop import Worker
 
 K = Keys(MODEL)

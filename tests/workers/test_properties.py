@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from engine.fake import VirtualClock
 from queues.keys import Keys
-from tests.workers.conftest import MODEL, make_worker
+from tests.helpers.workers import MODEL, make_worker
 from workers.scheduler import Policy
 
 K = Keys(MODEL)

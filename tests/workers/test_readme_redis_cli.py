@@ -10,7 +10,7 @@ from pathlib import Path
 
 from queues.keys import Keys
 from tests.processes import system_binary
-from tests.workers.conftest import MODEL, make_worker
+from tests.helpers.workers import MODEL, make_worker
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -7,8 +7,8 @@ import redis
 
 from queues.keys import Keys
 from queues.server import EmbeddedRedis
-from tests.conftest import Submit, distinct_prompt
-from tests.workers.conftest import MODEL, make_worker, run_until_idle
+from tests.helpers.queue import Submit, distinct_prompt
+from tests.helpers.workers import MODEL, make_worker, run_until_idle
 
 
 def tokens(client: redis.Redis, rid: str) -> list[str]:

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from queues.keys import Keys
 from queues.worker_state import WorkerState
-from tests.workers.conftest import MODEL, make_worker, run_until_idle
+from tests.helpers.workers import MODEL, make_worker, run_until_idle
 from workers import scheduler
 from workers.scheduler import Policy, Reserve
 from workers.settings import WorkerSettings

@@ -1,3 +1,5 @@
+"""A real worker loop over the fake engine on its virtual clock, and a log of what it reads."""
+
 from __future__ import annotations
 
 from engine.fake import FakeEngine
@@ -5,7 +7,7 @@ from queues.claims import Claims
 from workers.loop import Worker
 from workers.scheduler import Policy
 
-from tests.conftest import MODEL, Submit  # noqa: F401 - re-exported for the tests here
+from tests.helpers.queue import MODEL
 
 
 def make_worker(redis_client, *, slots: int = 2, chunk: int = 8, worker_id: str = "w1", policy: Policy = Policy(),
