@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 
 from concurrent.futures import ThreadPoolExecutor
 
@@ -14,7 +12,7 @@ import redis
 
 from queues.keys import Keys
 from queues.server import free_port
-from tests.e2e.conftest import healthy, wait_until
+from tests.e2e.conftest import healthy, start, stop, wait_until
 
 
 def live_workers(client: redis.Redis, model: str) -> list[str]:
@@ -26,8 +24,8 @@ def test_two_cpu_workers_share_the_queue_and_a_killed_one_restarts(tiny_model, r
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
     env.update(REDIS_URL=redis_url, STRATA_RESTART_DELAY_S="0.2", STRATA_THREADS="1", STRATA_COMPILE="0")
-    serve = subprocess.Popen([sys.executable, "-m", "strata", "serve", "--devices", "cpu,cpu", "--port", str(port),
-                              "--model", str(tiny_model), "--parallel", "1"], env=env)
+    serve = start("serve", env, "--devices", "cpu,cpu", "--port", str(port), "--model", str(tiny_model),
+                  "--parallel", "1")
     model = tiny_model.name
     base = f"http://127.0.0.1:{port}"
     try:
@@ -46,5 +44,4 @@ def test_two_cpu_workers_share_the_queue_and_a_killed_one_restarts(tiny_model, r
         r = httpx.post(f"{base}/v1/completions", timeout=60, json={"model": model, "prompt": "again", "max_tokens": 4})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
     finally:
-        serve.send_signal(signal.SIGTERM)
-        assert serve.wait(timeout=60) == 0
+        assert stop(serve, 60) == 0

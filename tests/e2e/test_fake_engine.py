@@ -6,9 +6,6 @@ and /metrics reads the same from both."""
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import httpx
@@ -20,7 +17,7 @@ from engine.protocol import SamplingParams
 from engine.tokenizer import Tokenizer
 from queues.server import free_port
 from queues.settings import environ_without_settings
-from tests.e2e.conftest import MODEL, healthy, sse, wait_until
+from tests.e2e.conftest import MODEL, healthy, sse, start, stop, wait_until
 
 MESSAGES = [{"role": "user", "content": "Say hello."}]
 
@@ -39,20 +36,16 @@ def fake_answer(prompt: list[int], max_tokens: int, seed: int | None = None) -> 
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     env = environ_without_settings()
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "strata", "serve", "--engine", "fake", "--port", str(port),
-         "--data-dir", str(tmp_path_factory.mktemp("fake-serve")), "--parallel", "2",
-         "--fake-decode-ms-per-step", "2", "--api-workers", "2"],
-        env=env,
-    )
+    serve = start("serve", env, "--engine", "fake", "--port", str(port), "--data-dir",
+                  str(tmp_path_factory.mktemp("fake-serve")), "--parallel", "2", "--fake-decode-ms-per-step", "2",
+                  "--api-workers", "2")
     base = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: healthy(base), "the API", 120)
         wait_until(lambda: MODEL in [m["id"] for m in httpx.get(f"{base}/v1/models").json()["data"]], "the worker", 60)
         yield base
     finally:
-        serve.send_signal(signal.SIGTERM)
-        assert serve.wait(timeout=60) == 0
+        assert stop(serve, 60) == 0
 
 
 def test_a_chat_request_gets_the_fake_engines_deterministic_answer(served):

@@ -3,9 +3,6 @@ clean stop on SIGTERM."""
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 
 import httpx
 import pytest
@@ -13,7 +10,7 @@ import redis
 
 from queues.server import free_port
 from queues.settings import environ_without_settings
-from tests.e2e.conftest import MODEL, healthy, wait_until
+from tests.e2e.conftest import MODEL, healthy, start, stop, wait_until
 
 pytestmark = pytest.mark.smollm2
 
@@ -22,11 +19,7 @@ def test_serve_starts_everything_answers_and_stops_cleanly(tmp_path):
     port = free_port()
     data = tmp_path / "data"
     env = environ_without_settings()
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "strata", "serve", "--port", str(port), "--data-dir", str(data),
-         "--parallel", "2", "--threads", "2"],
-        env=env,
-    )
+    serve = start("serve", env, "--port", str(port), "--data-dir", str(data), "--parallel", "2", "--threads", "2")
     base = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: healthy(base), "the API", 180)
@@ -42,8 +35,7 @@ def test_serve_starts_everything_answers_and_stops_cleanly(tmp_path):
         assert embedded.config_get("appendfsync") == {"appendfsync": "everysec"}  # --redis-fsync's default
         embedded.close()
     finally:
-        serve.send_signal(signal.SIGTERM)
-        code = serve.wait(timeout=60)
+        code = stop(serve, 60)
     assert code == 0
     assert not (data / "redis.url").exists()
     with pytest.raises(httpx.HTTPError):
