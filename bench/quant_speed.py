@@ -74,20 +74,23 @@ def main() -> None:
         for batch in args.batches:
             rows = list(range(batch))
             tokens = torch.randint(0, source.config.vocab_size, (batch, 1), generator=gen)
-            times = []
+            times, cpu = [], []
             for step in range(args.steps + 1):
                 pos = torch.full((batch, 1), CONTEXT + step)
-                started = time.perf_counter()
+                started, used = time.perf_counter(), time.process_time()
                 h = model(tokens, CacheIndex.for_slots(rows, pos, 256 * ((CONTEXT + step) // 256 + 1)))
                 tokens = model.logits(h).argmax(-1, keepdim=True)
                 times.append(time.perf_counter() - started)
-            per_step = sorted(times[1:])[len(times[1:]) // 2]
-            print(f"  decode B={batch}: {batch / per_step:.2f} tok/s ({per_step * 1000:.0f} ms a step, median of {args.steps})")
+                cpu.append(time.process_time() - used)
+            per_step, cpu_step = sorted(times[1:])[len(times[1:]) // 2], sorted(cpu[1:])[len(cpu[1:]) // 2]
+            print(f"  decode B={batch}: {batch / per_step:.2f} tok/s ({per_step * 1000:.0f} ms a step wall, "
+                  f"{cpu_step * 1000:.0f} ms CPU (all threads), median of {args.steps})")
         ids = torch.randint(0, source.config.vocab_size, (1, PROMPT), generator=gen)
         start = CONTEXT + args.steps + 1
-        started = time.perf_counter()
+        started, used = time.perf_counter(), time.process_time()
         model(ids, CacheIndex.for_slots([0], torch.arange(start, start + PROMPT).unsqueeze(0), start + PROMPT))
-        print(f"  prompt: {PROMPT / (time.perf_counter() - started):.1f} tok/s (one {PROMPT}-token chunk)")
+        print(f"  prompt: {PROMPT / (time.perf_counter() - started):.1f} tok/s (one {PROMPT}-token chunk; "
+              f"{(time.process_time() - used) * 1000 / PROMPT:.1f} ms CPU a token)")
     print(f"  RSS after: {rss_mib():.0f} MiB")
 
 

@@ -7,6 +7,7 @@ Every quirk of the format is undone here, once, so the forward pass runs in Hugg
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,9 @@ class GGUFModel:
             array = dequantize_blocks(torch.from_numpy(np.array(tensor.rows(), copy=True)), tensor.qtype)
             array = array.reshape(tensor.shape).numpy()
         else:
+            blocks = self.quant(name)
+            if blocks is not None:  # the same values from engine/quants' C++, rows already in HF order
+                return quants.dequantize(blocks)  # (gguf's numpy took ~10x as long: the Q6_K head)
             array = dequantize_tensor(tensor)
         heads = self._permuted_heads(name)
         if heads:
@@ -127,8 +131,12 @@ class GGUFModel:
         raw = tensor.rows()
         heads = self._permuted_heads(name)
         if heads:  # each row is whole blocks: the same row un-permutation as dense()
-            raw = unpermute_rope_rows(raw, heads)
-        return quants.QuantBlocks(torch.from_numpy(np.array(raw, copy=True)), tensor.qtype, tensor.shape[1])
+            return quants.QuantBlocks(torch.from_numpy(unpermute_rope_rows(raw, heads).copy()), tensor.qtype, tensor.shape[1])
+        # The mapped file's own pages, not a copy: nothing writes to them (the kernels read), the
+        # page cache holds them once however many workers serve the file, and loading costs no copy.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            return quants.QuantBlocks(torch.from_numpy(raw), tensor.qtype, tensor.shape[1])
 
     def rows(self, name: str) -> RowTable:
         tensor = self._tensors[name]

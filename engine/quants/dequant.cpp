@@ -165,14 +165,15 @@ INLINE void iq3_s(const uint8_t* b, float* y, const float* grid) {
   const uint8_t* scales = b + 106;
   for (int s = 0; s < 8; ++s) {
     const float db = d * float(1 + 2 * ((scales[s / 2] >> (4 * (s % 2))) & 0x0F));
-    for (int g = 0; g < 8; ++g) {
-      const int i = 8 * s + g;
-      const float* v = grid + 4 * (qs[i] | (((qh[i / 8] >> (i % 8)) & 1) << 8));
-      for (int t = 0; t < 4; ++t) {
-        const int e = 4 * i + t;
-        const float sign = (signs[e / 8] >> (e % 8)) & 1 ? -1.0f : 1.0f;
-        y[e] = db * v[t] * sign;
-      }
+    // one flat loop over the sub-block's 32 weights (index arithmetic only: vector gathers)
+    const uint8_t* q = qs + 8 * s;
+    const uint8_t* sg = signs + 4 * s;
+    const int high = qh[s];
+    for (int l = 0; l < 32; ++l) {
+      const int g = l >> 2;
+      const int index = (int(q[g]) | (((high >> g) & 1) << 8)) * 4 + (l & 3);
+      const float sign = float(1 - 2 * ((sg[l >> 3] >> (l & 7)) & 1));
+      y[32 * s + l] = db * grid[index] * sign;
     }
   }
 }
