@@ -1,6 +1,6 @@
 """Speed and memory of a GGUF kept as its blocks (engine/quants), on a random-weight model of a
 real shape (SmolLM2-1.7B's by default: 24 layers, dim 2048, hidden 8192, vocabulary 49 152),
-written in one of llama.cpp's mixes (tests/engine/test_quants.py's recipes):
+written in one of llama.cpp's mixes (tests/helpers/quant_models.py's recipes):
 
     .venv/bin/python -m bench.quant_speed --mix Q4_K_M [--batches 1 4] [--steps 8]
 
@@ -24,7 +24,7 @@ import torch
 from engine.gguf_loader import GGUFModel
 from engine.model import CacheIndex, Transformer
 from engine.quants.blocks import held_bytes
-from tests.engine.test_quants import Shape, write_mix
+from tests.helpers.quant_models import Shape, write_mix
 
 SHAPES = {"smollm2-1.7b": Shape(dim=2048, hidden=8192, layers=24, heads=32, kv=32, vocab=49152),
           "tiny": Shape()}
