@@ -1,4 +1,4 @@
-"""Rule 1 of DESIGN.md: what a request's `priority` field counts as."""
+"""docs/design.md rule 1: what a request's `priority` field counts as."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU path checked on a machine with CUDA, in two calls of this workplace's `device` tool
-# (docs/engine.md, "On a GPU"). Such a machine has python3 with torch, transformers and tokenizers
+# (docs/bench-log.md, "On a GPU"). Such a machine has python3 with torch, transformers and tokenizers
 # but not the rest of Strata's needs (bench/gpu_wheels.txt), and reaches no package registry, so
 # the wheels travel in .whl/; the default model (98 MB) is more than one call may carry, so it
 # travels in two pieces, the first left on the machine by the first call. Here, once (.whl/ and
@@ -14,7 +14,7 @@
 #   bench/gpu_check.sh        # carry .whl .gpu/model.1, while the machine is warm: the benches
 #
 # Each step's output goes to $OUT/<step>.log; a step that fails or runs out of time does not stop
-# the next. Run so on an H200, 2026-11-30: docs/engine.md, "On a GPU".
+# the next. Run so on an H200, 2026-11-30: docs/bench-log.md, "On a GPU".
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d)}

@@ -7,7 +7,7 @@ and, when `LLAMA_SERVER=/path/to/llama-server` is set, llama.cpp's server on the
 A fixed set of chat prompts, tokenized once by Strata's tokenizer; every engine gets the same
 token ids (llama-server through `/completion` with a token-id prompt, `temperature` 0). The
 reference is Strata with `--dtype float32`, eager (`--no-compile`: nothing to build; the default
-scored the same against the compiled reference, docs/engine.md "On a GPU"): the file's weights
+scored the same against the compiled reference, docs/bench-log.md "On a GPU"): the file's weights
 dequantized, no rounding beyond float32, on the CPU also when `--device` puts the variants on a
 GPU. Two measures per engine, summed over the prompts:
 - teacher-forced: at each position of the reference's greedy continuation, fed the reference's

@@ -1,4 +1,4 @@
-"""The acceptance scenarios of DESIGN.md on the real engine, each run twice: with priority and
+"""The acceptance scenarios of docs/design.md on the real engine, each run twice: with priority and
 without (every request at 0). Times come from the request hashes the worker writes.
 
     .venv/bin/python -m bench.priority_scenarios [--dtype bfloat16] [--scale 1.0] [--only reserve]

@@ -7,7 +7,7 @@ Each server is started in turn (never both at once: they share the cores), then:
 - decode: 1, 2, 4, 8 concurrent streaming chat clients, `ignore_eos`, 128 tokens each; total
   completion tokens / wall time;
 - prompt: one ~2000-token prompt with max_tokens=1; prompt tokens / time to the first token;
-- alert during a battery (DESIGN.md): 4 slots busy with 300-token answers and 8 more queued at a
+- alert during a battery (docs/design.md): 4 slots busy with 300-token answers and 8 more queued at a
   low priority; a short request at a high priority 2 s later; its time to first token (llama.cpp
   ignores `priority`: plain FIFO, which is what it offers).
 Prints one table with Strata / llama.cpp ratios. Without LLAMA_SERVER only Strata runs.

@@ -48,7 +48,7 @@ def use_cache_dir(cache_dir: str | Path | None) -> None:
 def release_compile_workers() -> None:
     """Inductor keeps its compile processes (a sidecar and a pool of one per core, started for
     Triton's kernels) once a compile is done. A worker compiles only here, at start; on a GPU
-    machine those processes took about a core while it served (docs/engine.md, "On a GPU"), as
+    machine those processes took about a core while it served (docs/bench-log.md, "On a GPU"), as
     vLLM found before quiescing its pool ahead of recording CUDA graphs. A later compile, if
     any, starts them again. Not imported here if nothing compiled (the CPU's packages loaded)."""
     async_compile = sys.modules.get("torch._inductor.async_compile")

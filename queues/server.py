@@ -66,7 +66,7 @@ class EmbeddedRedis:
             "--appendonly", "yes" if self.appendonly else "no",
             # everysec: Redis write()s the file before it answers, so a killed Redis loses nothing
             # a client saw, except while a slow background fsync makes it postpone its writes (up
-            # to 2 s; the "fsync window" DESIGN.md allows); a machine crash loses up to a second.
+            # to 2 s; the "fsync window" docs/design.md allows); a machine crash loses up to a second.
             # always: fsync before every answer (once per event loop turn): nothing is lost either
             # way, at 1-3 ms per write round trip on these VMs
             "--appendfsync", self.appendfsync,

@@ -1,15 +1,18 @@
 """The scheduling decisions, and nothing else: no Redis, no torch, no clock. The worker loop
 asks; the answers depend only on the state passed in, so they are tested exactly.
 
-The rules (DESIGN.md, "Scheduling rules"):
+The rules are docs/design.md's "Scheduling rules", cited by number:
 - a free slot goes to the highest-priority waiting request, first come first served within a
-  level (the Redis queue's order), and to the worker whose lines are free if there is one;
-- the lines go to the highest-priority read; a read that gave way waits until the read it gave
-  way to is done (its epoch), then queues like the others;
+  level (the Redis queue's order: rule 2), and to the worker whose lines are free if there is
+  one (rule 4, admit_here, is_idle);
+- the lines go to the highest-priority read (rule 3); a read that gave way waits until the read
+  it gave way to is done (its epoch, rule 6), then queues like the others;
 - at a chunk boundary a read gives way to a higher priority whatever its length, within its own
-  level only to a prompt under half as long, never to a lower priority, at most yields_max times;
-- reserved slots (--reserve N:P) take only requests of priority >= P, and such a request takes
-  one only when no slot of a lower class is free.
+  level only to a prompt under half as long, never to a lower priority, at most yields_max times
+  (rule 4, outranks);
+- which free slot (rule 9, free_slot); reserved slots (--reserve N:P) take only requests of
+  priority >= P, and such a request takes one only when no slot of a lower class is free
+  (rule 10, allowed_slots, pick_waiting).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The README's redis-cli examples, run with the real redis-cli against a live queue."""
+"""The redis-cli examples of docs/running.md, run with the real redis-cli against a live queue."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ from queues.keys import Keys
 from tests.processes import system_binary
 from tests.helpers.workers import MODEL, make_worker
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+RUNNING = Path(__file__).resolve().parents[2] / "docs" / "running.md"
 
 
 def readme_commands() -> list[str]:
-    block = README.read_text().split('R="redis-cli', 1)[1].split("```", 1)[0]
+    block = RUNNING.read_text().split('R="redis-cli', 1)[1].split("```", 1)[0]
     return [line.split("#")[0].strip() for line in block.splitlines() if line.startswith("$R ")]
 
 
-def test_the_readme_redis_cli_examples_show_the_live_queue(redis_url, redis_client, submit):
+def test_the_redis_cli_examples_show_the_live_queue(redis_url, redis_client, submit):
     redis_cli = system_binary("redis-cli", "redis-tools")
     submit("running-one", priority=1, max_tokens=100)
     worker = make_worker(redis_client, slots=1, worker_id="w-readme")
