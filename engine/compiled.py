@@ -70,8 +70,9 @@ def compilable(model: Transformer) -> bool:
     without int4: --no-int4, F16 files) fails in inductor's lowering (an assertion on its
     arguments). The file's blocks through engine/quants' C++ op (`QuantLinear`, layers or a
     K-quant head) decode eagerly too: not tried in a graph yet. A TwoFormLinear's prepacked copy
-    serves prefill only and does not count."""
-    return not isinstance(model.head, QuantLinear) and not any(
+    serves prefill only and does not count. Nor a model whose layers differ in RoPE rows or mask
+    (Gemma 3: `Transformer.uniform_layers`)."""
+    return model.uniform_layers() and not isinstance(model.head, QuantLinear) and not any(
         isinstance(linear, (PackedLinear, QuantLinear)) for block in model.layers
         for linear in (block.wqkv, block.wo, block.w_gate_up, block.w_down))
 

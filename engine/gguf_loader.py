@@ -26,12 +26,18 @@ from engine.weights import DenseRows, Int4Blocks, RowTable
 
 # Architectures whose Q/K rows llama.cpp's converter permuted (HF -> interleaved RoPE pairs).
 _PERMUTED_QK = {"llama", "mistral"}
-_SUPPORTED = {"llama", "mistral", "qwen2", "qwen3"}
+_SUPPORTED = {"llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3"}
 
 _LAYER_NAMES = {
     "attn_norm": "attn_norm", "attn_q": "q", "attn_k": "k", "attn_v": "v", "attn_output": "o",
     "ffn_norm": "ffn_norm", "ffn_gate": "gate", "ffn_up": "up", "ffn_down": "down",
     "attn_q_norm": "q_norm", "attn_k_norm": "k_norm",
+    # MoE (Qwen3-MoE; Mixtral as `llama`): router, experts [E, ...] in one tensor each, shared expert
+    "ffn_gate_inp": "router", "ffn_gate_exps": "experts_gate", "ffn_up_exps": "experts_up",
+    "ffn_down_exps": "experts_down", "ffn_gate_shexp": "shared_gate", "ffn_up_shexp": "shared_up",
+    "ffn_down_shexp": "shared_down", "ffn_gate_inp_shexp": "shared_router",
+    # Gemma 3 (whose ffn_norm is its pre_feedforward_layernorm); its norms are stored as 1 + weight
+    "post_attention_norm": "post_attn_norm", "post_ffw_norm": "post_ffn_norm",
 }
 
 
@@ -46,6 +52,9 @@ class GGUFModel:
         if self.arch not in _SUPPORTED:
             raise ConfigError(f"unsupported GGUF architecture {self.arch!r} (supported: {sorted(_SUPPORTED)})")
         self._tensors: dict[str, GGUFTensor] = {}
+        if any(name.count(".") == 4 and name.split(".")[2] in ("ffn_gate", "ffn_up", "ffn_down") for name in self.file.tensors):
+            raise ConfigError("one tensor per expert (blk.N.ffn_gate.J.weight, an old Mixtral conversion) is not "
+                             "supported: convert the model again with a current llama.cpp (ffn_*_exps tensors)")
         for tensor in self.file.tensors.values():
             name = _map_name(tensor.name)
             if name is not None:  # nothing else is used by the architectures supported here
@@ -65,13 +74,15 @@ class GGUFModel:
         head_dim = int(self._field(f"{a}.attention.key_length", dim // n_heads))
         vocab = int(self._field(f"{a}.vocab_size", 0)) or len(self._field("tokenizer.ggml.tokens", []))
         names = set(self.file.tensors)
+        n_layers = int(self._field(f"{a}.block_count"))
+        extra = self._gemma(n_layers, dim, n_heads, head_dim) if a == "gemma3" else {}
         return ModelConfig(
             dim=dim,
-            n_layers=int(self._field(f"{a}.block_count")),
+            n_layers=n_layers,
             n_heads=n_heads,
             n_kv_heads=n_kv,
             head_dim=head_dim,
-            hidden_dim=int(self._field(f"{a}.feed_forward_length")),
+            hidden_dim=int(self._field(f"{a}.feed_forward_length", 0)),
             vocab_size=vocab,
             norm_eps=float(self._field(f"{a}.attention.layer_norm_rms_epsilon", 1e-5)),
             rope_theta=float(self._field(f"{a}.rope.freq_base", 10000.0)),
@@ -80,6 +91,34 @@ class GGUFModel:
             qkv_bias="blk.0.attn_q.bias" in names,
             qk_norm="blk.0.attn_q_norm.weight" in names,
             max_positions=int(self._field(f"{a}.context_length", 8192)),
+            n_experts_used=int(self._field(f"{a}.expert_used_count", 0)),
+            # llama.cpp renormalizes the chosen experts' weights for these architectures unless told
+            norm_topk=bool(self._field(f"{a}.expert_weights_norm", True)),
+            **extra,
+        )
+
+    def _gemma(self, n_layers: int, dim: int, n_heads: int, head_dim: int) -> dict[str, Any]:
+        """Gemma 3 as llama.cpp runs it: every 6th layer global unless the file lists the sliding
+        ones, the local RoPE base 10 000 unless given, the scores' scale 1/sqrt(head_dim) (the
+        27B model's, 62 layers: 1/sqrt(dim/heads), which is its query_pre_attn_scalar), GELU,
+        embeddings scaled by sqrt(dim); RoPE scaling on the global layers only."""
+        a = self.arch
+        pattern = self._field(f"{a}.attention.sliding_window_pattern", 6)
+        if isinstance(pattern, (list, tuple)):
+            sliding = tuple(bool(p) for p in pattern)
+        else:
+            sliding = tuple((i + 1) % int(pattern) != 0 for i in range(n_layers))
+        scale = self._field(f"{a}.attention.scale")
+        if scale is None:
+            scale = (dim / n_heads) ** -0.5 if n_layers == 62 else head_dim ** -0.5
+        return dict(
+            sliding_window=int(self._field(f"{a}.attention.sliding_window", 0)),
+            sliding_layers=sliding,
+            rope_local_theta=float(self._field(f"{a}.rope.freq_base_swa", 10000.0)),
+            attn_scale=float(scale),
+            final_softcap=float(self._field(f"{a}.final_logit_softcapping", 0.0)),
+            embed_scale=float(dim) ** 0.5,
+            activation="gelu_tanh",
         )
 
     def eos_token_ids(self) -> list[int]:

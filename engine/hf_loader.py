@@ -12,7 +12,8 @@ from engine import rope
 from engine.errors import ConfigError
 from engine.model import ModelConfig
 
-_SUPPORTED = {"llama", "mistral", "qwen2", "qwen3"}
+_SUPPORTED = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma3_text"}
+_GEMMA = {"gemma3_text"}
 
 _LAYER_NAMES = {
     "input_layernorm.weight": "attn_norm",
@@ -29,47 +30,141 @@ _LAYER_NAMES = {
     "mlp.gate_proj.weight": "gate",
     "mlp.up_proj.weight": "up",
     "mlp.down_proj.weight": "down",
+    # MoE (engine/moe.py): Qwen3-MoE's router and shared expert, Mixtral's router
+    "mlp.gate.weight": "router",
+    "block_sparse_moe.gate.weight": "router",
+    "mlp.shared_expert.gate_proj.weight": "shared_gate",
+    "mlp.shared_expert.up_proj.weight": "shared_up",
+    "mlp.shared_expert.down_proj.weight": "shared_down",
+    "mlp.shared_expert_gate.weight": "shared_router",
+    "mlp.experts.down_proj": "experts_down",  # transformers 5's fused [E, dim, I]
+}
+# Gemma 3 norms the attention's and the FFN's outputs too: its post_attention_layernorm is not
+# the FFN's input norm (pre_feedforward_layernorm is).
+_GEMMA_NAMES = {
+    "post_attention_layernorm.weight": "post_attn_norm",
+    "pre_feedforward_layernorm.weight": "ffn_norm",
+    "post_feedforward_layernorm.weight": "post_ffn_norm",
+}
+_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+# One expert's matrices (mlp.experts.{j}.gate_proj.weight, Mixtral's block_sparse_moe.experts.{j}.w1.weight):
+# stacked into [E, ...] per layer.
+_EXPERT_NAMES = {
+    "gate_proj": "experts_gate", "up_proj": "experts_up", "down_proj": "experts_down",
+    "w1": "experts_gate", "w3": "experts_up", "w2": "experts_down",
 }
 
 
+def _raw_config(folder: str | Path) -> dict:
+    return json.loads((Path(folder) / "config.json").read_text())
+
+
 def read_config(folder: str | Path) -> ModelConfig:
-    raw = json.loads((Path(folder) / "config.json").read_text())
+    raw = _raw_config(folder)
     model_type = raw.get("model_type", "llama")
     if model_type not in _SUPPORTED:
         raise ConfigError(f"unsupported model_type {model_type!r} (supported: {sorted(_SUPPORTED)})")
-    rope_theta, rope_scaling = rope.from_hf(raw)  # an unimplemented scaling is refused here
     dim = raw["hidden_size"]
     n_heads = raw["num_attention_heads"]
+    head_dim = raw.get("head_dim") or dim // n_heads
+    activation = raw.get("hidden_activation") or raw.get("hidden_act") or "silu"
+    if activation not in _ACTIVATIONS:
+        raise ConfigError(f"unsupported activation {activation!r} (supported: {sorted(_ACTIVATIONS)})")
+    if raw.get("use_sliding_window") or raw.get("use_bidirectional_attention"):
+        raise ConfigError("use_sliding_window / use_bidirectional_attention are not supported")
+    extra: dict = {}
+    if model_type in _GEMMA:
+        extra = _gemma(raw, head_dim)
+        rope_theta, rope_scaling = extra.pop("rope")
+    else:
+        rope_theta, rope_scaling = rope.from_hf(raw)  # an unimplemented scaling is refused here
+        if model_type in ("mistral", "mixtral") and raw.get("sliding_window"):  # every layer's window
+            extra = dict(sliding_window=int(raw["sliding_window"]), sliding_layers=(True,) * raw["num_hidden_layers"])
     return ModelConfig(
         dim=dim,
         n_layers=raw["num_hidden_layers"],
         n_heads=n_heads,
         n_kv_heads=raw.get("num_key_value_heads") or n_heads,
-        head_dim=raw.get("head_dim") or dim // n_heads,
+        head_dim=head_dim,
         hidden_dim=raw["intermediate_size"],
         vocab_size=raw["vocab_size"],
         norm_eps=raw.get("rms_norm_eps", 1e-6),
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,
-        tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        tie_embeddings=bool(raw.get("tie_word_embeddings", model_type in _GEMMA)),
         qkv_bias=model_type == "qwen2" or bool(raw.get("attention_bias", False)),
-        qk_norm=model_type == "qwen3",
+        qk_norm=model_type in ("qwen3", "qwen3_moe") or model_type in _GEMMA,
         max_positions=raw.get("max_position_embeddings", 8192),
+        n_experts_used=int(raw.get("num_experts_per_tok") or 0),
+        norm_topk=model_type == "mixtral" or bool(raw.get("norm_topk_prob", True)),
+        activation=_ACTIVATIONS[activation],
+        **extra,
+    )
+
+
+def _gemma(raw: dict, head_dim: int) -> dict:
+    """Gemma 3's fields: sliding layers (`layer_types`, or every `sliding_window_pattern`-th layer
+    global), a local RoPE base for them and the global one with its scaling (transformers 5 nests
+    both under rope_parameters; 4 has rope_theta, rope_local_base_freq and rope_scaling), the
+    query_pre_attn_scalar, the logits' soft-cap, embeddings scaled by sqrt(dim). Its
+    attn_logit_softcapping is not applied, as transformers' and llama.cpp's Gemma 3 do not (a
+    Gemma 2 field; Gemma 3's configs leave it null)."""
+    n_layers = raw["num_hidden_layers"]
+    kinds = raw.get("layer_types") or [
+        "full_attention" if (i + 1) % raw.get("sliding_window_pattern", 6) == 0 else "sliding_attention"
+        for i in range(n_layers)]
+    unknown = set(kinds) - {"full_attention", "sliding_attention"}
+    if unknown:
+        raise ConfigError(f"unsupported layer_types {sorted(unknown)}")
+    params = raw.get("rope_parameters") or {}
+    if "full_attention" in params:
+        full, local = params["full_attention"] or {}, params.get("sliding_attention") or {}
+        global_rope = rope.from_hf({**raw, "rope_scaling": None, "rope_parameters": full})
+        local_theta = float(local.get("rope_theta", 10000.0))
+        if local.get("rope_type", "default") != "default":
+            raise rope.UnsupportedRope(f"RoPE scaling {local['rope_type']!r} on sliding layers is not supported")
+    else:
+        global_rope = rope.from_hf({"rope_theta": 1_000_000.0, **raw})
+        local_theta = float(raw.get("rope_local_base_freq", 10000.0))
+    return dict(
+        rope=global_rope,
+        sliding_window=int(raw.get("sliding_window") or 0),
+        sliding_layers=tuple(kind == "sliding_attention" for kind in kinds),
+        rope_local_theta=local_theta,
+        attn_scale=float(raw.get("query_pre_attn_scalar") or head_dim) ** -0.5,
+        final_softcap=float(raw.get("final_logit_softcapping") or 0.0),
+        embed_scale=float(raw["hidden_size"]) ** 0.5,
     )
 
 
 def load_weights(folder: str | Path) -> dict[str, torch.Tensor]:
-    """All *.safetensors tensors under engine.model's names (HF layout is already ours)."""
+    """All *.safetensors tensors under engine.model's names (HF layout is already ours; one MoE
+    layer's experts stacked, transformers 5's fused gate_up split)."""
+    gemma = _raw_config(folder).get("model_type") in _GEMMA
     out: dict[str, torch.Tensor] = {}
+    experts: dict[str, dict[int, torch.Tensor]] = {}
     for file in sorted(Path(folder).glob("*.safetensors")):
         for name, tensor in load_file(file).items():
-            mapped = _map_name(name)
-            if mapped is not None:
+            mapped = _map_name(name, gemma)
+            if gemma and name.endswith("norm.weight"):  # Gemma's RMSNorm scales by 1 + weight
+                tensor = tensor.float() + 1
+            if mapped is None:
+                continue
+            if isinstance(mapped, tuple):
+                experts.setdefault(mapped[0], {})[mapped[1]] = tensor
+            elif mapped.endswith(".experts_gate_up"):
+                gate, up = tensor.chunk(2, dim=1)
+                out[mapped.removesuffix("_gate_up") + "_gate"], out[mapped.removesuffix("_gate_up") + "_up"] = gate, up
+            else:
                 out[mapped] = tensor
+    for name, by_index in experts.items():
+        if sorted(by_index) != list(range(len(by_index))):
+            raise ConfigError(f"{name}: experts {sorted(by_index)} are not 0..{len(by_index) - 1}")
+        out[name] = torch.stack([by_index[j] for j in range(len(by_index))])
     return out
 
 
-def _map_name(hf_name: str) -> str | None:
+def _map_name(hf_name: str, gemma: bool = False) -> str | tuple[str, int] | None:
     name = hf_name.removeprefix("model.")
     if name == "embed_tokens.weight":
         return "embed"
@@ -80,5 +175,10 @@ def _map_name(hf_name: str) -> str | None:
     if not name.startswith("layers."):
         return None
     _, index, rest = name.split(".", 2)
-    base = _LAYER_NAMES.get(rest)
+    if rest == "mlp.experts.gate_up_proj":
+        return f"layers.{index}.experts_gate_up"
+    parts = rest.split(".")  # mlp.experts.{j}.gate_proj.weight
+    if len(parts) == 5 and parts[1] == "experts" and parts[2].isdigit() and parts[3] in _EXPERT_NAMES:
+        return f"layers.{index}.{_EXPERT_NAMES[parts[3]]}", int(parts[2])
+    base = (gemma and _GEMMA_NAMES.get(rest)) or _LAYER_NAMES.get(rest)
     return None if base is None else f"layers.{index}.{base}"

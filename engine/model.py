@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.memory import ensure_kv_fits
+from engine.moe import Experts
 from engine.quants.blocks import INT4_TYPES, INT8_HEAD_TYPES, QuantLinear, QuantRows
 from engine.rope import RopeScaling, tables
 from engine.weights import (
@@ -36,6 +37,12 @@ log = logging.getLogger(__name__)
 WEIGHT_NAMES = (
     "attn_norm", "q", "k", "v", "o", "ffn_norm", "gate", "up", "down",  # always
     "q_bias", "k_bias", "v_bias", "q_norm", "k_norm",  # Qwen2 biases, Qwen3 q/k norms
+    # an MoE layer instead of gate/up/down (engine/moe.py): router [E, dim], experts_gate/up
+    # [E, I, dim], experts_down [E, dim, I]; a shared expert's shared_gate/up/down and its
+    # shared_router [1, dim]
+    "router", "experts_gate", "experts_up", "experts_down",
+    "shared_gate", "shared_up", "shared_down", "shared_router",
+    "post_attn_norm", "post_ffn_norm",  # Gemma 3: norms of the attention's and the FFN's outputs
 )
 # Whole-model names: "embed", "norm", and "output" unless the embeddings are tied.
 
@@ -63,6 +70,17 @@ class ModelConfig:
     qk_norm: bool = False
     max_positions: int = 8192  # what the model was trained for (informational)
     rope_scaling: RopeScaling = RopeScaling()  # as the config declares it (engine/rope.py)
+    n_experts_used: int = 0  # MoE layers (those with a router): experts per token
+    norm_topk: bool = True  # MoE: the chosen experts' weights renormalized to sum to one
+    # Gemma 3 (and Mistral's window): which layers attend over the last `sliding_window` positions
+    # only, with their own RoPE base (0: the global one, unscaled either way)
+    sliding_window: int = 0
+    sliding_layers: tuple[bool, ...] = ()
+    rope_local_theta: float = 0.0
+    attn_scale: float = 0.0  # scores' factor; 0: head_dim ** -0.5 (Gemma: query_pre_attn_scalar ** -0.5)
+    final_softcap: float = 0.0  # logits -> cap * tanh(logits / cap) where set (Gemma 3's final_logit_softcapping)
+    embed_scale: float = 1.0  # embeddings multiplied by it (Gemma: sqrt(dim))
+    activation: str = "silu"  # the gated FFN's: "silu" or "gelu_tanh" (Gemma)
 
     @property
     def q_size(self) -> int:
@@ -81,6 +99,14 @@ class ModelConfig:
     def kv_cache_bytes(self, num_slots: int, ctx: int, dtype: torch.dtype) -> int:
         """Every layer's K and V buffers together."""
         return 2 * self.n_layers * math.prod(self.kv_shape(num_slots, ctx)) * dtype.itemsize
+
+    def is_sliding(self, layer: int) -> bool:
+        return self.sliding_window > 0 and layer < len(self.sliding_layers) and self.sliding_layers[layer]
+
+    @property
+    def local_rope(self) -> bool:
+        """Whether sliding layers read RoPE rows of their own."""
+        return any(self.sliding_layers) and self.rope_local_theta > 0
 
 
 @dataclass(frozen=True)
@@ -105,12 +131,17 @@ class CacheIndex:
         rows = torch.tensor([s - lo for s in slots], dtype=torch.long, device=positions.device).unsqueeze(1)
         return cls(lo, hi, span, rows, positions, sliced=slots == list(range(lo, hi)))
 
-    def mask(self) -> Tensor:
+    def mask(self, window: int = 0) -> Tensor:
         """[B, 1, 1, T, span] bool: key j is seen by a token at position p iff j <= p (causal
-        inside a chunk, everything cached before it visible, stale entries past it hidden)."""
-        cols = torch.arange(self.span, device=self.positions.device)
+        inside a chunk, everything cached before it visible, stale entries past it hidden), and
+        with a window, p - j < window (the last `window` positions, its own included)."""
+        cols = torch.arange(self.span, device=self.positions.device).view(1, 1, self.span)
         bsz, seq = self.positions.shape
-        return (cols.view(1, 1, self.span) <= self.positions.unsqueeze(-1)).view(bsz, 1, 1, seq, self.span)
+        positions = self.positions.unsqueeze(-1)
+        seen = cols <= positions
+        if window:
+            seen = seen & (cols > positions - window)
+        return seen.view(bsz, 1, 1, seq, self.span)
 
 
 class Block(nn.Module):
@@ -123,6 +154,10 @@ class Block(nn.Module):
         self.q_norm: Tensor | None = None
         self.k_norm: Tensor | None = None
         self.wqkv = self.wo = self.w_gate_up = self.w_down = nn.Identity()
+        self.experts: Experts | None = None  # an MoE layer's FFN instead of w_gate_up/w_down
+        self.post_attn_norm: Tensor | None = None  # Gemma 3
+        self.post_ffn_norm: Tensor | None = None
+        self.sliding = False  # reads the sliding-window mask and the local RoPE rows (run_layers)
         self.k_cache = self.v_cache = torch.empty(0)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, keys: Tensor, values: Tensor,
@@ -153,10 +188,20 @@ class Block(nn.Module):
         keys, values = keys.narrow(2, 0, index.span), values.narrow(2, 0, index.span)
         if not index.sliced:
             keys, values = keys[index.rows[:, 0]], values[index.rows[:, 0]]  # scattered slots: a gather
-        x = x + self.wo(attend(q.transpose(1, 2), keys, values, mask))
+        out = self.wo(attend(q.transpose(1, 2), keys, values, mask, cfg.attn_scale))
+        if self.post_attn_norm is not None:
+            out = F.rms_norm(out.float(), (cfg.dim,), self.post_attn_norm, cfg.norm_eps)
+        x = x + out
         h = F.rms_norm(x, (cfg.dim,), self.ffn_norm, cfg.norm_eps)
-        gate, up = self.w_gate_up(h).chunk(2, dim=-1)
-        return x + self.w_down(F.silu(gate) * up)  # float32 x + bf16 promotes to float32
+        if self.experts is not None:
+            out = self.experts(h)
+        else:
+            gate, up = self.w_gate_up(h).chunk(2, dim=-1)
+            act = F.silu(gate) if cfg.activation == "silu" else F.gelu(gate, approximate="tanh")
+            out = self.w_down(act * up)
+        if self.post_ffn_norm is not None:
+            out = F.rms_norm(out.float(), (cfg.dim,), self.post_ffn_norm, cfg.norm_eps)
+        return x + out  # float32 x + bf16 promotes to float32
 
 
 class Transformer(nn.Module):
@@ -173,6 +218,7 @@ class Transformer(nn.Module):
         self.dtype = self.cache_dtype = torch.float32
         self.device = torch.device("cpu")
         self.cos = self.sin = torch.empty(0)
+        self.cos_local = self.sin_local = torch.empty(0)  # sliding layers' RoPE rows (cfg.local_rope)
         self.num_slots = 0
         self.ctx = 0
         self.forms: dict[str, int] = {}  # linear form -> count, for logs and tests
@@ -232,15 +278,34 @@ class Transformer(nn.Module):
             model.forms[form] = model.forms.get(form, 0) + 1
             return module
 
+        def experts(p: str) -> Experts:
+            # Experts stay dense in the activations' dtype (a quantized file's are dequantized).
+            gate_up = torch.cat([source.dense(p + "experts_gate"), source.dense(p + "experts_up")], dim=1)
+            shared = None
+            if p + "shared_router" in names:
+                shared = (linear([p + "shared_gate", p + "shared_up"]), linear([p + "shared_down"]), vector(p + "shared_router"))
+            model.forms["experts"] = model.forms.get("experts", 0) + 1
+            return Experts(vector(p + "router"), gate_up.to(device=device, dtype=dtype),
+                           source.dense(p + "experts_down").to(device=device, dtype=dtype),
+                           cfg.n_experts_used, cfg.norm_topk, shared)
+
         for i, block in enumerate(model.layers):
             p = f"layers.{i}."
             block.attn_norm, block.ffn_norm = vector(p + "attn_norm"), vector(p + "ffn_norm")
             if cfg.qk_norm:
                 block.q_norm, block.k_norm = vector(p + "q_norm"), vector(p + "k_norm")
+            if p + "post_attn_norm" in names:
+                block.post_attn_norm = vector(p + "post_attn_norm")
+            if p + "post_ffn_norm" in names:
+                block.post_ffn_norm = vector(p + "post_ffn_norm")
+            block.sliding = cfg.is_sliding(i)
             block.wqkv = linear([p + "q", p + "k", p + "v"], [p + "q_bias", p + "k_bias", p + "v_bias"] if cfg.qkv_bias else None)
             block.wo = linear([p + "o"])
-            block.w_gate_up = linear([p + "gate", p + "up"])
-            block.w_down = linear([p + "down"])
+            if p + "router" in names:
+                block.experts = experts(p)
+            else:
+                block.w_gate_up = linear([p + "gate", p + "up"])
+                block.w_down = linear([p + "down"])
         head_name = "embed" if cfg.tie_embeddings or "output" not in names else "output"
         model.norm = vector("norm")
         model.embed = rows_on(device, source, "embed")
@@ -294,6 +359,9 @@ class Transformer(nn.Module):
         # rounds the rows it uses to the activations' dtype, as transformers does.
         cos, sin = tables(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, ctx + 1, ctx)
         self.cos, self.sin = cos.to(self.device), sin.to(self.device)
+        if cfg.local_rope:  # Gemma 3's sliding layers: their own base, no scaling
+            cos, sin = tables(cfg.head_dim, cfg.rope_local_theta, RopeScaling(), ctx + 1, ctx)
+            self.cos_local, self.sin_local = cos.to(self.device), sin.to(self.device)
         self.num_slots, self.ctx = num_slots, ctx
 
     def kv_bytes(self) -> int:
@@ -304,8 +372,12 @@ class Transformer(nn.Module):
     def forward(self, tokens: Tensor, index: CacheIndex) -> Tensor:
         """tokens: [B, T] at index.positions of their slots -> [B, dim] float32 residual of each
         row's last token, final norm applied (feed it to `logits`)."""
-        x = self.embed(tokens)  # [B, T, dim] float32: the residual stream
-        return self.run_layers(x, index)
+        return self.run_layers(self.embed_tokens(tokens), index)
+
+    def embed_tokens(self, tokens: Tensor) -> Tensor:
+        """tokens [B, T] -> [B, T, dim] float32: the residual stream (Gemma's scaled by sqrt(dim))."""
+        x = self.embed(tokens)
+        return x * self.cfg.embed_scale if self.cfg.embed_scale != 1.0 else x
 
     def run_layers(self, x: Tensor, index: CacheIndex) -> Tensor:
         """x: [B, T, dim] float32 embeddings -> [B, dim] normalized residual of the last token.
@@ -316,16 +388,32 @@ class Transformer(nn.Module):
         """x: [B, T, dim] float32 embeddings -> the last layer's output [B, T, dim], every position."""
         cos, sin = self.rope(index.positions)
         mask = index.mask()
+        local = (cos, sin, mask)  # what sliding layers read
+        if self.cfg.sliding_window and any(b.sliding for b in self.layers):
+            local = (*self.rope_local(index.positions), index.mask(self.cfg.sliding_window))
         lo, hi = index.lo, index.hi
         for block in self.layers:
-            x = block(x, cos, sin, block.k_cache[lo:hi], block.v_cache[lo:hi], index, mask)
+            c, s, m = local if block.sliding else (cos, sin, mask)
+            x = block(x, c, s, block.k_cache[lo:hi], block.v_cache[lo:hi], index, m)
         return x
 
     def forward_all(self, tokens: Tensor, index: CacheIndex) -> Tensor:
         """`forward` for every position: tokens [B, T] -> [B, T, dim] final-normed residuals
         (prompt scoring: each position's logits score the token after it)."""
-        x = self.layers_out(self.embed(tokens), index)
+        x = self.layers_out(self.embed_tokens(tokens), index)
         return F.rms_norm(x, (self.cfg.dim,), self.norm, self.cfg.norm_eps)
+
+    def uniform_layers(self) -> bool:
+        """Whether every layer reads the same RoPE rows and mask from unscaled embeddings: what the
+        compiled step (engine/compiled.py, engine/aot.py) computes for all layers today. Gemma 3's
+        sliding layers and scaled embeddings decode eagerly until the one step definition has them."""
+        return not any(b.sliding for b in self.layers) and self.cfg.embed_scale == 1.0
+
+    def rope_local(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """The sliding layers' RoPE rows: their own base where the config has one (Gemma 3)."""
+        if not self.cfg.local_rope:
+            return self.rope(positions)
+        return self.cos_local[positions].to(self.dtype), self.sin_local[positions].to(self.dtype)
 
     def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """positions [B, T] -> cos, sin [B, T, hd], rounded once per step to the activations'
@@ -379,10 +467,12 @@ class Transformer(nn.Module):
 
     def exact_top(self, h: Tensor, logits: Tensor, candidates: Tensor | None) -> Tensor:
         """The candidates' logits recomputed in float32 from the file's exact rows (in place)."""
-        if candidates is None or self.head_rows is None:
-            return logits
-        rows, cols = candidates.nonzero(as_tuple=True)
-        logits[rows, cols] = (h[rows] * self.head_rows(cols)).sum(-1)
+        if candidates is not None and self.head_rows is not None:
+            rows, cols = candidates.nonzero(as_tuple=True)
+            logits[rows, cols] = (h[rows] * self.head_rows(cols)).sum(-1)
+        cap = self.cfg.final_softcap
+        if cap:  # monotonic: the candidates for the top are the same before and after
+            logits = torch.tanh(logits / cap) * cap
         return logits
 
 
@@ -401,7 +491,7 @@ def rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def attend(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
+def attend(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, scale: float = 0.0) -> Tensor:
     """Float32 attention. q: [B, H, T, hd]; keys, values: [B, KV, L, hd]; mask: [B, 1, 1, T, L]
     bool -> [B, T, H*hd] in q's dtype.
 
@@ -410,16 +500,17 @@ def attend(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
     too, which never holds the [T, L] scores whole: 2.3x faster at 256 queries over 2 000 keys,
     4.6x at 512, the same error against float64 (the plain path spent as long in attention as in
     the linears). Its bf16-rounded outputs differ from the plain path's in a few elements, which
-    moves greedy near-ties downstream (docs/engine.md, "Beside llama.cpp")."""
+    moves greedy near-ties downstream (docs/engine.md, "Beside llama.cpp"). scale: the scores'
+    factor (0: head_dim ** -0.5)."""
     bsz, n_heads, seq, head_dim = q.shape
     if seq == 1:
-        return attend_plain(q, keys, values, mask)
-    out = F.scaled_dot_product_attention(q.float(), keys.float(), values.float(),
-                                         attn_mask=mask.view(bsz, 1, seq, -1), enable_gqa=True)
+        return attend_plain(q, keys, values, mask, scale)
+    out = F.scaled_dot_product_attention(q.float(), keys.float(), values.float(), attn_mask=mask.view(bsz, 1, seq, -1),
+                                         enable_gqa=True, scale=scale or None)
     return out.to(q.dtype).transpose(1, 2).reshape(bsz, seq, n_heads * head_dim)
 
 
-def attend_plain(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
+def attend_plain(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, scale: float = 0.0) -> Tensor:
     """`attend` as matmul -> float32 softmax -> matmul (the decode step's form)."""
     bsz, n_heads, seq, head_dim = q.shape
     n_kv = keys.shape[1]
@@ -428,7 +519,7 @@ def attend_plain(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tenso
     qg = q.reshape(bsz, n_kv, group * seq, head_dim)
     # Scores, softmax and the weighted sum in float32 (bf16 scores are 1/8-1/4 apart at 16-64).
     qg = qg.float()
-    scores = torch.matmul(qg, keys.float().transpose(-1, -2)) * (head_dim**-0.5)  # [B, KV, G*T, L]
+    scores = torch.matmul(qg, keys.float().transpose(-1, -2)) * (scale or head_dim**-0.5)  # [B, KV, G*T, L]
     scores = scores.view(bsz, n_kv, group, seq, -1).masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1).view(bsz, n_kv, group * seq, -1)
     out = torch.matmul(probs, values.float()).to(q.dtype)  # [B, KV, G*T, hd]

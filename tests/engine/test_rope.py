@@ -13,7 +13,7 @@ from engine import hf_loader, rope
 from engine.gguf_loader import GGUFModel
 from engine.model import Transformer
 from engine.weights import DictSource
-from tests.engine.conftest import decode_logits, prefill_logits
+from tests.engine.against_hf import check_prefill_and_decode
 
 HEAD_DIM = 16
 # A short "original" context so the positions of a test (up to ~70) are where the scalings differ.
@@ -99,8 +99,6 @@ def test_transformers4_rope_scaling_is_read(tmp_path):
 
 # ---- whole models against transformers, from an HF folder and from a GGUF --------------------
 
-ATOL = 2e-4  # float32, as tests/engine/test_model_vs_transformers.py
-
 
 @pytest.fixture(scope="module", params=["llama3", "yarn", "linear"])
 def scaled(request, tmp_path_factory):
@@ -113,40 +111,13 @@ def scaled(request, tmp_path_factory):
     return request.param, hf, folder
 
 
-def _hf_logits(hf, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return hf(torch.tensor([ids])).logits[0].float()
-
-
-def _check_prefill_and_decode(hf, model) -> None:
-    """Chunked prefill of a 70-token prompt in slot 2, then batched decode in slots 3 and 1."""
-    gen = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, 256, (70,), generator=gen).tolist()
-    ref = _hf_logits(hf, ids)
-    start = 0
-    for chunk in (16, 1, 33, 20):
-        logits = prefill_logits(model, 2, ids[start:start + chunk], start)
-        start += chunk
-        torch.testing.assert_close(logits, ref[start - 1], atol=ATOL, rtol=0)
-    prompts = {3: ids[:50], 1: ids[5:14]}
-    extra = torch.randint(0, 256, (2, 4), generator=gen).tolist()
-    refs = {s: _hf_logits(hf, prompts[s] + extra[row]) for row, s in enumerate(prompts)}
-    for slot, prompt in prompts.items():
-        prefill_logits(model, slot, prompt)
-    for step in range(4):
-        positions = [len(prompts[s]) + step for s in prompts]
-        logits = decode_logits(model, list(prompts), [extra[row][step] for row in range(2)], positions)
-        for row, slot in enumerate(prompts):
-            torch.testing.assert_close(logits[row], refs[slot][positions[row]], atol=ATOL, rtol=0)
-
-
 def test_hf_folder_with_scaling_matches_transformers(scaled):
     kind, hf, folder = scaled
     cfg = hf_loader.read_config(folder)
     assert cfg.rope_scaling.kind == kind
     model = Transformer.build(cfg, DictSource(hf_loader.load_weights(folder)), dtype=torch.float32, device=torch.device("cpu"))
     model.allocate_cache(num_slots=4, ctx=256)
-    _check_prefill_and_decode(hf, model)
+    check_prefill_and_decode(hf, model)
 
 
 def _permute(weight: np.ndarray, n_heads: int) -> np.ndarray:
@@ -210,7 +181,7 @@ def test_gguf_with_scaling_matches_transformers(scaled, tmp_path):
     assert (loaded.config.rope_scaling.freq_factors is not None) == (kind == "llama3")
     model = Transformer.build(loaded.config, loaded, dtype=torch.float32, device=torch.device("cpu"))
     model.allocate_cache(num_slots=4, ctx=256)
-    _check_prefill_and_decode(hf, model)
+    check_prefill_and_decode(hf, model)
 
 
 def test_gguf_longrope_is_refused(tmp_path):

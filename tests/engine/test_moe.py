@@ -1,0 +1,153 @@
+"""Mixture-of-experts layers (engine/moe.py): Qwen3-MoE and Mixtral against transformers, from an
+HF folder, a float32 GGUF and a Q8_0 GGUF written here under llama.cpp's names."""
+
+from __future__ import annotations
+
+import gguf
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from engine import hf_loader
+from engine.gguf_loader import GGUFModel
+from engine.model import Transformer
+from engine.moe import Experts
+from engine.weights import DictSource
+from tests.engine.against_hf import check_prefill_and_decode
+from tests.engine.gguf_write import common_metadata, write_hf_as_gguf
+
+COMMON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+              max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=False)
+
+
+def qwen3_moe(norm_topk: bool = True, mlp_only_layers: tuple[int, ...] = ()):
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3MoeConfig(**COMMON, head_dim=16, intermediate_size=96, moe_intermediate_size=32, num_experts=8,
+                         num_experts_per_tok=3, norm_topk_prob=norm_topk, mlp_only_layers=list(mlp_only_layers))
+    return _randomized(Qwen3MoeForCausalLM(cfg))
+
+
+def mixtral():
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MixtralConfig(**COMMON, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2, sliding_window=None)
+    return _randomized(MixtralForCausalLM(cfg))
+
+
+def _randomized(hf):
+    with torch.no_grad():  # norms start at one and routers at zero: make them count
+        for name, p in hf.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+            if name.endswith("gate.weight") and p.shape[0] <= 8:  # the router
+                p.normal_(0, 0.5)
+    return hf.float().eval()
+
+
+# ---- the layer alone ------------------------------------------------------------------------
+
+def _experts_of(block, top_k: int, normalize: bool) -> Experts:
+    """Our Experts from transformers' MoE block (its fused [E, 2I, dim] gate_up and [E, dim, I] down)."""
+    return Experts(block.gate.weight.detach().float(), block.experts.gate_up_proj.detach().float(),
+                   block.experts.down_proj.detach().float(), top_k, normalize)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_moe-unnormalized", "mixtral"])
+@pytest.mark.parametrize("rows, tokens", [(1, 1), (3, 1), (1, 40)])  # decode: gathered; a chunk: grouped
+def test_layer_matches_transformers_moe_block(family, rows, tokens):
+    hf = mixtral() if family == "mixtral" else qwen3_moe(norm_topk=family == "qwen3_moe")
+    block = hf.model.layers[0].mlp
+    ours = _experts_of(block, hf.config.num_experts_per_tok, family != "qwen3_moe-unnormalized")
+    h = torch.randn(rows, tokens, 64, generator=torch.Generator().manual_seed(rows * tokens))
+    with torch.no_grad():
+        ref = block(h)
+    torch.testing.assert_close(ours(h), ref, atol=1e-5, rtol=0)
+    # the two ways agree, and every expert a row chose is one transformers' router chose
+    flat = h.reshape(-1, 64)
+    weights, experts = ours.route(flat)
+    _, _, hf_experts = block.gate(flat)
+    assert torch.equal(experts.sort(-1).values, hf_experts.sort(-1).values)
+    torch.testing.assert_close(ours._gathered(flat, weights, experts), ours._grouped(flat, weights, experts), atol=1e-5, rtol=0)
+
+
+def test_only_the_routed_experts_are_read():
+    hf = qwen3_moe()
+    ours = _experts_of(hf.model.layers[0].mlp, 3, True)
+    h = torch.randn(1, 1, 64)
+    _, chosen = ours.route(h[0])
+    out = ours(h)
+    unused = [e for e in range(8) if e not in chosen[0].tolist()]
+    ours.gate_up[unused] = float("nan")  # an expert no row chose cannot change a row's output
+    ours.down[unused] = float("nan")
+    torch.testing.assert_close(ours(h), out, atol=0, rtol=0)
+    chunk = torch.randn(1, 40, 64)  # grouped: an expert no row chose has an empty segment
+    _, chosen = ours.route(chunk[0])
+    assert torch.isfinite(ours(chunk)).all() == set(chosen.reshape(-1).tolist()).isdisjoint(unused)
+
+
+# ---- whole models: HF folder, GGUF f32, GGUF Q8_0 -------------------------------------------
+
+FAMILIES = {
+    "qwen3_moe": lambda: qwen3_moe(norm_topk=False, mlp_only_layers=(1,)),  # a dense layer between
+    "mixtral": mixtral,
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_hf_folder_matches_transformers(family, tmp_path):
+    hf = FAMILIES[family]()
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    cfg = hf_loader.read_config(tmp_path)
+    weights = hf_loader.load_weights(tmp_path)
+    assert weights["layers.0.experts_gate"].shape[0] == (8 if family == "qwen3_moe" else 4)
+    model = Transformer.build(cfg, DictSource(weights), dtype=torch.float32, device=torch.device("cpu"))
+    assert model.forms["experts"] == (1 if family == "qwen3_moe" else 2)
+    model.allocate_cache(num_slots=4, ctx=256)
+    check_prefill_and_decode(hf, model)
+
+
+def _gguf(path, hf, qtype: Q) -> dict[str, torch.Tensor]:
+    cfg = hf.config
+    if cfg.model_type == "mixtral":  # llama.cpp converts Mixtral as `llama` with expert tensors
+        arch, heads, experts, ffn = gguf.MODEL_ARCH.LLAMA, (4, 2), cfg.num_local_experts, cfg.intermediate_size
+    else:
+        arch, heads, experts, ffn = gguf.MODEL_ARCH.QWEN3MOE, None, cfg.num_experts, cfg.moe_intermediate_size
+
+    def metadata(writer):
+        common_metadata(writer, cfg, expert_ffn=ffn)
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(cfg.num_experts_per_tok)
+
+    return write_hf_as_gguf(path, hf, arch, metadata, qtype=qtype, heads=heads)
+
+
+@pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0], ids=["f32", "q8_0"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_gguf_matches_transformers(family, qtype, tmp_path):
+    # llama.cpp's qwen3moe has no dense layers between and renormalizes the chosen experts' weights
+    hf = qwen3_moe(norm_topk=True) if family == "qwen3_moe" else mixtral()
+    path = tmp_path / f"{family}.gguf"
+    held = _gguf(path, hf, qtype)
+    loaded = GGUFModel(path)
+    if qtype == Q.Q8_0:
+        stored = {t.name: t.qtype for t in loaded.file.tensors.values()}
+        assert stored["blk.0.ffn_gate_exps.weight"] == Q.Q8_0 and stored["blk.0.attn_q.weight"] == Q.Q8_0
+        hf.load_state_dict(held, strict=True)  # the reference: transformers on the file's own weights
+    model = Transformer.build(loaded.config, loaded, dtype=torch.float32, device=torch.device("cpu"))
+    model.allocate_cache(num_slots=4, ctx=256)
+    check_prefill_and_decode(hf, model)
+
+
+def test_bf16_moe_model_stays_close(tmp_path):
+    # the default dtype on the CPU: experts in bf16, routing in float32
+    hf = qwen3_moe()
+    path = tmp_path / "q8.gguf"
+    held = _gguf(path, hf, Q.Q8_0)
+    hf.load_state_dict(held, strict=True)
+    loaded = GGUFModel(path)
+    model = Transformer.build(loaded.config, loaded, dtype=torch.bfloat16, device=torch.device("cpu"), int4=True)
+    model.allocate_cache(num_slots=4, ctx=256)
+    check_prefill_and_decode(hf, model, atol=0.1)
