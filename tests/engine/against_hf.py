@@ -40,3 +40,32 @@ def check_prefill_and_decode(hf, model, vocab: int = 256, atol: float = ATOL, pr
         logits = decode_logits(model, list(prompts), [extra[row][step] for row in range(2)], positions)
         for row, slot in enumerate(prompts):
             torch.testing.assert_close(logits[row], refs[slot][positions[row]], atol=atol, rtol=0)
+
+
+def hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
+    ids = list(prompt)
+    for _ in range(n):
+        ids.append(int(hf_logits(hf, ids)[-1].argmax()))
+    return ids[len(prompt):]
+
+
+def check_engine_greedy(hf, model, vocab: int = 256, steps: int = 6) -> None:
+    """The engine as a worker drives it (begin, read, decode of several slots side by side, out of
+    slot order): every slot's greedy tokens are transformers' greedy tokens for its prompt."""
+    from engine.protocol import SamplingParams
+    from engine.runner import TorchEngine
+
+    engine = TorchEngine(model, None, eos_token_ids=frozenset())
+    gen = torch.Generator().manual_seed(3)
+    prompts = {3: torch.randint(0, vocab, (30,), generator=gen).tolist(), 0: torch.randint(0, vocab, (7,), generator=gen).tolist(),
+               2: torch.randint(0, vocab, (18,), generator=gen).tolist()}
+    out = {}
+    for slot, prompt in prompts.items():
+        engine.begin(slot, SamplingParams(temperature=0.0))
+        out[slot] = [engine.read(slot, prompt, sample=True)]
+    for _ in range(steps - 1):
+        slots = list(prompts)
+        for slot, new in zip(slots, engine.decode(slots, [out[s][-1] for s in slots])):
+            out[slot] += new
+    for slot, prompt in prompts.items():
+        assert out[slot][:steps] == hf_greedy(hf, prompt, steps), slot

@@ -13,7 +13,7 @@ from engine import hf_loader
 from engine.gguf_loader import GGUFModel
 from engine.model import Transformer
 from engine.weights import DictSource
-from tests.engine.against_hf import check_prefill_and_decode
+from tests.engine.against_hf import check_engine_greedy, check_prefill_and_decode
 from tests.engine.gguf_write import common_metadata, write_hf_as_gguf
 
 WINDOW = 12  # shorter than the test's prompts (9-70 tokens), so the sliding layers' mask matters
@@ -54,6 +54,7 @@ def test_hf_folder_matches_transformers(variant, tmp_path):
     assert not model.uniform_layers()  # decodes eagerly (the compiled step reads one mask for all layers)
     model.allocate_cache(num_slots=4, ctx=256)
     check_prefill_and_decode(hf, model)
+    check_engine_greedy(hf, model)
 
 
 def test_the_window_and_the_local_base_matter(tmp_path):

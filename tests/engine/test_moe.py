@@ -13,7 +13,7 @@ from engine.gguf_loader import GGUFModel
 from engine.model import Transformer
 from engine.moe import Experts
 from engine.weights import DictSource
-from tests.engine.against_hf import check_prefill_and_decode
+from tests.engine.against_hf import check_engine_greedy, check_prefill_and_decode
 from tests.engine.gguf_write import common_metadata, write_hf_as_gguf
 
 COMMON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
@@ -29,11 +29,11 @@ def qwen3_moe(norm_topk: bool = True, mlp_only_layers: tuple[int, ...] = ()):
     return _randomized(Qwen3MoeForCausalLM(cfg))
 
 
-def mixtral():
+def mixtral(window: int | None = None):
     from transformers import MixtralConfig, MixtralForCausalLM
 
     torch.manual_seed(0)
-    cfg = MixtralConfig(**COMMON, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2, sliding_window=None)
+    cfg = MixtralConfig(**COMMON, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2, sliding_window=window)
     return _randomized(MixtralForCausalLM(cfg))
 
 
@@ -93,6 +93,7 @@ def test_only_the_routed_experts_are_read():
 FAMILIES = {
     "qwen3_moe": lambda: qwen3_moe(norm_topk=False, mlp_only_layers=(1,)),  # a dense layer between
     "mixtral": mixtral,
+    "mixtral-window": lambda: mixtral(window=12),  # every layer attends over its last 12 positions
 }
 
 
@@ -103,10 +104,12 @@ def test_hf_folder_matches_transformers(family, tmp_path):
     cfg = hf_loader.read_config(tmp_path)
     weights = hf_loader.load_weights(tmp_path)
     assert weights["layers.0.experts_gate"].shape[0] == (8 if family == "qwen3_moe" else 4)
+    assert cfg.sliding_window == (12 if family == "mixtral-window" else 0)
     model = Transformer.build(cfg, DictSource(weights), dtype=torch.float32, device=torch.device("cpu"))
     assert model.forms["experts"] == (1 if family == "qwen3_moe" else 2)
     model.allocate_cache(num_slots=4, ctx=256)
     check_prefill_and_decode(hf, model)
+    check_engine_greedy(hf, model)
 
 
 def _gguf(path, hf, qtype: Q) -> dict[str, torch.Tensor]:
