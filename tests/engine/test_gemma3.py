@@ -13,8 +13,8 @@ from engine import hf_loader
 from engine.gguf_loader import GGUFModel
 from engine.model import Transformer
 from engine.weights import DictSource
-from tests.engine.against_hf import check_engine_greedy, check_prefill_and_decode
-from tests.engine.gguf_write import common_metadata, write_hf_as_gguf
+from tests.helpers.hf_reference import check_engine_greedy, check_prefill_and_decode
+from tests.helpers.gguf_write import common_metadata, write_hf_as_gguf
 
 WINDOW = 12  # shorter than the test's prompts (9-70 tokens), so the sliding layers' mask matters
 
@@ -66,7 +66,7 @@ def test_the_window_and_the_local_base_matter(tmp_path):
     weights = hf_loader.load_weights(tmp_path)
     from dataclasses import replace
 
-    from tests.engine.against_hf import hf_logits
+    from tests.helpers.hf_reference import hf_logits
     from tests.engine.conftest import prefill_logits
 
     ids = list(range(40))

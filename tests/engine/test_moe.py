@@ -13,8 +13,8 @@ from engine.gguf_loader import GGUFModel
 from engine.model import Transformer
 from engine.moe import Experts
 from engine.weights import DictSource
-from tests.engine.against_hf import check_engine_greedy, check_prefill_and_decode
-from tests.engine.gguf_write import common_metadata, write_hf_as_gguf
+from tests.helpers.hf_reference import check_engine_greedy, check_prefill_and_decode
+from tests.helpers.gguf_write import common_metadata, write_hf_as_gguf
 
 COMMON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
               max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=False)

@@ -13,7 +13,7 @@ from engine import hf_loader, rope
 from engine.gguf_loader import GGUFModel
 from engine.model import Transformer
 from engine.weights import DictSource
-from tests.engine.against_hf import check_prefill_and_decode
+from tests.helpers.hf_reference import check_prefill_and_decode
 
 HEAD_DIM = 16
 # A short "original" context so the positions of a test (up to ~70) are where the scalings differ.
