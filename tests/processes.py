@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 # Not STRATA_-prefixed: the helpers that strip Strata's settings from a child's environment
-# (queues.server.environ_without_settings) keep it.
+# (queues.settings.environ_without_settings) keep it.
 RUN_MARK = "PYTEST_STRATA_RUN"
 CI_MARK = "STRATA_CI"  # set by .ci/run: a test that needs a program CI installs fails when it is missing
 

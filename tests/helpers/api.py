@@ -97,3 +97,16 @@ def assert_still_serves(http: httpx.Client, worker):
         request_id = response.headers["x-request-id"]
         assert worker.wait_for(1) == [request_id]
         assert worker.record(request_id)["priority"] == "3"
+
+def metric_samples(http: httpx.Client) -> dict[tuple[str, frozenset], float]:
+    """/metrics parsed with prometheus_client's own parser: (sample name, labels) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = http.get("/metrics")
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/plain")
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }

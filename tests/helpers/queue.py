@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
+from typing import Callable
 
 import redis.asyncio as aioredis
 
@@ -11,6 +12,23 @@ from queues.intake import Intake
 from queues.records import QueuedRequest
 
 MODEL = "fake"  # the model name the fake-engine tests queue under
+
+
+def enqueue(redis_url: str, clock: Callable[[], int], rid: str, *, priority: int = 0, max_tokens: int = 3,
+            prompt_len: int = 4, timeout_ms: int | None = None, max_waiting: int = 0) -> int:
+    """Enqueue through the API's own path (Intake) at the test's clock; how many wait ahead."""
+
+    async def go() -> int:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            request = QueuedRequest(id=rid, priority=priority, prompt=distinct_prompt(rid, prompt_len),
+                                    max_tokens=max_tokens)
+            intake = Intake(client, MODEL, clock=clock, max_waiting=max_waiting)
+            return await intake.enqueue(request, queue_timeout_ms=timeout_ms)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(go())
 
 
 class Submit:

@@ -3,24 +3,18 @@ one virtual clock: queue times, heartbeats and stalls are exact and nothing slee
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 
 import httpx
 import pytest
-import redis.asyncio as aioredis
 
 from api.app import create_app
 from api.settings import ApiSettings
 from engine.fake import VirtualClock
-from queues.intake import Intake
-from queues.records import QueuedRequest
 from tests.helpers.api import FakeTokenizer
 from tests.helpers.http import serve_app
-from tests.helpers.workers import MODEL, make_worker  # noqa: F401 - make_worker re-exported
-
-__all__ = ["MODEL", "make_worker", "enqueue", "metric_samples"]
+from tests.helpers.workers import MODEL
 
 
 @contextmanager
@@ -46,33 +40,3 @@ def start_api(redis_url: str) -> Iterator[Callable[..., httpx.Client]]:
 @pytest.fixture
 def clock() -> VirtualClock:
     return VirtualClock(now_ms=1_000_000)
-
-
-def enqueue(redis_url: str, clock: Callable[[], int], rid: str, priority: int = 0, prompt_len: int = 4,
-            max_tokens: int = 3) -> None:
-    """Enqueue through the API's own path (Intake) on the test's clock."""
-
-    async def go() -> None:
-        client = aioredis.Redis.from_url(redis_url)
-        try:
-            request = QueuedRequest(id=rid, priority=priority, prompt=list(range(1, prompt_len + 1)),
-                                    max_tokens=max_tokens)
-            await Intake(client, MODEL, clock=clock).enqueue(request)
-        finally:
-            await client.aclose()
-
-    asyncio.run(go())
-
-
-def metric_samples(http: httpx.Client) -> dict[tuple[str, frozenset], float]:
-    """/metrics parsed with prometheus_client's own parser: (sample name, labels) -> value."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    response = http.get("/metrics")
-    assert response.status_code == 200, response.text
-    assert response.headers["content-type"].startswith("text/plain")
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(response.text)
-        for s in family.samples
-    }

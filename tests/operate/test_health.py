@@ -6,7 +6,8 @@ from __future__ import annotations
 import httpx
 
 from queues.server import EmbeddedRedis
-from tests.operate.conftest import MODEL, enqueue, make_worker
+from tests.helpers.queue import enqueue
+from tests.helpers.workers import MODEL, make_worker
 
 
 def models(http: httpx.Client) -> list[str]:

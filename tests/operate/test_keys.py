@@ -13,7 +13,7 @@ from api.keys import KeysFileError, load_keys
 from queues.membership import Membership
 from queues.worker_state import WorkerState
 from queues.keys import Keys
-from tests.operate.conftest import MODEL
+from tests.helpers.workers import MODEL
 
 K = Keys(MODEL)
 ALERTS = "sk-alerts-3f9a7c1e5b"

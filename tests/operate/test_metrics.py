@@ -13,7 +13,9 @@ from api.metrics import PriorityLabels
 from queues.intake import Intake
 from queues.keys import Keys
 from queues.lifecycle import RequestStatus
-from tests.operate.conftest import MODEL, enqueue, make_worker, metric_samples
+from tests.helpers.api import metric_samples
+from tests.helpers.queue import enqueue
+from tests.helpers.workers import MODEL, make_worker
 from tests.helpers.workers import run_until_idle
 
 K = Keys(MODEL)

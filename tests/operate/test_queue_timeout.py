@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 from queues.keys import Keys, Member
-from tests.operate.conftest import MODEL, make_worker, metric_samples
+from tests.helpers.api import metric_samples
+from tests.helpers.workers import MODEL, make_worker
 
 K = Keys(MODEL)
 ALERTS = "sk-alerts-3f9a7c1e5b"

@@ -5,37 +5,21 @@ reserved slots look past an aged head. One virtual clock, a real Redis."""
 
 from __future__ import annotations
 
-import asyncio
 
 import pytest
-import redis.asyncio as aioredis
 
 from engine.fake import VirtualClock
 from queues.claims import Claims
-from queues.intake import Intake
 from queues.keys import Keys, Member
 from queues.membership import Membership
-from queues.records import QueuedRequest
 from queues.scripts import QueueError, QueueRefused
-from tests.helpers.queue import distinct_prompt
+from tests.helpers.queue import enqueue
 from tests.helpers.workers import MODEL, make_worker, run_until_idle
 from workers.scheduler import Policy, Reserve
 
 K = Keys(MODEL)
 
 
-def enqueue(redis_url: str, clock: VirtualClock, rid: str, priority: int = 0, max_tokens: int = 3,
-            prompt_len: int = 4, max_waiting: int = 0) -> int:
-    async def go() -> int:
-        client = aioredis.Redis.from_url(redis_url)
-        try:
-            request = QueuedRequest(id=rid, priority=priority, prompt=distinct_prompt(rid, prompt_len),
-                                    max_tokens=max_tokens)
-            return await Intake(client, MODEL, clock=clock, max_waiting=max_waiting).enqueue(request)
-        finally:
-            await client.aclose()
-
-    return asyncio.run(go())
 
 
 def queue(redis_client) -> list[tuple[str, float]]:

@@ -4,33 +4,18 @@ a request not claimed by its deadline leaves the queue atomically, is never clai
 
 from __future__ import annotations
 
-import asyncio
 
-import redis.asyncio as aioredis
 
 from engine.fake import VirtualClock
 from queues.claims import Claims, Waiting
-from queues.intake import Intake
 from queues.keys import Keys, Member
-from queues.records import QueuedRequest, parse_event
-from tests.helpers.queue import distinct_prompt
+from queues.records import parse_event
+from tests.helpers.queue import enqueue
 from tests.helpers.workers import MODEL, make_worker, run_until_idle
 
 K = Keys(MODEL)
 
 
-def enqueue(redis_url: str, clock: VirtualClock, rid: str, timeout_ms: int | None = None, priority: int = 0,
-            max_tokens: int = 3, prompt_len: int = 4) -> None:
-    async def go() -> None:
-        client = aioredis.Redis.from_url(redis_url)
-        try:
-            request = QueuedRequest(id=rid, priority=priority, prompt=distinct_prompt(rid, prompt_len),
-                                    max_tokens=max_tokens)
-            await Intake(client, MODEL, clock=clock).enqueue(request, queue_timeout_ms=timeout_ms)
-        finally:
-            await client.aclose()
-
-    asyncio.run(go())
 
 
 def head(redis_client) -> Waiting:
