@@ -1,5 +1,5 @@
 """Strata on a real Redis Cluster: three masters on loopback (the server `strata serve` embeds,
-with --cluster-enabled; the cluster formed from here with CLUSTER ADDSLOTSRANGE and CLUSTER MEET),
+with --cluster-enabled; the cluster formed from here with CLUSTER ADDSLOTS and CLUSTER MEET),
 `strata serve` pointed at them by a REDIS_URL listing the nodes (API, worker, batch worker, and the
 plain Redis serve starts for RQ beside a cluster), plus a second model (its own API and worker).
 Fake-engine workers: the subject is the queue layer, and the fake's answer depends only on what
@@ -91,7 +91,8 @@ def form_cluster(cluster: Cluster) -> None:
     count = len(cluster.ports)
     for i, port in enumerate(cluster.ports):
         with cluster.node(port) as node:
-            node.execute_command("CLUSTER", "ADDSLOTSRANGE", i * SLOTS // count, (i + 1) * SLOTS // count - 1)
+            # ADDSLOTS, not ADDSLOTSRANGE: Redis before 7.0 (a Debian redis-server in CI) lacks the latter
+            node.execute_command("CLUSTER", "ADDSLOTS", *range(i * SLOTS // count, (i + 1) * SLOTS // count))
     for port in cluster.ports[1:]:
         with cluster.node(port) as node:
             node.execute_command("CLUSTER", "MEET", "127.0.0.1", cluster.ports[0])
