@@ -109,7 +109,7 @@ def test_aging_bounds_starvation(redis_client, redis_url, load, workers, slots, 
     of priority q that arrived more than (q - p)·S after it. (So under a flood at q, `a` waits for
     at most what arrived in its first (q - p)·S, plus a slot.) Checked as the score order: of two
     requests waiting together, the one claimed first has enqueued/S - priority no greater."""
-    from tests.workers.test_aging import enqueue as aged_enqueue
+    from tests.helpers.queue import enqueue as aged_enqueue
 
     redis_client.flushdb()
     clock = VirtualClock()
