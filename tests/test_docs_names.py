@@ -1,7 +1,7 @@
 """Every file, test, module attribute and method the docs name exists: README.md and docs/*.md
 are read for file paths (`workers/scheduler.py`, `queues/lua/claim.lua`,
-`tests/x/test_y.py::test_z`), `module.name` where module is one of ours (`scheduler.free_slot`,
-`engine.load_engine`) and `Class.method` where Class is one of ours (`Engine.begin`). Read from
+`tests/x/test_y.py::test_z`), `module.function(...)` where module is one of ours (`scheduler.free_slot(...)`,
+`engine.load_engine()`) and `Class.method` where Class is one of ours (`Engine.begin`). Read from
 the source (ast), nothing imported."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ PACKAGES = ("api", "batches", "bench", "engine", "queues", "shapes", "simulate",
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PATH = re.compile(r"(?<![\w/.-])((?:%s|docs|monitoring)/[\w/.-]*\w)(?:::(\w+))?" % "|".join(PACKAGES))
 SUFFIXES = {"py", "lua", "md", "json", "jsonl", "yaml", "yml", "toml", "cpp", "sh", "txt", "png", "gguf", "whl"}
-DOTTED = re.compile(r"`((?:[A-Za-z_]\w*\.)*)([A-Za-z_]\w*)\.([A-Za-z_]\w*)(?:\([^`]*\))?`")
+DOTTED = re.compile(r"`((?:[A-Za-z_]\w*\.)*)([A-Za-z_]\w*)\.([A-Za-z_]\w*)(\([^`]*\))?`")
 
 
 def _names() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
@@ -59,8 +59,10 @@ MODULES, CLASSES = _names()
 def named_in(doc: Path) -> tuple[set[tuple[str, str | None]], set[tuple[str, str]]]:
     text = doc.read_text()
     paths = {(m.group(1).rstrip("."), m.group(2)) for m in PATH.finditer(text)}
+    # `module.function(...)` (called: a bare `rope.freq_base_swa` may be a GGUF key) or `Class.method`
     dotted = {(m.group(2), m.group(3)) for m in DOTTED.finditer(text)
-              if m.group(3) not in SUFFIXES and (not m.group(1) or m.group(1).split(".")[0] in PACKAGES)}
+              if m.group(3) not in SUFFIXES and (not m.group(1) or m.group(1).split(".")[0] in PACKAGES)
+              and (m.group(4) or m.group(2)[:1].isupper())}
     return paths, dotted
 
 
