@@ -92,14 +92,16 @@ ACCEPTED_COMPLETIONS: dict[str, str] = {"user": ACCEPTED_CHAT["user"]}
 
 @dataclass
 class IgnoredFields:
-    """Names of fields no table knows, logged once each per process."""
+    """Names of fields no table knows, logged once each per process (up to MAX_SEEN names: a
+    client inventing names must not grow the set, or the log, without end)."""
 
+    MAX_SEEN = 1000
     seen: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def note(self, names: list[str]) -> None:
         with self._lock:
-            new = [n for n in names if n not in self.seen]
+            new = [n for n in names if n not in self.seen][: max(0, self.MAX_SEEN - len(self.seen))]
             self.seen.update(new)
         for name in new:
             log.warning("ignoring the request field %r: neither OpenAI's nor Strata's (listed in %s)",
@@ -120,7 +122,8 @@ def treatment(schema: type, name: str) -> str | None:
 
 def header_value(names: list[str]) -> str:
     """The ignored names as one header value: ASCII (a header is latin-1), at most 20 of them."""
-    shown = [name.encode("ascii", "backslashreplace").decode()[:64] for name in names[:20]]
+    # unicode_escape: control characters too become \xNN (uvicorn refuses them in a header)
+    shown = [name.encode("unicode_escape").decode("ascii")[:64] or '""' for name in names[:20]]
     return ",".join(shown) + (f",(+{len(names) - 20} more)" if len(names) > 20 else "")
 
 

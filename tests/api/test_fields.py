@@ -112,6 +112,22 @@ def test_an_ignored_name_a_header_cannot_carry_is_escaped(http, worker):
     assert response.headers["x-strata-ignored-fields"] == "pr\\xefority"
 
 
+def test_ignored_names_with_control_characters_or_empty_still_answer(http, worker):
+    # the fuzz test found these: a raw control character made uvicorn drop the response
+    response = http.post(CHAT, json={"messages": HI, "a\x1eb": 1, "": 2, "background": True})
+    assert response.status_code == 202, response.text
+    assert response.headers["x-strata-ignored-fields"] == 'a\\x1eb,""'
+
+
+def test_the_names_logged_are_bounded(caplog):
+    ignored = IgnoredFields()
+    with caplog.at_level(logging.WARNING, logger="strata.api"):
+        ignored.note([f"f{i}" for i in range(IgnoredFields.MAX_SEEN + 5)])
+        ignored.note(["one_more"])
+    assert len(ignored.seen) == IgnoredFields.MAX_SEEN
+    assert len(caplog.records) == IgnoredFields.MAX_SEEN
+
+
 def test_ignored_names_are_logged_once_each(caplog):
     ignored = IgnoredFields()
     with caplog.at_level(logging.WARNING, logger="strata.api"):
