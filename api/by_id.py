@@ -20,6 +20,7 @@ from api.keys import ApiKey
 from queues.lifecycle import FINAL
 from shapes.answers import ENDPOINTS, Endpoint, Job
 from shapes.errors import ApiError
+from shapes.parsing import Reading
 from shapes.responses import RequestObject
 
 _ENTRY_ID = re.compile(r"\d{1,20}-\d{1,20}")
@@ -39,7 +40,7 @@ async def find(services: Services, request_id: str, key: ApiKey | None) -> tuple
 def job_of(services: Services, record: dict[str, str]) -> Job:
     """The request as its answer refers to it: the same id, created and usage choice as first sent."""
     return Job(record["id"], int(record["created"]), services.model_name, int(record["priority"]),
-               record.get("include_usage") == "1")
+               record.get("include_usage") == "1", Reading.of(record))
 
 
 async def lookup(services: Services, request_id: str, key: ApiKey | None) -> RequestObject:

@@ -32,6 +32,7 @@ from queues.scripts import QueueError, QueueRefused
 from shapes.answers import Answer, Endpoint, Job, Shape
 from shapes.errors import ApiError, ErrorBody, failure
 from shapes.fields import IGNORED_HEADER, header_value
+from shapes.parsing import Reading
 from shapes.requests import GenerationBody
 from shapes.responses import RequestObject, Usage
 
@@ -72,7 +73,8 @@ async def generate(
     priority = resolve_priority(body.priority, services.settings.priority_min, services.settings.priority_max, key)
     rules = await services.rules_now()
     queued = rules.queued(new_request_id(endpoint.id_prefix), body, prompt, priority.value)
-    return await answer(request, services, queued, endpoint, body, priority, key, ignored)
+    return await answer(request, services, queued, endpoint, body, priority, key, ignored,
+                        services.rules.reading(body, prompt))
 
 
 DETACH_HEADER = "x-strata-detach"
@@ -87,16 +89,17 @@ def wants_detach(request: Request, body: GenerationBody) -> bool:
 async def answer(
     request: Request, services: Services, queued: QueuedRequest, endpoint: Endpoint, body: GenerationBody,
     priority: Resolved, key: ApiKey | None = None, ignored: list[str] | None = None,
+    reading: Reading = Reading(),
 ) -> Response:
     """Enqueue, then answer whole or stream, or (background) only say it was accepted. `ignored`:
     the body's fields that are not OpenAI's, named in a header (shapes/fields.py)."""
     settings = services.settings
     timeout = resolve_queue_timeout(body.queue_timeout, request.headers.get(QUEUE_TIMEOUT_HEADER), key)
-    job = Job(queued.id, int(time.time()), services.model_name, queued.priority, body.include_usage)
+    job = Job(queued.id, int(time.time()), services.model_name, queued.priority, body.include_usage, reading)
     detach = wants_detach(request, body)
     # what a reader by id needs to word the answer as this endpoint did (api/routes/requests.py)
     fields = {"endpoint": endpoint.path, "created": str(job.created), "include_usage": str(int(job.include_usage)),
-              "detach": str(int(detach))}
+              "detach": str(int(detach)), **job.reading.fields()}
     if key is not None:  # only the key's name goes to Redis, never the key
         fields["key_name"] = key.name
     await enqueue(services.intake, queued, settings, fields, timeout)
@@ -248,8 +251,14 @@ async def stream_events(request: Request, services: Services, job: Job, shape: S
     so a client can resume), the finish chunk, the usage chunk when asked, then [DONE]. From
     `after` (a re-attach) it starts with the first event after that entry; the opening chunk,
     which has no id, comes only with the whole stream."""
+    wording = shape.wording(job)
+    # A split stream (tool calls, thinking) holds state from the answer's start: a re-attach reads
+    # it all again, and sends only the chunks of the entries after `after`.
+    replay_until = _entry(after) if not job.reading.is_plain and after != "0-0" else None
+    if replay_until is not None:
+        after = "0-0"
     async with _cancel_unless_finished(services, job.id, cancel_on_leave) as progress:
-        opening = shape.opening(job) if after == "0-0" else None
+        opening = shape.opening(job) if after == "0-0" and replay_until is None else None
         yield _sse(opening) if opening is not None else b": accepted\n\n"
         quiet_since = time.monotonic()
         async with aclosing(_follow(request, services, job.id, progress, deadline_ms, after)) as batches:
@@ -261,11 +270,14 @@ async def stream_events(request: Request, services: Services, job: Job, shape: S
                     continue
                 quiet_since = time.monotonic()
                 for entry_id, event in batch:
+                    sent = replay_until is None or entry_id is None or _entry(entry_id) > replay_until
                     if isinstance(event, Token):
-                        if event.text:
-                            yield _sse(shape.chunk(job, event.text, None), entry_id)
+                        chunks = wording.text(event.text) if event.text else []
+                        for chunk in chunks if sent else ():
+                            yield _sse(chunk, entry_id)
                     elif isinstance(event, Done):
-                        yield _sse(shape.chunk(job, None, event.finish_reason), entry_id)
+                        for chunk in wording.end(event.finish_reason):
+                            yield _sse(chunk, entry_id)
                         if job.include_usage:
                             yield _sse(shape.usage_chunk(job, Usage.of(event.prompt_tokens, event.completion_tokens)))
                         yield format_sse_event(data_str="[DONE]")
@@ -273,6 +285,12 @@ async def stream_events(request: Request, services: Services, job: Job, shape: S
                         error = failure(event)
                         yield _sse(ErrorBody(error=error.detail), entry_id)
                         yield format_sse_event(data_str="[DONE]")
+
+
+def _entry(entry_id: str) -> tuple[int, int]:
+    """A stream entry id (`<ms>-<n>`) in the order Redis gives them."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
 
 
 def _sse(model: BaseModel, entry_id: str | None = None) -> bytes:  # None: no id line

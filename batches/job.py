@@ -47,6 +47,7 @@ class Flight:
     rid: str
     after: str = "0-0"
     parts: list[str] = field(default_factory=list)
+    reading: dict[str, str] = field(default_factory=dict)  # how its answer splits (shapes.answers.Job)
 
 
 class BatchRun:
@@ -149,7 +150,7 @@ class BatchRun:
                     return  # shed (the queue is full at this priority): the line waits for a later turn
                 # DUPLICATE: queued by an earlier run of this job; follow its stream from the start
             todo.popleft()
-            inflight[rid] = Flight(number, line["custom_id"], rid)
+            inflight[rid] = Flight(number, line["custom_id"], rid, reading=line.get("reading", {}))
 
     def _take(self, flight: Flight, entries: list, stopping: BatchStatus | None) -> bool:
         """Read a line's events; True when it ended (its result is recorded)."""
@@ -160,7 +161,7 @@ class BatchRun:
             elif isinstance(event, Done):
                 body = results.answer_body(
                     self.endpoint, flight.rid, self.model, int(self._now()), "".join(flight.parts),
-                    event.finish_reason, event.prompt_tokens, event.completion_tokens,
+                    event.finish_reason, event.prompt_tokens, event.completion_tokens, flight.reading,
                 )
                 entry = results.response_entry(self.batch_id, flight.line, flight.custom_id, 200, body)
                 self.store.record(self.batch_id, flight.line, entry, "completed")

@@ -77,9 +77,11 @@ def prepare(lines: list[dict], endpoint: str, rules: Rules, batch_id: str) -> li
             body = schema.model_validate(line["body"], from_attributes=True)  # FastAPI's wording
             rules.check(body)
             # The line's priority is the batch's, set when the job feeds it.
-            request = asdict(rules.queued(request_id(batch_id, number), body, rules.prompt(body), priority=0))
+            prompt = rules.prompt(body)
+            request = asdict(rules.queued(request_id(batch_id, number), body, prompt, priority=0))
             del request["id"], request["priority"]
-            prepared.append(json.dumps({"custom_id": line["custom_id"], "request": request}))
+            reading = rules.reading(body, prompt).fields()
+            prepared.append(json.dumps({"custom_id": line["custom_id"], "request": request, "reading": reading}))
         except (ValidationError, ApiError) as caught:
             error = validation_error(caught.errors()) if isinstance(caught, ValidationError) else caught
             prepared.append(json.dumps({

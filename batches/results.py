@@ -8,6 +8,7 @@ from queues.batches import request_id
 from queues.records import Failed
 from shapes.answers import ENDPOINTS, Answer, Job
 from shapes.errors import failure
+from shapes.parsing import Reading
 from shapes.responses import Usage
 
 
@@ -30,9 +31,10 @@ def unrun_entry(batch_id: str, line: int, custom_id: str, code: str, message: st
 
 
 def answer_body(endpoint: str, rid: str, model: str, created: int, text: str, finish_reason: str,
-                prompt_tokens: int, completion_tokens: int) -> dict:
-    """The body the endpoint answers for a whole (non-streamed) request."""
-    job = Job(rid, created, model, 0, False)
+                prompt_tokens: int, completion_tokens: int, reading: dict[str, str] | None = None) -> dict:
+    """The body the endpoint answers for a whole (non-streamed) request. reading: the line's
+    `Job.record_fields` (tool calls and thinking split as the endpoint would)."""
+    job = Job(rid, created, model, 0, False, Reading.of(reading or {}))
     answer = Answer(text, finish_reason, Usage.of(prompt_tokens, completion_tokens))
     return ENDPOINTS[endpoint].shape.whole(job, answer).model_dump(mode="json")
 

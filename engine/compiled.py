@@ -95,11 +95,13 @@ class CompiledDecode:
         # they were a dozen passes over the vocabulary)
         return torch.compile(self.model.head_step, fullgraph=True, dynamic=None)
 
-    def __call__(self, tokens: Tensor, slots: Tensor, positions: Tensor, span: int) -> Tensor:
-        """tokens, slots, positions: [B] long -> logits [B, V] float32 (Transformer.logits')."""
+    def __call__(self, tokens: Tensor, slots: Tensor, positions: Tensor, span: int,
+                 allowed: Tensor | None = None) -> Tensor:
+        """tokens, slots, positions: [B] long -> logits [B, V] float32 (Transformer.logits';
+        allowed: constrained rows' tokens, `Transformer.exact_top`)."""
         if self.graphs is not None:
-            return self.graphs(tokens, slots, positions, span)
-        return self.model.exact_top(*self.step(tokens, slots, positions, span))
+            return self.graphs(tokens, slots, positions, span, allowed)
+        return self.model.exact_top(*self.step(tokens, slots, positions, span), allowed)
 
     def step(self, tokens: Tensor, slots: Tensor, positions: Tensor, span: int,
              scratch: tuple[Tensor, Tensor] | None = None) -> HeadOut:

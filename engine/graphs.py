@@ -75,7 +75,8 @@ class GraphedDecode:
         self.graphs: dict[tuple[int, int], tuple[Replay, HeadOut]] = {}
         self._pool: object = None
 
-    def __call__(self, tokens: Tensor, slots: Tensor, positions: Tensor, span: int) -> Tensor:
+    def __call__(self, tokens: Tensor, slots: Tensor, positions: Tensor, span: int,
+                 allowed: Tensor | None = None) -> Tensor:
         """tokens, slots, positions: [n] long -> logits [n, V] float32 (Transformer.logits'), a
         view of the recording's output: read it before the next step."""
         n = tokens.shape[0]
@@ -87,7 +88,7 @@ class GraphedDecode:
         self.positions[:n].copy_(positions)
         replay, (h, logits, candidates) = graph
         replay()
-        return self.model.exact_top(h[:n], logits[:n], None if candidates is None else candidates[:n])
+        return self.model.exact_top(h[:n], logits[:n], None if candidates is None else candidates[:n], allowed)
 
     def warm(self) -> float:
         """Record every (rows, span) bucket now. Returns the seconds it took."""

@@ -431,8 +431,8 @@ class Transformer(nn.Module):
         h = self.last_normed(x)
         return (h, *self.head_logits(h))
 
-    def logits(self, h: Tensor) -> Tensor:
-        """h: [B, dim] float32 (from `forward`) -> logits [B, V] float32.
+    def logits(self, h: Tensor, allowed: Tensor | None = None) -> Tensor:
+        """h: [B, dim] float32 (from `forward`) -> logits [B, V] float32 (allowed: `exact_top`'s).
 
         A low-precision head is off by up to its `HeadBound` on each logit (int8 weights: up to
         ~0.8 at SmolLM2's logits of 15-30; bf16 rounding of the output alone puts values 1/8
@@ -448,7 +448,7 @@ class Transformer(nn.Module):
         |c_n| <= |c_j| + c_j - c_n, so it suffices that
             (1 - u) c_n + Q_n >= c_j - Q_j - u (2|c_j| + c_j),
         whose left side is one addmm over the vocabulary."""
-        return self.exact_top(h, *self.head_logits(h))
+        return self.exact_top(h, *self.head_logits(h), allowed)
 
     def head_logits(self, h: Tensor) -> tuple[Tensor, Tensor | None]:
         """h: [B, dim] -> the head's logits [B, V] float32 and, for a low-precision head, the
@@ -465,15 +465,39 @@ class Transformer(nn.Module):
         q_top = lhs_top - (1 - u) * c_top
         return logits, lhs >= c_top - q_top - u * (2 * c_top.abs() + c_top)
 
-    def exact_top(self, h: Tensor, logits: Tensor, candidates: Tensor | None) -> Tensor:
-        """The candidates' logits recomputed in float32 from the file's exact rows (in place)."""
+    def exact_top(self, h: Tensor, logits: Tensor, candidates: Tensor | None,
+                  allowed: Tensor | None = None) -> Tensor:
+        """The candidates' logits recomputed in float32 from the file's exact rows (in place).
+        allowed: [B, V] bool, the tokens a constrained row may take (engine/grammar.py; a free row
+        all True): the candidates computed around the head's top token could all be forbidden, so
+        a constrained row's are computed again around its top *allowed* token, among the allowed."""
         if candidates is not None and self.head_rows is not None:
+            if allowed is not None and self.head_bound is not None:
+                candidates = self._candidates_among(h, logits, candidates, allowed)
             rows, cols = candidates.nonzero(as_tuple=True)
             logits[rows, cols] = (h[rows] * self.head_rows(cols)).sum(-1)
         cap = self.cfg.final_softcap
         if cap:  # monotonic: the candidates for the top are the same before and after
             logits = torch.tanh(logits / cap) * cap
         return logits
+
+    def _candidates_among(self, h: Tensor, logits: Tensor, candidates: Tensor, allowed: Tensor) -> Tensor:
+        """`head_logits`' bound for the rows that forbid some token, with the top taken among the
+        allowed tokens and only those kept (the other rows' candidates unchanged)."""
+        assert self.head_bound is not None
+        rows = (~allowed).any(dim=-1).nonzero().squeeze(1)
+        if rows.numel() == 0:
+            return candidates
+        u = HeadBound.ROUNDING
+        hr, may = h[rows], allowed[rows]
+        c = logits[rows]
+        lhs = torch.addmm(c, self.head_bound.coefficients(hr, hr.to(torch.bfloat16)), self.head_bound.table, beta=1 - u)
+        top = c.masked_fill(~may, float("-inf")).argmax(dim=-1, keepdim=True)
+        c_top, lhs_top = c.gather(1, top), lhs.gather(1, top)
+        q_top = lhs_top - (1 - u) * c_top
+        candidates = candidates.clone()
+        candidates[rows] = (lhs >= c_top - q_top - u * (2 * c_top.abs() + c_top)) & may
+        return candidates
 
 
 def rows_on(device: torch.device, source: WeightSource, name: str) -> RowTable:

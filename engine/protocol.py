@@ -25,6 +25,9 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit); -100 bans it
     logprobs: int | None = None  # None: none; N: each sampled token's log-probability and the N likeliest
     prompt_logprobs: int | None = None  # None: none; N: each prompt token's too (echo), read from position 0
+    grammar: str | None = None  # llguidance grammar text the answer follows (engine/grammar.py); None: free
+    grammar_after: str | None = None  # the answer is free until it has written this (</think>)
+    grammar_done: tuple[int, ...] = ()  # the answer's tokens from before (a resumed request): replayed into it
 
     @property
     def is_plain(self) -> bool:

@@ -12,6 +12,7 @@ import torch
 
 from engine.errors import ConfigError
 from engine.files import is_gguf, resolve_model_path
+from engine.grammar import Constraint, Grammars
 from engine.lookup import Lookup
 from engine.memory import ensure_kv_fits
 from engine.model import KV_BUCKET, CacheIndex, ModelConfig, Transformer
@@ -45,6 +46,7 @@ class TorchEngine:
         self._positions = [0] * self.num_slots
         self._samplers = [SlotSampler.start(SamplingParams(temperature=0.0)) for _ in range(self.num_slots)]
         self.compiled: CompiledDecode | None = None
+        self.grammars: Grammars | None = None  # made at the first constrained request
         self._lookups: list[Lookup] | None = None  # prompt lookup's, one a slot (use_prompt_lookup)
         self._held: list[list[int]] = [[] for _ in range(self.num_slots)]  # the ids each slot's cache holds
         # prompt scoring (params.prompt_logprobs): each slot's scored prompt tokens so far, and the
@@ -97,9 +99,38 @@ class TorchEngine:
         if params.prompt_logprobs is not None and keep:
             raise ValueError("prompt scoring reads the prompt from its first token (keep=0)")
         self.truncate(slot, keep)
-        self._samplers[slot] = sampler = SlotSampler.start(params)
+        self._samplers[slot] = sampler = SlotSampler.start(params, self._constraint(params))
         sampler.observe(self._held[slot])
         self._prompt_scores[slot], self._carry[slot] = [], None
+
+    def _constraint(self, params: SamplingParams) -> Constraint | None:
+        """The row state of the request's grammar, compiled on the grammar thread (engine/grammar.py)."""
+        if params.grammar is None:
+            return None
+        if self.grammars is None:
+            if self.tokenizer is None:
+                raise ValueError("a constrained request needs the model's tokenizer")
+            tokenizer = self.tokenizer
+            self.grammars = Grammars(tokenizer.json, self.config.vocab_size, sorted(self.eos_token_ids),
+                                     lambda text: tokenizer.encode_plain(text))
+        constraint = self.grammars.constraint(params.grammar, params.grammar_after)
+        for token in params.grammar_done:
+            constraint.accept(token)
+        return constraint
+
+    def _allowed(self, slots: Sequence[int]) -> torch.Tensor | None:
+        """[rows, V] bool on the device: each constrained row's allowed tokens, a free row's all
+        True; None when no row is constrained now (Transformer.exact_top)."""
+        masks = [self._samplers[s].constraint.allowed() if self._samplers[s].constraint is not None else None
+                 for s in slots]
+        if all(m is None for m in masks):
+            return None
+        vocab = self.config.vocab_size
+        allowed = torch.ones(len(slots), vocab, dtype=torch.bool)
+        for row, mask in enumerate(masks):
+            if mask is not None:
+                allowed[row, :mask.shape[0]] = mask[:vocab]
+        return allowed.to(self.device)
 
     def logprobs(self, slot: int) -> list[TokenLogprob]:
         """The TokenLogprob of each token read() and decode() returned for the slot since the last
@@ -127,7 +158,7 @@ class TorchEngine:
         with torch.inference_mode():
             if scoring is None:
                 hidden = self.model(ids, index)
-                logits = self.model.logits(hidden) if sample else None
+                logits = self.model.logits(hidden, self._allowed([slot])) if sample else None
             else:
                 logits = self._score_prompt(slot, list(tokens), self.model.forward_all(ids, index)[0], scoring)
                 logits = logits if sample else None
@@ -169,7 +200,7 @@ class TorchEngine:
         if self._lookups is not None and len(slots) == 1 and self._samplers[slots[0]].is_plain:
             return [self._decode_guessing(slots[0], tokens[0])]
         slots = list(slots)
-        logits = self._step(slots, list(tokens), [self._positions[s] for s in slots])
+        logits = self._step(slots, list(tokens), [self._positions[s] for s in slots], self._allowed(slots))
         for slot, token in zip(slots, tokens):
             self._fed(slot, [token])
         return [[t] for t in sample_tokens(logits, [self._samplers[s] for s in slots], self.eos_token_ids)]
@@ -195,16 +226,19 @@ class TorchEngine:
         self._fed(slot, rows[:len(out)])
         return out
 
-    def _step(self, slots: list[int], tokens: list[int], positions: list[int]) -> torch.Tensor:
-        """Rows of one token each at these positions of their slots -> logits [rows, V]."""
+    def _step(self, slots: list[int], tokens: list[int], positions: list[int],
+              allowed: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows of one token each at these positions of their slots -> logits [rows, V] (allowed:
+        constrained rows' tokens, for the head's exact top; `_allowed`)."""
         span = min(self.ctx, -(-(max(positions) + 1) // KV_BUCKET) * KV_BUCKET)
         dev = self.device
         with torch.inference_mode():
             pos = torch.tensor(positions, dtype=torch.long, device=dev)
             ids = torch.tensor(tokens, dtype=torch.long, device=dev)
             if self.compiled is not None:
-                return self.compiled(ids, torch.tensor(slots, dtype=torch.long, device=dev), pos, span)
-            return self.model.logits(self.model(ids.unsqueeze(1), CacheIndex.for_slots(slots, pos.unsqueeze(1), span)))
+                return self.compiled(ids, torch.tensor(slots, dtype=torch.long, device=dev), pos, span, allowed)
+            hidden = self.model(ids.unsqueeze(1), CacheIndex.for_slots(slots, pos.unsqueeze(1), span))
+            return self.model.logits(hidden, allowed)
 
     def _fed(self, slot: int, tokens: list[int]) -> None:
         self._positions[slot] += len(tokens)

@@ -55,12 +55,22 @@ class Tokenizer:
         """A completion prompt; BOS is added when the model's tokenizer adds it."""
         return list(self._tok.encode(text))
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
-        """The model's chat template, ending with the assistant's turn opened."""
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None, **template_kwargs: Any) -> list[int]:
+        """The model's chat template, ending with the assistant's turn opened. tools: OpenAI's
+        tool objects, for a template that renders them; template_kwargs reach the template
+        (`chat_template_kwargs`, e.g. enable_thinking)."""
+        return list(self._tok.encode(self.render_chat(messages, tools, **template_kwargs), add_special_tokens=False))
+
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None, **template_kwargs: Any) -> str:
         if not self._tok.chat_template:
             raise ValueError("this model has no chat template; use a completion prompt instead")
-        text = self._tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        # The template writes BOS itself where the model wants one; do not add a second.
+        text = self._tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False,
+                                             **template_kwargs)
+        # The template writes BOS itself where the model wants one; the ids add no second.
+        return text
+
+    def encode_plain(self, text: str) -> list[int]:
+        """Text's ids with no BOS or other added tokens (a marker such as </think>)."""
         return list(self._tok.encode(text, add_special_tokens=False))
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -69,6 +79,16 @@ class Tokenizer:
     @property
     def has_chat_template(self) -> bool:
         return bool(self._tok.chat_template)
+
+    @property
+    def chat_template(self) -> str | None:
+        template = self._tok.chat_template
+        return template if isinstance(template, str) else None
+
+    def json(self) -> str:
+        """The tokenizer as tokenizers' JSON (engine/grammar.py builds llguidance's from it)."""
+        rust = getattr(self._tok, "backend_tokenizer", None) or getattr(self._tok, "_rust")
+        return rust.to_str()
 
 
 class TokenizerFile:

@@ -28,6 +28,8 @@ class QueuedRequest:
     repetition_penalty: float = 1.0
     min_p: float = 0.0
     logit_bias: list[tuple[int, float]] = field(default_factory=list)  # (token id, bias)
+    grammar: str | None = None  # llguidance grammar text the answer must follow (shapes/constraints.py)
+    grammar_after: str | None = None  # the grammar starts once the answer has written this (</think>)
 
     def params_json(self) -> str:
         # not asdict(): it deep-copies the prompt, a tenth of a millisecond per enqueue

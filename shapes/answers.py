@@ -8,10 +8,11 @@ from typing import Protocol
 
 from pydantic import BaseModel
 
+from shapes.parsing import AnswerSplitter, Parts, Reading, split_whole
 from shapes.requests import ChatCompletionRequest, CompletionRequest, GenerationBody
 from shapes.responses import (
-    AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChunkChoice, Delta, TextChoice,
-    TextCompletion, Usage,
+    AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChunkChoice, Delta, FunctionCallOut, TextChoice,
+    TextCompletion, ToolCallOut, Usage,
 )
 
 
@@ -24,6 +25,11 @@ class Job:
     model: str
     priority: int
     include_usage: bool
+    reading: Reading = Reading()  # how its text splits into thinking, content and tool calls
+
+    @property
+    def call_id_prefix(self) -> str:
+        return "call_" + self.id.rsplit("-", 1)[-1][:12]
 
 
 @dataclass(frozen=True)
@@ -33,11 +39,65 @@ class Answer:
     usage: Usage
 
 
+class Wording(Protocol):
+    """One stream's chunks, from its text as it comes (it may hold text back until it is certain)."""
+
+    def text(self, text: str) -> list[BaseModel]: ...
+    def end(self, finish_reason: str) -> list[BaseModel]: ...
+
+
 class Shape(Protocol):
     def opening(self, job: Job) -> BaseModel | None: ...
     def chunk(self, job: Job, text: str | None, finish_reason: str | None) -> BaseModel: ...
     def usage_chunk(self, job: Job, usage: Usage) -> BaseModel: ...
     def whole(self, job: Job, answer: Answer) -> BaseModel: ...
+    def wording(self, job: Job) -> Wording: ...
+
+
+class PlainWording:
+    def __init__(self, shape: Shape, job: Job) -> None:
+        self.shape, self.job = shape, job
+
+    def text(self, text: str) -> list[BaseModel]:
+        return [self.shape.chunk(self.job, text, None)] if text else []
+
+    def end(self, finish_reason: str) -> list[BaseModel]:
+        return [self.shape.chunk(self.job, None, finish_reason)]
+
+
+def _finish(parts_calls: int, finish_reason: str) -> str:
+    """A stopped answer that called tools finished with "tool_calls" (as OpenAI's do)."""
+    return "tool_calls" if parts_calls and finish_reason == "stop" else finish_reason
+
+
+class ChatPartsWording:
+    """A chat stream split by shapes/parsing.py: reasoning, content and tool-call deltas."""
+
+    def __init__(self, shape: "ChatShape", job: Job) -> None:
+        self.shape, self.job = shape, job
+        self.splitter = AnswerSplitter(job.reading, job.call_id_prefix)
+
+    def text(self, text: str) -> list[BaseModel]:
+        return self._chunks(self.splitter.push(text))
+
+    def end(self, finish_reason: str) -> list[BaseModel]:
+        chunks = self._chunks(self.splitter.finish())
+        reason = _finish(self.splitter.num_calls, finish_reason)
+        return [*chunks, self.shape.delta_chunk(self.job, Delta(), reason)]
+
+    def _chunks(self, parts: Parts) -> list[BaseModel]:
+        job, shape = self.job, self.shape
+        chunks: list[BaseModel] = []
+        if parts.reasoning:
+            chunks.append(shape.delta_chunk(job, Delta(reasoning_content=parts.reasoning, reasoning=parts.reasoning)))
+        if parts.content:
+            chunks.append(shape.delta_chunk(job, Delta(content=parts.content)))
+        for call in parts.tool_calls:  # id and name first, then the arguments
+            chunks.append(shape.delta_chunk(job, Delta(tool_calls=[ToolCallOut(
+                index=call.index, id=call.id, type="function", function=FunctionCallOut(name=call.name))])))
+            chunks.append(shape.delta_chunk(job, Delta(tool_calls=[ToolCallOut(
+                index=call.index, function=FunctionCallOut(arguments=call.arguments))])))
+        return chunks
 
 
 class ChatShape:
@@ -50,10 +110,25 @@ class ChatShape:
     def usage_chunk(self, job: Job, usage: Usage) -> ChatCompletionChunk:
         return self._chunk(job, [], usage)
 
+    def delta_chunk(self, job: Job, delta: Delta, finish_reason: str | None = None) -> ChatCompletionChunk:
+        return self._chunk(job, [ChunkChoice(delta=delta, finish_reason=finish_reason)])
+
+    def wording(self, job: Job) -> Wording:
+        return PlainWording(self, job) if job.reading.is_plain else ChatPartsWording(self, job)
+
     def whole(self, job: Job, answer: Answer) -> ChatCompletion:
+        if job.reading.is_plain:
+            message, reason = AssistantMessage(content=answer.text), answer.finish_reason
+        else:
+            parts = split_whole(answer.text, job.reading, job.call_id_prefix)
+            calls = [ToolCallOut(id=c.id, type="function", function=FunctionCallOut(name=c.name, arguments=c.arguments))
+                     for c in parts.tool_calls]
+            message = AssistantMessage(content=parts.content or (None if calls else ""), tool_calls=calls or None,
+                                       reasoning_content=parts.reasoning or None, reasoning=parts.reasoning or None)
+            reason = _finish(len(calls), answer.finish_reason)
         return ChatCompletion(
             id=job.id, created=job.created, model=job.model, usage=answer.usage,
-            choices=[ChatChoice(message=AssistantMessage(content=answer.text), finish_reason=answer.finish_reason)],
+            choices=[ChatChoice(message=message, finish_reason=reason)],
         )
 
     @staticmethod
@@ -70,6 +145,9 @@ class CompletionShape:
 
     def usage_chunk(self, job: Job, usage: Usage) -> TextCompletion:
         return self._body(job, [], usage)
+
+    def wording(self, job: Job) -> Wording:
+        return PlainWording(self, job)
 
     def whole(self, job: Job, answer: Answer) -> TextCompletion:
         return self._body(job, [TextChoice(text=answer.text, finish_reason=answer.finish_reason)], answer.usage)

@@ -50,10 +50,6 @@ _REFUSED_BOTH: dict[str, Refused] = {
 
 REFUSED_CHAT: dict[str, Refused] = {
     **_REFUSED_BOTH,
-    "tools": Refused("tool calls are not implemented yet", (None, [])),
-    "tool_choice": Refused("tool calls are not implemented yet", (None, "none", "auto")),
-    "parallel_tool_calls": Refused("tool calls are not implemented yet", (None, True, False)),
-    "response_format": Refused("response_format is not implemented yet", (None, {"type": "text"})),
     "logprobs": Refused("logprobs are not implemented yet"),
     "top_logprobs": Refused("logprobs are not implemented yet"),
     "audio": Refused("audio output is not supported"),

@@ -35,9 +35,25 @@ class TextPart(_Lenient):
     text: str
 
 
+class FunctionCall(_Lenient):
+    name: str
+    arguments: str = "{}"  # JSON text, as OpenAI sends it
+
+
+class ToolCallPart(_Lenient):
+    """An earlier assistant turn's call (history)."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCallPart] | None = None  # an assistant turn that called tools
+    tool_call_id: str | None = None  # a tool turn: which call it answers
+    name: str | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -45,6 +61,45 @@ class ChatMessage(_Lenient):
         if isinstance(self.content, str):
             return self.content
         return "\n".join(part.text for part in self.content)
+
+
+class FunctionSpec(_Lenient):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema; absent: no arguments
+    strict: bool | None = None
+
+
+class Tool(_Lenient):
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class NamedFunction(_Lenient):
+    name: str
+
+
+class NamedToolChoice(_Lenient):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaSpec(_Lenient):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Lenient):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_json_schema(self) -> "ResponseFormat":
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type json_schema needs a json_schema object")
+        return self
 
 
 class StreamOptions(_Lenient):
@@ -135,14 +190,37 @@ class ChatCompletionRequest(GenerationBody):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    # reaches the chat template (e.g. {"enable_thinking": false}); vLLM's and SGLang's name for it
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def tool_choice_problem(self) -> str | None:
+        """Why tool_choice cannot be met with these tools (shapes.rules answers it as a 400)."""
+        choice = self.tool_choice
+        if (choice == "required" or isinstance(choice, NamedToolChoice)) and not self.tools:
+            return "tool_choice asks for a tool call but tools is empty"
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in {t.function.name for t in self.tools or []}:
+            return f"tool_choice names '{choice.function.name}', which is not in tools"
+        return None
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def template_messages(self) -> list[dict[str, str]]:
-        """The messages as a chat template reads them."""
-        # "developer" is OpenAI's newer name for "system"; chat templates know the old one.
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+    @property
+    def offers_tools(self) -> bool:
+        """Tools go into the prompt and calls are looked for (tool_choice "none": neither)."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def forced_tools(self) -> list[FunctionSpec] | None:
+        """The tools one of which the answer must call (required / named), else None."""
+        if not self.offers_tools:
+            return None
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return [t.function for t in self.tools or [] if t.function.name == self.tool_choice.function.name]
+        return [t.function for t in self.tools or []] if self.tool_choice == "required" else None
 
 
 class CompletionRequest(GenerationBody):

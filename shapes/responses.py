@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, field_serializer
+from pydantic import BaseModel, field_serializer, model_serializer
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 class Usage(BaseModel):
@@ -23,9 +23,33 @@ class Usage(BaseModel):
         )
 
 
+class FunctionCallOut(BaseModel):
+    name: str | None = None
+    arguments: str = ""  # JSON text (a stream sends it in fragments)
+
+
+class ToolCallOut(BaseModel):
+    """OpenAI's `tool_calls` entry: whole in a message; in a stream, first with index, id, type
+    and name, then with argument fragments under the same index."""
+
+    index: int | None = None  # a stream's only
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallOut
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    reasoning_content: str | None = None  # a thinking model's thoughts (DeepSeek's name)
+    reasoning: str | None = None  # the same (vLLM's newer name)
+    tool_calls: list[ToolCallOut] | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_absent_parts(self, handler: Any) -> dict:
+        # content stays even when null (a tool call's message); the rest only when there is some
+        body = handler(self)
+        return {k: v for k, v in body.items() if v is not None or k == "content"}
 
 
 class ChatChoice(BaseModel):
@@ -47,6 +71,9 @@ class ChatCompletion(BaseModel):
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChunkChoice(BaseModel):
@@ -58,7 +85,7 @@ class ChunkChoice(BaseModel):
     @field_serializer("delta")
     def _delta_without_nulls(self, delta: Delta) -> dict:
         # OpenAI sends {"content": "..."} and, in the finish chunk, {}: absent, not null.
-        return delta.model_dump(exclude_none=True)
+        return delta.model_dump(exclude_none=True)  # (a tool call's empty first arguments stay: "")
 
 
 class ChatCompletionChunk(BaseModel):

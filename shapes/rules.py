@@ -10,16 +10,24 @@ from typing import Any, Protocol
 from jinja2 import TemplateError
 
 from queues.records import QueuedRequest
+from shapes import tool_prompt
+from shapes.constraints import answer_grammar
 from shapes.errors import ApiError
 from shapes.fields import IgnoredFields
+from shapes.parsing import THINK_CLOSE, Reading, ToolFormat, prompt_opens_thinking, thinks, tool_format
 from shapes.requests import ChatCompletionRequest, CompletionRequest, GenerationBody
+
+# chat_template_kwargs that would change what the template is asked for, not how it words it
+RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "conversation", "tools", "documents", "tokenize",
+                                      "add_generation_prompt", "continue_final_message", "return_dict",
+                                      "return_tensors", "padding", "truncation", "chat_template"})
 
 
 class TokenizerLike(Protocol):
     """What the rules need of engine.tokenizer.Tokenizer (tests pass a small fake)."""
 
     def encode(self, text: str) -> list[int]: ...
-    def encode_chat(self, messages: list[dict]) -> list[int]: ...
+    def encode_chat(self, messages: list[dict]) -> list[int]: ...  # tools=, and template kwargs, when asked
     def decode(self, ids: list[int]) -> str: ...
 
 
@@ -61,17 +69,16 @@ class Rules:
             )
         if body.n != 1:
             raise ApiError(400, "Only n=1 is supported.", code="unsupported_value", param="n")
+        problem = body.tool_choice_problem() if isinstance(body, ChatCompletionRequest) else None
+        if problem:
+            raise ApiError(400, problem, code="invalid_value", param="tool_choice")
         return ignored
 
     def prompt(self, body: GenerationBody) -> list[int]:
         """The prompt's token ids (CPU-bound: a long prompt belongs in a thread)."""
         param = body.prompt_param
         if isinstance(body, ChatCompletionRequest):
-            try:
-                ids = self.tokenizer.encode_chat(body.template_messages())
-            except (ValueError, TemplateError) as error:  # no chat template, or the template refused them
-                raise ApiError(400, str(error) or "the chat template refused these messages", param=param,
-                               code="invalid_value") from None
+            ids = self._chat_prompt(body)
         elif isinstance(body, CompletionRequest):
             text = body.prompt_text()
             if text is None:
@@ -83,6 +90,44 @@ class Rules:
         if not ids:
             raise ApiError(400, "The prompt is empty (no tokens).", param=param, code="invalid_value")
         return ids
+
+    @property
+    def chat_template(self) -> str | None:
+        return getattr(self.tokenizer, "chat_template", None)
+
+    @property
+    def tool_format(self) -> tuple[ToolFormat, bool]:
+        """The served model's tool-call format and whether its template renders tools (shapes/parsing.py)."""
+        return tool_format(self.chat_template)
+
+    def _chat_prompt(self, body: ChatCompletionRequest) -> list[int]:
+        fmt, native = self.tool_format
+        kwargs = dict(body.chat_template_kwargs or {})
+        reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(kwargs))
+        if reserved:
+            raise ApiError(400, f"chat_template_kwargs may not set {', '.join(reserved)}.",
+                           code="invalid_value", param="chat_template_kwargs")
+        plain = not body.offers_tools and not kwargs and not any(m.tool_calls or m.role == "tool" for m in body.messages)
+        try:
+            if plain:  # what every template reads, and every tokenizer (tests' fakes too) takes
+                return self.tokenizer.encode_chat(tool_prompt.fallback_messages(body, fmt))
+            if native:
+                return self.tokenizer.encode_chat(tool_prompt.native_messages(body), tools=tool_prompt.native_tools(body),
+                                                  **kwargs)
+            return self.tokenizer.encode_chat(tool_prompt.fallback_messages(body, fmt), **kwargs)
+        except (ValueError, TypeError, TemplateError) as error:  # no chat template, or the template refused them
+            raise ApiError(400, str(error) or "the chat template refused these messages", param="messages",
+                           code="invalid_value") from None
+
+    def reading(self, body: GenerationBody, prompt: list[int]) -> Reading:
+        """How the answer is split (shapes/parsing.py): tool calls looked for, thinking."""
+        if not isinstance(body, ChatCompletionRequest):
+            return Reading()
+        tools = self.tool_format[0].name if body.offers_tools else None
+        thinking = None
+        if thinks(self.chat_template):
+            thinking = "open" if prompt_opens_thinking(self.tokenizer.decode(prompt[-32:])) else "maybe"
+        return Reading(tools, thinking)
 
     def max_tokens(self, prompt_len: int, requested: int | None, param: str) -> int:
         """What was asked (default_max_tokens when nothing was), lowered so that prompt + answer
@@ -100,6 +145,12 @@ class Rules:
 
     def queued(self, request_id: str, body: GenerationBody, prompt: list[int], priority: int) -> QueuedRequest:
         max_tokens = self.max_tokens(len(prompt), body.requested_max_tokens(), body.prompt_param)
+        grammar = after = None
+        if isinstance(body, ChatCompletionRequest):
+            grammar = answer_grammar(body, self.tool_format[0])
+            # a model whose prompt opened its thinking is free until it ends; one that may open it (`maybe`)
+            # is constrained at once: it answers without thinking
+            after = THINK_CLOSE if grammar and self.reading(body, prompt).thinking == "open" else None
         return QueuedRequest(
             id=request_id,
             priority=priority,
@@ -117,4 +168,6 @@ class Rules:
             repetition_penalty=float(self.sampling(body, "repetition_penalty", 1.0)),
             min_p=float(self.sampling(body, "min_p", 0.0)),
             logit_bias=self.logit_bias(body),
+            grammar=grammar,
+            grammar_after=after,
         )

@@ -328,6 +328,9 @@ class Worker:
                     frequency_penalty=request.frequency_penalty,
                     repetition_penalty=request.repetition_penalty,
                     logit_bias=tuple((int(t), float(b)) for t, b in request.logit_bias),
+                    grammar=request.grammar,
+                    grammar_after=request.grammar_after,
+                    grammar_done=tuple(done_ids) if request.grammar else (),
                 ),
                 keep=slot.read_pos,
             )

@@ -59,12 +59,11 @@ def test_the_docs_table_says_what_the_code_does():
 
 def asking(name: str) -> object:
     """A value of the field that asks for something."""
-    return {"logprobs": True, "modalities": ["text", "audio"], "tools": [{"type": "function", "function": {"name": "f"}}],
-            "tool_choice": "required", "best_of": 2, "repetition_penalty": 1.2, "typical_p": 0.5,
-            "response_format": {"type": "json_object"}, "parallel_tool_calls": True}.get(name, 0.5)
+    return {"logprobs": True, "modalities": ["text", "audio"], "best_of": 2, "repetition_penalty": 1.2,
+            "typical_p": 0.5}.get(name, 0.5)
 
 
-REFUSALS = [(CHAT, name) for name in REFUSED_CHAT if name != "parallel_tool_calls"] + \
+REFUSALS = [(CHAT, name) for name in REFUSED_CHAT] + \
     [(COMPLETIONS, name) for name in REFUSED_COMPLETIONS]
 
 

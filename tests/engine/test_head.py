@@ -106,3 +106,30 @@ def test_default_head_picks_the_float32_top_token(smollm2, smollm2_default):
     per_row = counter.counts[:-1]  # one count per single-row call (the last call was the batch)
     print("rows recomputed per position: mean", sum(per_row) / len(per_row), "max", max(per_row))
     assert max(per_row) <= 256 and sum(per_row) / len(per_row) <= 32
+
+
+def test_a_constrained_row_gets_the_true_maximum_among_its_allowed_tokens():
+    # Rows near-tied at ~20 for h[0] (as in the test above), and eight rows far above at ~30 that
+    # row 0's grammar forbids: the head's candidates are those eight, so without the mask the
+    # near-tied allowed ones keep the head's rounded logits and the wrong one wins. Row 1 is
+    # free: its logits are the same as without a constrained neighbour.
+    torch.manual_seed(1)
+    dim, vocab = 256, 256
+    h = torch.randn(4, dim)
+    base = torch.randn(dim)
+    weight = base + 0.05 * torch.randn(vocab, dim)
+    unit = h[0] / h[0].norm()
+    target = 20.0 + 0.05 * torch.randperm(vocab).float().unsqueeze(1) / vocab
+    target[:8] = 30.0
+    weight = weight - (weight @ unit).unsqueeze(1) * unit + target * unit / h[0].norm()
+    model = _model_with_head(weight)
+    exact = h.double() @ weight.double().T
+    allowed = torch.ones(4, vocab, dtype=torch.bool)
+    allowed[0, :8] = False
+    free = model.logits(h[1:2].clone())
+    logits = model.logits(h.clone(), allowed)
+    truth = int(exact[0].masked_fill(~allowed[0], float("-inf")).argmax())
+    assert int(logits[0].masked_fill(~allowed[0], float("-inf")).argmax()) == truth
+    unmasked = model.logits(h.clone())[0].masked_fill(~allowed[0], float("-inf"))
+    assert int(unmasked.argmax()) != truth  # what the head's candidates alone give
+    assert torch.equal(logits[1:2], free)

@@ -1,0 +1,96 @@
+"""What a grammar costs (engine/grammar.py): decode tokens/s of json_schema requests against free
+ones at 1 and 4 slots, on the default engine, in one run; and the compile time of a
+20-property schema, first and cached.
+
+    .venv/bin/python -m bench.grammar_speed [--steps 48] [--eager] [--repeats 2]
+
+Each case starts every slot with the same greedy prompt (constrained rows with the schema
+below; free rows without), reads the prompts, then times `--steps` decode steps (slots whose
+answer ended drop out; tokens/s counts the tokens produced). Free rows of the default engine
+take prompt lookup at one slot; constrained rows never do, which the 1-slot ratio includes.
+Not asserted anywhere: the machine is shared, compare the ratio of one run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+PROMPT = "Write a long story about a lighthouse keeper, as JSON."
+STORY = {"type": "object", "additionalProperties": False, "required": ["title", "story"], "properties": {
+    "title": {"type": "string"}, "story": {"type": "string"}}}
+WIDE = {"type": "object", "additionalProperties": False, "required": [f"field_{i}" for i in range(20)],
+        "properties": {f"field_{i}": ({"type": "string", "maxLength": 40} if i % 3 == 0 else
+                                      {"type": "integer"} if i % 3 == 1 else
+                                      {"type": "array", "items": {"type": "number"}}) for i in range(20)}}
+
+
+def decode_rate(engine, slots: int, grammar: str | None, steps: int) -> float:  # noqa: ANN001
+    from engine.protocol import SamplingParams
+
+    prompt = engine.tokenizer.encode_chat([{"role": "user", "content": PROMPT}])
+    last = {}
+    for slot in range(slots):
+        engine.begin(slot, SamplingParams(temperature=0.0, grammar=grammar))
+        last[slot] = engine.read(slot, prompt, sample=True)
+    produced = 0
+    started = time.perf_counter()
+    for _ in range(steps):
+        live = [s for s in last if last[s] not in engine.eos_token_ids]
+        if not live:
+            break
+        out = engine.decode(live, [last[s] for s in live])
+        for slot, new in zip(live, out):
+            last[slot] = new[-1]
+            produced += len(new)
+    return produced / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--eager", action="store_true", help="decode eagerly (default: compiled, as served)")
+    args = parser.parse_args()
+
+    from engine import runner
+    from engine.grammar import Grammars
+    from shapes.constraints import schema_grammar
+
+    cache = Path(tempfile.gettempdir()) / "strata-bench-cache"
+    engine = runner.load_engine(None, num_slots=4, ctx=1024, cache_dir=cache, compile=not args.eager)
+    tok = engine.tokenizer
+    assert tok is not None
+
+    grammars = Grammars(tok.json, engine.config.vocab_size, sorted(engine.eos_token_ids), tok.encode_plain)
+    started = time.perf_counter()
+    grammars.compiled(schema_grammar({"type": "object"}))
+    tokenizer_s = time.perf_counter() - started
+    wide = schema_grammar(WIDE)
+    timings = []
+    for _ in range(2):  # the first compiles, the second is the cache's
+        started = time.perf_counter()
+        constraint = grammars.constraint(wide)
+        constraint.allowed()  # llguidance compiles lazily: the first mask is part of the work
+        timings.append(time.perf_counter() - started)
+    grammars.close()
+    print(f"llguidance tokenizer (first grammar): {tokenizer_s * 1000:.0f} ms")
+    print(f"20-property schema: first {timings[0] * 1000:.2f} ms, cached {timings[1] * 1000:.3f} ms "
+          "(constraint + first mask)")
+
+    story = schema_grammar(STORY)
+    results = {}
+    for slots in (1, 4):
+        for name, grammar in (("free", None), ("json_schema", story)):
+            rates = [decode_rate(engine, slots, grammar, args.steps) for _ in range(args.repeats)]
+            results[(slots, name)] = max(rates)
+            print(f"{slots} slot(s), {name:11s}: {max(rates):6.1f} tok/s (runs {', '.join(f'{r:.1f}' for r in rates)})")
+        ratio = results[(slots, "free")] / results[(slots, "json_schema")]
+        print(f"{slots} slot(s): the constrained step costs {ratio:.2f}x the free one")
+    print(json.dumps({f"{s}x{n}": round(v, 1) for (s, n), v in results.items()}))
+
+
+if __name__ == "__main__":
+    main()

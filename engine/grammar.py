@@ -1,0 +1,127 @@
+"""Constrained decoding: which tokens a row may sample next, from a grammar (llguidance).
+
+A request's grammar arrives as an llguidance grammar string (shapes/constraints.py builds it from
+`response_format` or a forced tool call, and checked it at the door). The worker's `Grammars`
+compiles it on a thread of its own, off the step loop, once per distinct grammar (a cache by its
+text); each request gets a copy of the compiled matcher (`deep_copy`, microseconds), its own
+state. The sampler (engine/sampling.py) asks a row's `Constraint` for `allowed()` before it
+picks, then tells it the token it chose (`accept`).
+
+A reasoning model thinks first: with `after` (the text that ends its thinking, `</think>`) the
+row is free until it has produced those tokens, and only then constrained."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable, Sequence
+
+import llguidance
+import torch
+from torch import Tensor
+
+log = logging.getLogger(__name__)
+
+CACHED_GRAMMARS = 256  # compiled grammars kept (each a few KiB to a few MiB)
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+class GrammarError(ValueError):
+    """The grammar did not compile, or the row's tokens left it (a bug: the mask forbids that)."""
+
+
+class Constraint:
+    """One row's grammar state. `allowed()` is computed once per position and kept until `accept`."""
+
+    def __init__(self, matcher: Future, vocab: int, after: Sequence[int] = ()) -> None:
+        self._future = matcher
+        self._matcher: llguidance.LLMatcher | None = None
+        self.vocab = vocab
+        self._after = list(after)  # the tokens that end the free part (thinking); empty: none
+        self._recent: list[int] = []
+        self._mask: Tensor | None = None
+
+    @property
+    def is_free_now(self) -> bool:
+        return bool(self._after)
+
+    @property
+    def is_done(self) -> bool:
+        """The grammar is complete and takes nothing more (only an end token)."""
+        return not self._after and self._matcher is not None and self._matcher.is_stopped()
+
+    def allowed(self) -> Tensor | None:
+        """bool [vocab]: the tokens the grammar takes next; None while the row is still free."""
+        if self._after:
+            return None
+        if self._mask is None:
+            matcher = self._ready()
+            words = torch.frombuffer(bytearray(matcher.compute_bitmask()), dtype=torch.int32)
+            self._mask = ((words.unsqueeze(1) >> _BITS) & 1).view(-1)[: self.vocab].bool()
+            if not bool(self._mask.any()):
+                raise GrammarError(f"the grammar allows no token here ({matcher.get_error() or 'no way on'})")
+        return self._mask
+
+    def accept(self, token: int) -> None:
+        self._mask = None
+        if self._after:
+            self._recent = (self._recent + [token])[-len(self._after):]
+            if self._recent == self._after:
+                self._after = []  # thinking ended: the grammar starts at the next token
+            return
+        matcher = self._ready()
+        if not matcher.consume_token(token):
+            raise GrammarError(f"token {token} does not fit the grammar: {matcher.get_error()}")
+
+    def _ready(self) -> llguidance.LLMatcher:
+        if self._matcher is None:
+            compiled = self._future.result()  # compiled while the prompt was read: rarely a wait
+            self._matcher = compiled.deep_copy()
+        return self._matcher
+
+
+class Grammars:
+    """The worker's compiler: grammar text -> compiled matcher, on one thread, cached by text.
+    The llguidance tokenizer (~1 s to build from the model's tokenizer) is built on that thread
+    too, at the first grammar."""
+
+    def __init__(self, tokenizer_json: Callable[[], str], vocab: int, eos_token_ids: Sequence[int],
+                 encode: Callable[[str], list[int]]) -> None:
+        self._tokenizer_json = tokenizer_json
+        self.vocab = vocab
+        self._eos = sorted(eos_token_ids)
+        self._encode = encode
+        self._ll: llguidance.LLTokenizer | None = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
+        self._cache: OrderedDict[str, Future] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def constraint(self, grammar: str, after: str | None = None) -> Constraint:
+        """A fresh row state for `grammar`; its compilation starts now (or was cached)."""
+        with self._lock:
+            future = self._cache.get(grammar)
+            if future is None:
+                future = self._pool.submit(self._compile, grammar)
+                self._cache[grammar] = future
+                while len(self._cache) > CACHED_GRAMMARS:
+                    self._cache.popitem(last=False)
+            else:
+                self._cache.move_to_end(grammar)
+        return Constraint(future, self.vocab, self._encode(after) if after else ())
+
+    def compiled(self, grammar: str) -> llguidance.LLMatcher:
+        """Wait for `grammar`'s compiled matcher (the bench times it)."""
+        return self.constraint(grammar)._future.result()
+
+    def _compile(self, grammar: str) -> llguidance.LLMatcher:
+        if self._ll is None:
+            self._ll = llguidance.LLTokenizer(self._tokenizer_json(), n_vocab=self.vocab, eos_token=self._eos)
+        matcher = llguidance.LLMatcher(self._ll, grammar, log_level=0)
+        if matcher.is_error():
+            raise GrammarError(f"the grammar does not compile: {matcher.get_error()}")
+        return matcher
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
