@@ -6,8 +6,9 @@ a row) through `strata_quants::mm`, which unpacks one row of blocks at a time in
 buffer, bit for bit gguf's values, and dots it in float32 with every activation row; a prefill
 chunk (`PREFILL_MIN_TOKENS` or more a row) a slab of rows at a time, unpacked to float32, rounded
 to bf16 and multiplied by oneDNN (`F.linear` in bf16, the default's prefill arithmetic), so no
-dense copy is ever held. `QuantRows` looks rows up (the embedding, the head's exact top logits).
-Either holds exactly the file's bytes for the matrix."""
+dense copy is ever held. Q4_K parts are repacked once into torch's int4 groups instead (exact,
+and that kernel is faster). `QuantRows` looks rows up (the embedding, the head's exact top
+logits). Either holds exactly the file's bytes for the matrix (the mapped file's pages)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ INT4_TYPES = {Q.Q4_0, Q.Q4_1}  # torch's int4 kernel takes these first (model.py
 # Heads kept on the int8-per-row path (the default model's tied Q8_0 embedding): the kernels
 # take every other type in TYPES, exactly.
 INT8_HEAD_TYPES = {Q.Q8_0, Q.Q4_0, Q.Q4_1}
-# Tokens per row from which a product goes through bf16 slabs (as the int4 matrices' bf16 copy).
+# Tokens per row from which a product goes through bf16 slabs: the switch of the int4 matrices'
+# bf16 copy (model.PREFILL_PACKED_MIN_TOKENS), for the same reason.
 PREFILL_MIN_TOKENS = 16
 SLAB_BYTES = 8 << 20  # float32 bytes of one unpacked slab of rows in a prefill product
 
@@ -63,11 +65,6 @@ def table(qtype: Q) -> Tensor:
         quants.IQ3_S.init_grid()
         return torch.from_numpy(np.ascontiguousarray(quants.IQ3_S.grid, dtype=np.float32).reshape(-1))
     return torch.empty(0)
-
-
-def row_bytes(qtype: Q, cols: int) -> int:
-    block, size = GGML_QUANT_SIZES[qtype]
-    return cols // block * size
 
 
 def dequantize(blocks: QuantBlocks) -> Tensor:
