@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -112,11 +113,20 @@ class GGUFFile:
                 tmp.write_text(json.dumps(index))
                 tmp.replace(where)  # whole or absent, even with several workers starting at once
         self.fields: Mapping[str, Any] = _Fields(index["fields"], index["large"], self.reader)
-        mapped = np.memmap(self.path, dtype=np.uint8, mode="r")
+        mapped = self._mapped = np.memmap(self.path, dtype=np.uint8, mode="r")
         self.tensors: dict[str, GGUFTensor] = {
             name: GGUFTensor(name, tuple(shape), GGMLQuantizationType(qtype), mapped[offset:offset + n_bytes])
             for name, shape, qtype, offset, n_bytes in index["tensors"]
         }
+
+    def drop_pages(self) -> None:
+        """Unmap the file's pages from this process once the model is built (madvise DONTNEED):
+        what was converted at load (int4 groups, dequantized matrices) no longer counts in its
+        RSS, and blocks kept as the file's pages (engine/quants) fault back in from the page cache
+        at their first use. Nothing is lost: the mapping is read-only and backed by the file."""
+        mapped = getattr(self._mapped, "_mmap", None)
+        if mapped is not None and hasattr(mapped, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+            mapped.madvise(mmap.MADV_DONTNEED)
 
     def reader(self) -> GGUFReader:
         if self._reader is None:

@@ -333,6 +333,8 @@ def load_engine(
     engine = build_engine(config, source, tokenizer, num_slots=num_slots, ctx=ctx, device=dev,
                           dtype=torch_dtype, int4=int4, prefill_bf16=prefill_bf16)
     release_freed_memory()
+    if is_gguf(path):  # what was converted at load no longer counts in the worker's RSS
+        source.file.drop_pages()  # type: ignore[attr-defined]
     if compile:
         from engine.compiled import use_cache_dir
 
