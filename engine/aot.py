@@ -48,7 +48,7 @@ from engine.weights import PackedLinear
 
 log = logging.getLogger(__name__)
 
-_SOURCES = ("model.py", "weights.py", "aot.py")
+_SOURCES = ("model.py", "moe.py", "weights.py", "aot.py")  # what the packaged step runs
 
 
 def head_inside(model: Transformer) -> bool:

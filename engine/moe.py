@@ -6,13 +6,16 @@ Qwen3-MoE's `norm_topk_prob`); each expert runs on the rows routed to it only, a
 is the weighted sum of its k experts' outputs. A shared expert (Qwen3-Next) runs on every row,
 scaled by a sigmoid gate of its own.
 
-Two ways to run the routed experts, both with shapes fixed by the number of rows (no
-data-dependent sizes, so a compiled or exported step can hold them), chosen by the step's shape
-(one token a row or several), which a compiled decode graph has fixed:
-- a decode step (one token a row, few (row, expert) pairs): each pair's expert matrices gathered
-  and applied with a batched matmul; only the chosen experts' weights are read.
-- a prefill chunk: the pairs sorted by expert and every expert's rows multiplied at once by
-  `torch._grouped_mm` (one grouped GEMM over the per-expert segments, on the CPU and on CUDA).
+Eagerly, the routed experts run as one grouped GEMM: the (row, expert) pairs sorted by expert and
+every expert's rows multiplied at once by `torch._grouped_mm` over the per-expert segments,
+reading each chosen expert's weights in place and skipping the others. Inside a compiled or
+exported step (`torch.compiler.is_compiling()`) the pairs' matrices are gathered into one batched
+matmul instead: `_grouped_mm` has no float32 lowering there (its meta function asks for bf16);
+the gather has shapes fixed by the step's and compiles (a tiny Qwen3-MoE's packages: the same
+greedy tokens as eager). On Qwen3-30B-A3B's expert shapes (dim 2048, 768, top 8 of 32, bf16, one
+MoE layer, 2 cores shared by eight developers, best of 5), grouped vs gathered vs a Python loop
+over the chosen experts: 1 row 99 ms vs 256 vs 266; 4 rows 899 vs 1 040 vs 594; 64 rows 943 vs
+15 395 vs 2 260.
 
 Routing is in float32 whatever the activations' dtype: a bf16 router's near-ties would pick other
 experts than the model's.
@@ -54,7 +57,7 @@ class Experts(nn.Module):
         flat = h.reshape(-1, shape[-1])
         weights, experts = self.route(flat)
         x = flat.to(self.gate_up.dtype)
-        if shape[1] == 1:
+        if torch.compiler.is_compiling():
             out = self._gathered(x, weights, experts)
         else:
             out = self._grouped(x, weights, experts)

@@ -56,7 +56,7 @@ def _experts_of(block, top_k: int, normalize: bool) -> Experts:
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_moe-unnormalized", "mixtral"])
-@pytest.mark.parametrize("rows, tokens", [(1, 1), (3, 1), (1, 40)])  # decode: gathered; a chunk: grouped
+@pytest.mark.parametrize("rows, tokens", [(1, 1), (3, 1), (1, 40)])  # decode steps and a chunk
 def test_layer_matches_transformers_moe_block(family, rows, tokens):
     hf = mixtral() if family == "mixtral" else qwen3_moe(norm_topk=family == "qwen3_moe")
     block = hf.model.layers[0].mlp
@@ -65,12 +65,34 @@ def test_layer_matches_transformers_moe_block(family, rows, tokens):
     with torch.no_grad():
         ref = block(h)
     torch.testing.assert_close(ours(h), ref, atol=1e-5, rtol=0)
-    # the two ways agree, and every expert a row chose is one transformers' router chose
+    # every expert a row chose is one transformers' router chose, and the compiled step's way agrees
     flat = h.reshape(-1, 64)
     weights, experts = ours.route(flat)
     _, _, hf_experts = block.gate(flat)
     assert torch.equal(experts.sort(-1).values, hf_experts.sort(-1).values)
     torch.testing.assert_close(ours._gathered(flat, weights, experts), ours._grouped(flat, weights, experts), atol=1e-5, rtol=0)
+
+
+def test_shared_expert_matches_qwen3_next_moe_block():
+    from transformers import Qwen3NextConfig
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextSparseMoeBlock
+
+    from engine.weights import DenseLinear
+
+    torch.manual_seed(0)
+    cfg = Qwen3NextConfig(hidden_size=64, moe_intermediate_size=32, shared_expert_intermediate_size=48, num_experts=8,
+                          num_experts_per_tok=3, norm_topk_prob=True)
+    block = Qwen3NextSparseMoeBlock(cfg).float().eval()
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(0, 0.3)
+    shared = (DenseLinear(torch.cat([block.shared_expert.gate_proj.weight, block.shared_expert.up_proj.weight]).detach()),
+              DenseLinear(block.shared_expert.down_proj.weight.detach()), block.shared_expert_gate.weight.detach())
+    ours = Experts(block.gate.weight.detach(), block.experts.gate_up_proj.detach(), block.experts.down_proj.detach(),
+                   3, True, shared)
+    h = torch.randn(2, 5, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(h), block(h), atol=1e-5, rtol=0)
 
 
 def test_only_the_routed_experts_are_read():
@@ -83,7 +105,7 @@ def test_only_the_routed_experts_are_read():
     ours.gate_up[unused] = float("nan")  # an expert no row chose cannot change a row's output
     ours.down[unused] = float("nan")
     torch.testing.assert_close(ours(h), out, atol=0, rtol=0)
-    chunk = torch.randn(1, 40, 64)  # grouped: an expert no row chose has an empty segment
+    chunk = torch.randn(1, 40, 64)  # an expert no row chose has an empty segment
     _, chosen = ours.route(chunk[0])
     assert torch.isfinite(ours(chunk)).all() == set(chosen.reshape(-1).tolist()).isdisjoint(unused)
 
