@@ -16,9 +16,13 @@ from typing import Any, Sequence
 from engine.files import is_gguf
 
 
+GGUF_TOOL_TEMPLATE = "tokenizer.chat_template.tool_use"  # a GGUF's named template for requests with tools
+
+
 class Tokenizer:
-    def __init__(self, hf_tokenizer: Any, extra_eos_ids: Sequence[int] = ()) -> None:
+    def __init__(self, hf_tokenizer: Any, extra_eos_ids: Sequence[int] = (), tool_template: str | None = None) -> None:
         self._tok = hf_tokenizer
+        self.tool_template = tool_template  # rendered instead of the chat template when tools are given
         eos = {int(i) for i in extra_eos_ids}
         if hf_tokenizer.eos_token_id is not None:
             eos.add(int(hf_tokenizer.eos_token_id))
@@ -47,7 +51,7 @@ class Tokenizer:
         from transformers import AutoTokenizer
 
         if is_gguf(path):
-            return cls(_gguf_tokenizer(path, cache_dir), extra_eos_ids)
+            return cls(_gguf_tokenizer(path, cache_dir), extra_eos_ids, _gguf_tool_template(path, cache_dir))
         hf = AutoTokenizer.from_pretrained(path, local_files_only=True)
         return cls(hf, [*extra_eos_ids, *_config_eos_ids(path)])
 
@@ -64,6 +68,8 @@ class Tokenizer:
     def render_chat(self, messages: list[dict], tools: list[dict] | None = None, **template_kwargs: Any) -> str:
         if not self._tok.chat_template:
             raise ValueError("this model has no chat template; use a completion prompt instead")
+        if tools and self.tool_template:
+            template_kwargs = {**template_kwargs, "chat_template": self.tool_template}
         text = self._tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False,
                                              **template_kwargs)
         # The template writes BOS itself where the model wants one; the ids add no second.
@@ -82,6 +88,9 @@ class Tokenizer:
 
     @property
     def chat_template(self) -> str | None:
+        """The template requests with tools are rendered by (shapes/parsing.py reads the format from it)."""
+        if self.tool_template:
+            return self.tool_template
         template = self._tok.chat_template
         return template if isinstance(template, str) else None
 
@@ -178,6 +187,14 @@ def _gguf_tokenizer(path: Path, cache_dir: str | Path | None) -> Any:
     except OSError:
         shutil.rmtree(partial, ignore_errors=True)
     return hf
+
+
+def _gguf_tool_template(path: Path, cache_dir: str | Path | None) -> str | None:
+    """The GGUF's `tokenizer.chat_template.tool_use`, where the file has one (llama.cpp's name)."""
+    from engine.gguf_file import GGUFFile
+
+    value = GGUFFile(path, cache_dir).fields.get(GGUF_TOOL_TEMPLATE)
+    return value if isinstance(value, str) and value else None
 
 
 def _cache_folder(path: Path, cache_dir: str | Path) -> Path:
