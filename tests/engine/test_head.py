@@ -51,10 +51,9 @@ def test_int8_head_error_is_within_its_bound():
     assert float((err / bound).max()) > 0.02  # a bound, not a wild overestimate
 
 
-def test_near_tie_goes_to_the_true_maximum():
-    # 256 rows whose exact logits for h[0] are 20 + 0.05 k / 256 in random order: 2e-4 apart, far
-    # above float32's rounding but far below the int8 head's error (bf16 alone rounds them all to
-    # 20.0), so the head alone picks a wrong top token; the recomputed window must hold the right one.
+def _near_tie(high_rows: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """h [4, 256] and a head [256, 256] whose exact logits for h[0] are 20 + 0.05 k / 256 in random
+    order (2e-4 apart), the first `high_rows` rows at 30 instead."""
     torch.manual_seed(1)
     dim, vocab = 256, 256
     h = torch.randn(4, dim)
@@ -62,7 +61,15 @@ def test_near_tie_goes_to_the_true_maximum():
     weight = base + 0.05 * torch.randn(vocab, dim)
     unit = h[0] / h[0].norm()
     target = 20.0 + 0.05 * torch.randperm(vocab).float().unsqueeze(1) / vocab
-    weight = weight - (weight @ unit).unsqueeze(1) * unit + target * unit / h[0].norm()  # each row's part along h[0]
+    target[:high_rows] = 30.0
+    return h, weight - (weight @ unit).unsqueeze(1) * unit + target * unit / h[0].norm()  # each row's part along h[0]
+
+
+def test_near_tie_goes_to_the_true_maximum():
+    # 256 rows whose exact logits for h[0] are 2e-4 apart, far above float32's rounding but far
+    # below the int8 head's error (bf16 alone rounds them all to 20.0), so the head alone picks a
+    # wrong top token; the recomputed window must hold the right one.
+    h, weight = _near_tie()
     model = _model_with_head(weight)
     counter = RowCounter(model.head_rows)
     model.head_rows = counter
@@ -113,15 +120,8 @@ def test_a_constrained_row_gets_the_true_maximum_among_its_allowed_tokens():
     # row 0's grammar forbids: the head's candidates are those eight, so without the mask the
     # near-tied allowed ones keep the head's rounded logits and the wrong one wins. Row 1 is
     # free: its logits are the same as without a constrained neighbour.
-    torch.manual_seed(1)
-    dim, vocab = 256, 256
-    h = torch.randn(4, dim)
-    base = torch.randn(dim)
-    weight = base + 0.05 * torch.randn(vocab, dim)
-    unit = h[0] / h[0].norm()
-    target = 20.0 + 0.05 * torch.randperm(vocab).float().unsqueeze(1) / vocab
-    target[:8] = 30.0
-    weight = weight - (weight @ unit).unsqueeze(1) * unit + target * unit / h[0].norm()
+    h, weight = _near_tie(high_rows=8)
+    vocab = weight.shape[0]
     model = _model_with_head(weight)
     exact = h.double() @ weight.double().T
     allowed = torch.ones(4, vocab, dtype=torch.bool)
