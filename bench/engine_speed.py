@@ -52,7 +52,7 @@ def _load(variant: str, num_slots: int, threads: int | None, device: str = "cpu"
     int4 became the default it took `int4_decode`; before the prefill copy, no `prefill_bf16`)."""
     import inspect
 
-    from engine.runner import load_engine
+    from engine.load import load_engine
 
     name, *flags = variant.split("+")
     dtype = None if name == "default" else name

@@ -101,7 +101,7 @@ def main() -> None:
 
     from bench.side_by_side import llama_server
     from engine.files import resolve_model_path
-    from engine.runner import load_engine
+    from engine.load import load_engine
 
     path = resolve_model_path(None)
     reference_engine = load_engine(path, num_slots=1, ctx=1024, dtype="float32", compile=False)

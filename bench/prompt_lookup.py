@@ -80,7 +80,7 @@ def main() -> None:
     from rich.table import Table
 
     from engine.protocol import SamplingParams
-    from engine.runner import load_engine
+    from engine.load import load_engine
 
     engine = load_engine(None, num_slots=8, ctx=2048, cache_dir=Path(tempfile.gettempdir()) / "strata-bench-cache")
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=7)

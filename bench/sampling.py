@@ -38,9 +38,10 @@ def capture(path: str) -> None:
 
     from bench.prompt_lookup import PROMPTS, generate
     from engine import runner
+    from engine.load import load_engine
     from engine.protocol import SamplingParams
 
-    engine = runner.load_engine(None, num_slots=8, ctx=2048, cache_dir=Path(tempfile.gettempdir()) / "strata-bench-cache")
+    engine = load_engine(None, num_slots=8, ctx=2048, cache_dir=Path(tempfile.gettempdir()) / "strata-bench-cache")
     engine.use_prompt_lookup(False)
     rows: list = []
     choose = runner.sample_tokens

@@ -108,7 +108,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
 
-    from engine.runner import load_engine
+    from engine.load import load_engine
     from queues.server import EmbeddedRedis
 
     server = EmbeddedRedis(Path(tempfile.mkdtemp(prefix="strata-overhead-")), appendfsync=args.appendfsync).start()

@@ -23,6 +23,6 @@ __all__ = ["Engine", "SamplingParams", "load_engine"]
 
 
 def load_engine(*args, **kwargs):  # noqa: ANN002, ANN003 - thin lazy re-export
-    from engine.runner import load_engine as _load
+    from engine.load import load_engine as _load
 
     return _load(*args, **kwargs)

@@ -27,11 +27,13 @@ min a package for SmolLM2, both side by side) runs in child processes (`python -
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import logging
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -44,11 +46,12 @@ from torch import Tensor, nn
 
 from engine.model import CacheIndex, Transformer
 from engine.quants.blocks import QuantLinear
+from engine.step import StepInputs, step_body
 from engine.weights import PackedLinear
 
 log = logging.getLogger(__name__)
 
-_SOURCES = ("model.py", "moe.py", "weights.py", "aot.py")  # what the packaged step runs
+_SOURCES = ("model.py", "layers.py", "step.py", "moe.py", "weights.py", "aot.py")  # what the packaged step runs
 
 
 def head_inside(model: Transformer) -> bool:
@@ -77,40 +80,31 @@ class _Step(nn.Module):
     """The step as a function of the model's tensors, for export: each call puts the given
     tensors where the model looks for them, so the traced graph takes them as inputs."""
 
-    def __init__(self, model: Transformer, places: list[tuple[object, str]], head: bool) -> None:
+    def __init__(self, model: Transformer, places: list[tuple[object, str]], head: bool, names: tuple[str, ...]) -> None:
         super().__init__()
-        self.model, self.places, self.head = model, places, head
+        self.model, self.places, self.head, self.names = model, places, head, names
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, rows: Tensor, positions: Tensor, mask: Tensor,
-                *tensors: Tensor) -> tuple[Tensor, ...]:
-        model = self.model
+    def forward(self, x: Tensor, *tensors: Tensor) -> tuple[Tensor, ...]:
+        """x: [B, 1, dim]; tensors: the step's inputs (`StepInputs.tensors`), then the model's."""
+        n = len(tensors) - len(self.places)
         kept = [getattr(owner, name) for owner, name in self.places]
-        for (owner, name), tensor in zip(self.places, tensors):
+        for (owner, name), tensor in zip(self.places, tensors[n:]):
             setattr(owner, name, tensor)
         try:
-            index = CacheIndex(0, model.num_slots, mask.shape[-1], rows, positions, sliced=False)
-            # the span and the K/V buffers' length are both dynamic here: what each layer's narrow needs
-            torch._check(index.span <= model.layers[0].k_cache.shape[2])
-            for block in model.layers:
-                x = block(x, cos, sin, block.k_cache, block.v_cache, index, mask)
-            if not self.head:
-                return (x,)
-            h, logits, candidates = model.head_step(x)
-            return (h, logits) if candidates is None else (h, logits, candidates)  # a graph returns tensors only
+            out = step_body(self.model, x, StepInputs.of(tensors[:n], self.names), head=self.head)
+            return tuple(t for t in out if t is not None)  # a graph returns tensors only
         finally:
             for (owner, name), tensor in zip(self.places, kept):
                 setattr(owner, name, tensor)
 
 
-def example_inputs(model: Transformer, rows: int, span: int) -> tuple[Tensor, ...]:
-    """The step's own inputs for `rows` rows: x [B, 1, dim] float32, cos, sin [B, 1, hd], rows,
-    positions [B, 1] long, mask [B, 1, 1, 1, span] bool."""
+def example_inputs(model: Transformer, rows: int, span: int) -> tuple[Tensor, StepInputs]:
+    """The step's own inputs for `rows` rows: x [B, 1, dim] float32 and the `StepInputs`."""
     slots = torch.arange(rows, device=model.device).unsqueeze(1)
     positions = torch.zeros(rows, 1, dtype=torch.long, device=model.device)
     x = torch.zeros(rows, 1, model.cfg.dim, device=model.device)
-    cos, sin = model.rope(positions)
-    mask = CacheIndex(0, model.num_slots, span, slots, positions, sliced=False).mask()
-    return x, cos, sin, slots, positions, mask
+    inputs = model.step_inputs(CacheIndex(0, model.num_slots, span, slots, positions, sliced=False))
+    return x, inputs
 
 
 def _cpu() -> str:
@@ -123,8 +117,13 @@ def _cpu() -> str:
         return platform.processor() or platform.machine()
 
 
-_CACHES = ("k_cache", "v_cache")  # the K/V buffers: [slots, KV, length, hd], slots and length dynamic
 MAX_SLOTS, MAX_LENGTH = 4096, 1 << 20  # what the packages are built to take
+
+
+def _state_dims(owner: object, name: str) -> dict[int, str] | None:
+    """A layer's per-slot buffer (its mixer's STATE, engine/layers.py): its dims that follow the
+    slot count and the context, by name ("slots", "length"); None for any other tensor."""
+    return getattr(type(owner), "STATE", {}).get(name)
 
 
 def package_key(model: Transformer, batched: bool, places: list[tuple[object, str]], head: bool) -> str:
@@ -138,13 +137,16 @@ def package_key(model: Transformer, batched: bool, places: list[tuple[object, st
              repr(model.cfg), str(model.dtype), _cpu(), str(torch.backends.cpu.get_cpu_capability()),
              "one slot" if model.num_slots == 1 else "slots"]
     for owner, name in places:
-        t = getattr(owner, name)
-        parts.append(f"{name}{tuple(t.shape[1::2])}{t.dtype}" if name in _CACHES else f"{tuple(t.shape)}{t.stride()}{t.dtype}")
+        t, dims = getattr(owner, name), _state_dims(owner, name)
+        if dims is None:
+            parts.append(f"{tuple(t.shape)}{t.stride()}{t.dtype}")
+        else:
+            parts.append(f"{name}{tuple('*' if d in dims else n for d, n in enumerate(t.shape))}{t.dtype}")
     digest.update("\n".join(parts).encode())
     return digest.hexdigest()[:32]
 
 
-def _package_folder() -> Path:
+def package_folder() -> Path:
     """Inductor's cache folder, read as inductor reads it."""
     base = os.environ.get("TORCHINDUCTOR_CACHE_DIR")  # set by compiled.use_cache_dir (--data-dir)
     if base is None:  # only here: importing inductor to ask costs a second
@@ -168,19 +170,18 @@ class PackagedStep:
         self.tensors = [getattr(owner, name) for owner, name in self.places]
         self._run: Callable[[list[Tensor]], list[Tensor]] | None = None
         self.error: BaseException | None = None
-        self.path = _package_folder() / f"{package_key(model, batched, self.places, self.head)}.pt2"
+        self.path = package_folder() / f"{package_key(model, batched, self.places, self.head)}.pt2"
 
     @property
     def ready(self) -> bool:
         return self._run is not None
 
-    def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, rows: Tensor, positions: Tensor,
-                 mask: Tensor) -> list[Tensor]:
+    def __call__(self, x: Tensor, inputs: StepInputs) -> list[Tensor]:
         """x: [B, 1, dim] float32 embeddings -> with the head: the final-normed rows h [B, dim],
         the head's logits and (a low-precision head) the candidates for `Transformer.exact_top`;
         without: the last layer's output [B, 1, dim]."""
         assert self._run is not None
-        return self._run([x, cos, sin, rows, positions, mask, *self.tensors])
+        return self._run([x, *inputs.tensors(), *self.tensors])
 
     def load_cached(self) -> None:
         if self.path.exists():
@@ -194,23 +195,24 @@ class PackagedStep:
         nothing may run the model concurrently) and save the program for `build`."""
         started = time.perf_counter()
         rows = 2 if self.batched else 1
-        inputs = example_inputs(self.model, rows, min(self.model.ctx, 256))
-        span = torch.export.Dim("span", min=2, max=MAX_LENGTH)
-        if self.batched:
-            batch = torch.export.Dim("batch", min=2, max=MAX_SLOTS)
-            dims: list[Any] = [{0: batch} for _ in inputs]
-            dims[-1] = {0: batch, 4: span}
-        else:
-            dims = [None] * len(inputs)
-            dims[-1] = {4: span}
-        # the K/V buffers' slot count and length dynamic: any --parallel and --ctx run the same code
-        cache: dict[int, Any] = {2: torch.export.Dim("length", min=2, max=MAX_LENGTH)}
+        x, inputs = example_inputs(self.model, rows, min(self.model.ctx, 256))
+        # the step's rows and span dynamic (StepInputs.dims), and the layers' state's slot count
+        # and length: any batch, --parallel and --ctx run the same code
+        named = {"batch": torch.export.Dim("batch", min=2, max=MAX_SLOTS),
+                 "span": torch.export.Dim("span", min=2, max=MAX_LENGTH),
+                 "length": torch.export.Dim("length", min=2, max=MAX_LENGTH)}
         if self.model.num_slots > 1:
-            cache[0] = torch.export.Dim("slots", min=2, max=MAX_SLOTS)
+            named["slots"] = torch.export.Dim("slots", min=2, max=MAX_SLOTS)
+
+        def dynamic(spec: dict[int, str] | None) -> dict[int, Any] | None:
+            return {dim: named[name] for dim, name in (spec or {}).items() if name in named} or None
+
+        rows_dims = dynamic({0: "batch"} if self.batched else {})
         with torch.inference_mode():
             exported = torch.export.export(
-                _Step(self.model, self.places, self.head), (*inputs, *self.tensors),
-                dynamic_shapes=(*dims, tuple(cache if name in _CACHES else None for _, name in self.places)))
+                _Step(self.model, self.places, self.head, inputs.names()), (x, *inputs.tensors(), *self.tensors),
+                dynamic_shapes=(rows_dims, (*map(dynamic, inputs.dims(self.batched)),
+                                            *(dynamic(_state_dims(o, n)) for o, n in self.places))))
         shapes = [(tuple(t.shape), t.stride(), str(t.dtype).removeprefix("torch.")) for t in exported.example_inputs[0]]
         exported.example_inputs = None  # the weights and K/V buffers themselves: ~1 GB to write for nothing
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -227,8 +229,8 @@ class PackagedStep:
         return subprocess.Popen([sys.executable, "-m", "engine.aot", program, str(self.path)], env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
-    def finish_build(self, program: str, child: subprocess.Popen, started: float) -> None:
-        """Wait for the child and load its package; on failure `error` says why."""
+    def finish_build(self, program: str, child: subprocess.Popen, started: float, load: bool = True) -> None:
+        """Wait for the child and (`load`) load its package; on failure `error` says why."""
         try:
             try:
                 _, errors = child.communicate()
@@ -237,7 +239,8 @@ class PackagedStep:
             if child.returncode != 0:
                 raise RuntimeError(f"python -m engine.aot exited with {child.returncode}: {errors[-2000:]}")
             log.info("%s compiled ahead of time in %.1fs", self.name, time.perf_counter() - started)
-            self._load()
+            if load:
+                self._load()
         except Exception as error:
             self.error = error
             log.warning("compiling the %s ahead of time failed", self.name, exc_info=True)
@@ -260,9 +263,10 @@ def packages(model: Transformer) -> list[PackagedStep]:
     return steps
 
 
-def build(steps: list[PackagedStep]) -> None:
+def build(steps: list[PackagedStep], load: bool = True, report: Callable[[str], None] = lambda _: None) -> None:
     """Export the steps not loaded yet, compile them side by side (one child process each: the
-    compiler is mostly one thread) and load them."""
+    compiler is mostly one thread) and (`load`) load them. `report` hears "exported <name>" and
+    "compiled <name>" as each part ends (engine/background.py's progress)."""
     started, children = time.perf_counter(), []
     for step in steps:
         if step.ready:
@@ -273,9 +277,12 @@ def build(steps: list[PackagedStep]) -> None:
             step.error = error
             log.warning("exporting the %s failed", step.name, exc_info=True)
             continue
+        report(f"exported {step.name}")
         children.append((step, program, step.start_build(program)))
     for step, program, child in children:
-        step.finish_build(program, child, started)
+        step.finish_build(program, child, started, load=load)
+        if step.error is None:
+            report(f"compiled {step.name}")
 
 
 _INPUT_CHECKS_OFF = """
@@ -322,5 +329,15 @@ def compile_package(program: str, path: str) -> None:
             os.unlink(scratch)
 
 
+def die_with_parent() -> None:
+    """Linux: this process gets SIGTERM when its parent exits (a worker killed outright leaves
+    no compiler running; a package is renamed into place whole, so none is half-made)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 if __name__ == "__main__":
+    die_with_parent()
     compile_package(sys.argv[1], sys.argv[2])

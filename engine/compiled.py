@@ -3,6 +3,9 @@
 At batch 1 an eager step is mostly Python and kernel launches (~300 small ops for SmolLM2's 30
 layers); a compiled layer fuses the norms, RoPE, softmax and residual adds around the matmuls.
 
+The step is engine/step.py's (the same layer loop and head as eager): here `run_layers` calls
+each layer through its compiled graph, and the packages ahead of time export `step_body`.
+
 Regional: one layer is compiled, not the 30-layer model. Every layer has the same code and its
 weights and K/V buffers go in as the graph's inputs, so dynamo traces once and inductor builds one
 set of kernels that all layers run: the compile takes a layer's time, not the model's. Two graphs
@@ -31,10 +34,12 @@ import torch
 from torch import Tensor
 
 from engine import aot
-from engine.graphs import GraphedDecode, HeadOut, Record, record_cuda
-from engine.model import Block, CacheIndex, Transformer
+from engine.graphs import GraphedDecode, Record, record_cuda
+from engine.layers import Block
+from engine.model import CacheIndex, Transformer
 from engine.quants.blocks import QuantLinear
-from engine.weights import PackedLinear
+from engine.step import HeadOut, LayerCall, StepInputs, run_layers
+from engine.weights import PackedLinear, TwoFormLinear
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +61,20 @@ def release_compile_workers() -> None:
         async_compile.shutdown_compile_workers()
 
 
-def _layer(block: Block, x: Tensor, cos: Tensor, sin: Tensor, keys: Tensor, values: Tensor, rows: Tensor,
-           positions: Tensor, mask: Tensor) -> Tensor:
-    # The span enters as the mask's length (a tensor's size can be dynamic in the graph, a
-    # Python int would be specialized). Every slot's rows are in view and read by gather: inside
-    # a graph the gather fuses into the float32 conversion attention does anyway.
-    index = CacheIndex(0, keys.shape[0], mask.shape[-1], rows, positions, sliced=False)
-    return block(x, cos, sin, keys, values, index, mask)
+def _layer(block: Block, x: Tensor, state: tuple[Tensor, ...], names: tuple[str, ...], *inputs: Tensor) -> Tensor:
+    # The inputs go in as tensors, so the span enters as the mask's length (a tensor's size can
+    # be dynamic in the graph, a Python int would be specialized). Every slot's rows are in view
+    # and read by gather: inside a graph the gather fuses into the float32 conversion attention
+    # does anyway.
+    return block(x, StepInputs.of(inputs, names), state)
+
+
+def _compiled_layer(compiled: Callable[..., Tensor]) -> LayerCall:
+    """`run_layers`' call of a layer through `compiled` (`_layer` under torch.compile)."""
+
+    def layer(block: Block, x: Tensor, inputs: StepInputs, state: tuple[Tensor, ...]) -> Tensor:
+        return compiled(block, x, state, inputs.names(), *inputs.tensors())
+    return layer
 
 
 def compilable(model: Transformer) -> bool:
@@ -72,9 +84,24 @@ def compilable(model: Transformer) -> bool:
     K-quant head) decode eagerly too: not tried in a graph yet. A TwoFormLinear's prepacked copy
     serves prefill only and does not count. Nor a model whose layers differ in RoPE rows or mask
     (Gemma 3: `Transformer.uniform_layers`)."""
-    return model.uniform_layers() and not isinstance(model.head, QuantLinear) and not any(
-        isinstance(linear, (PackedLinear, QuantLinear)) for block in model.layers
-        for linear in (block.wqkv, block.wo, block.w_gate_up, block.w_down))
+    if not model.uniform_layers():
+        return False
+    prefill_only = {id(m.packed) for m in model.layers.modules() if isinstance(m, TwoFormLinear)}
+    return not isinstance(model.head, QuantLinear) and not any(
+        isinstance(m, QuantLinear) or (isinstance(m, PackedLinear) and id(m) not in prefill_only)
+        for m in model.layers.modules())
+
+
+def _scratch(model: Transformer) -> list[tuple[Tensor, ...]]:
+    """For each layer, buffers shaped like its state, one set shared by the layers of a kind;
+    made outside inference mode, like the real ones: the guards see how a tensor was made."""
+    made: dict[tuple[object, ...], tuple[Tensor, ...]] = {}
+    out = []
+    for block in model.layers:
+        state = block.state()
+        key = (type(block.mixer), *((t.shape, t.dtype) for t in state))
+        out.append(made.setdefault(key, tuple(torch.zeros_like(t) for t in state)))
+    return out
 
 
 class CompiledDecode:
@@ -87,7 +114,7 @@ class CompiledDecode:
     # the head never need
     @cached_property
     def _layer(self) -> Callable[..., Tensor]:
-        return torch.compile(_layer, fullgraph=True, dynamic=None)
+        return _compiled_layer(torch.compile(_layer, fullgraph=True, dynamic=None))
 
     @cached_property
     def _head(self) -> Callable[[Tensor], HeadOut]:
@@ -104,31 +131,28 @@ class CompiledDecode:
         return self.model.exact_top(*self.step(tokens, slots, positions, span), allowed)
 
     def step(self, tokens: Tensor, slots: Tensor, positions: Tensor, span: int,
-             scratch: tuple[Tensor, Tensor] | None = None) -> HeadOut:
+             scratch: list[tuple[Tensor, ...]] | None = None) -> HeadOut:
         """The step up to the exact top logits: the final-normed rows, the head's logits and the
-        candidates for `Transformer.exact_top`. scratch: K/V buffers shaped like a layer's that
-        every layer writes instead of its own."""
-        model = self.model
-        x = model.embed(tokens.unsqueeze(1))
-        rows, pos = slots.unsqueeze(1), positions.unsqueeze(1)
-        index = CacheIndex(0, model.num_slots, span, rows, pos, sliced=False)
-        cos, sin = model.rope(pos)
-        mask = index.mask()
-        batched = tokens.shape[0] > 1
+        candidates for `Transformer.exact_top`. scratch: per layer, buffers shaped like its state
+        that it writes instead of its own."""
+        index = CacheIndex(0, self.model.num_slots, span, slots.unsqueeze(1), positions.unsqueeze(1), sliced=False)
+        return self.model.decode(tokens.unsqueeze(1), index, lambda x, inputs: self._body(x, inputs, scratch))
+
+    def _body(self, x: Tensor, inputs: StepInputs, scratch: list[tuple[Tensor, ...]] | None = None) -> HeadOut:
+        """`step.step_body` through the packages, or through the per-layer graphs and the head's."""
+        batched = x.shape[0] > 1
         if self.packaged and scratch is None:
             step = self.packaged[batched]  # [one row, batched]
-            out = step(x, cos, sin, rows, pos, mask)
+            out = step(x, inputs)
             if step.head:
                 h, logits, *candidates = out
                 return h, logits, candidates[0] if candidates else None
             x = out[0]
         else:
-            for t in (x, cos, sin, rows, pos, mask) if batched else ():
-                torch._dynamo.maybe_mark_dynamic(t, 0)
-            torch._dynamo.maybe_mark_dynamic(mask, mask.dim() - 1)
-            for block in model.layers:
-                keys, values = scratch or (block.k_cache, block.v_cache)
-                x = self._layer(block, x, cos, sin, keys, values, rows, pos, mask)
+            for t, dims in zip((x, *inputs.tensors()), [{0: "batch"} if batched else {}] + inputs.dims(batched)):
+                for dim in dims:
+                    torch._dynamo.maybe_mark_dynamic(t, dim)
+            x = run_layers(self.model, x, inputs, layer=self._layer, states=scratch)
         if batched:
             torch._dynamo.maybe_mark_dynamic(x, 0)
         return self._head(x)
@@ -147,9 +171,7 @@ class CompiledDecode:
                 self.packaged = packaged
             else:  # every step through the same kernels: the per-layer graphs for all
                 log.warning("decoding with the per-layer graphs: a step could not be compiled ahead of time")
-        first = self.model.layers[0]
-        # made outside inference mode, like the K/V buffers: the guards see how a tensor was made
-        scratch = None if self.packaged else (torch.zeros_like(first.k_cache), torch.zeros_like(first.v_cache))
+        scratch = None if self.packaged else _scratch(self.model)
         with torch.inference_mode():
             if scratch is not None:
                 for batch in batches:

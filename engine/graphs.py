@@ -24,10 +24,10 @@ import torch
 from torch import Tensor
 
 from engine.model import KV_BUCKET, Transformer
+from engine.step import HeadOut
 
 log = logging.getLogger(__name__)
 
-HeadOut = tuple[Tensor, Tensor, Tensor | None]  # the final-normed rows h, the head's logits, candidates
 Step = Callable[[Tensor, Tensor, Tensor, int], HeadOut]  # tokens, slots, positions [B] long, span
 Replay = Callable[[], None]
 # (run once -> its outputs, memory pool) -> (replay: run again into those outputs, them, the pool)

@@ -3,7 +3,9 @@
 One forward for every step, under the caller's `torch.inference_mode()`: `Transformer.forward`
 takes B rows of T tokens (a prefill chunk is B=1, a decode step T=1), the `CacheIndex` saying
 which slots' cache entries the step reads and writes, and returns the float32 residual of each
-row's last token; `Transformer.logits` turns that into logits.
+row's last token; `Transformer.logits` turns that into logits. The step itself (its inputs, the
+layer loop, the head) is engine/step.py's, which every back-end runs; the layers are
+engine/layers.py's, chosen per layer in `build`.
 
 Weights come from an `engine.weights.WeightSource` (the loaders undo file-format quirks) under the
 names listed in `WEIGHT_NAMES`; `Transformer.build` keeps one copy of each matrix in the form the
@@ -22,10 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from engine.layers import Attention, Block, GatedFFN
 from engine.memory import ensure_kv_fits
 from engine.moe import Experts
 from engine.quants.blocks import INT4_TYPES, INT8_HEAD_TYPES, QuantLinear, QuantRows
 from engine.rope import RopeScaling, tables
+from engine.step import Body, HeadOut, StepInputs, run_layers, step_body
 from engine.weights import (
     DenseLinear, DenseRows, HeadBound, Int4Linear, Int8Linear, PackedLinear, RowTable, TwoFormLinear, WeightSource,
     can_prepack, dequantize_int4, fuse_int4, int4_available, int4_shape_ok, int8_available, int8_shape_ok,
@@ -82,6 +86,7 @@ class ModelConfig:
     embed_scale: float = 1.0  # embeddings multiplied by it (Gemma: sqrt(dim))
     activation: str = "silu"  # the gated FFN's: "silu" or "gelu_tanh" (Gemma)
 
+
     @property
     def q_size(self) -> int:
         return self.n_heads * self.head_dim
@@ -107,6 +112,7 @@ class ModelConfig:
     def local_rope(self) -> bool:
         """Whether sliding layers read RoPE rows of their own."""
         return any(self.sliding_layers) and self.rope_local_theta > 0
+
 
 
 @dataclass(frozen=True)
@@ -144,71 +150,12 @@ class CacheIndex:
         return seen.view(bsz, 1, 1, seq, self.span)
 
 
-class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.cfg = cfg
-        # Filled by Transformer.build: norms (float32, like the residual), linears (weights.py),
-        # and by Transformer.allocate_cache: K/V [num_slots, n_kv_heads, ctx, head_dim] each.
-        self.attn_norm = self.ffn_norm = torch.empty(0)
-        self.q_norm: Tensor | None = None
-        self.k_norm: Tensor | None = None
-        self.wqkv = self.wo = self.w_gate_up = self.w_down = nn.Identity()
-        self.experts: Experts | None = None  # an MoE layer's FFN instead of w_gate_up/w_down
-        self.post_attn_norm: Tensor | None = None  # Gemma 3
-        self.post_ffn_norm: Tensor | None = None
-        self.sliding = False  # reads the sliding-window mask and the local RoPE rows (run_layers)
-        self.k_cache = self.v_cache = torch.empty(0)
-
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, keys: Tensor, values: Tensor,
-                index: CacheIndex, mask: Tensor) -> Tensor:
-        """x: [B, T, dim] float32 residual; cos, sin: [B, T, hd]; keys, values: this layer's cache
-        rows lo..hi-1 [hi-lo, KV, ctx, hd] (views), written at (index.rows, index.positions), read
-        up to index.span -> x: [B, T, dim]."""
-        cfg = self.cfg
-        bsz, seq, _ = x.shape
-        h = F.rms_norm(x, (cfg.dim,), self.attn_norm, cfg.norm_eps)
-        q, k, v = self.wqkv(h).split((cfg.q_size, cfg.kv_size, cfg.kv_size), dim=-1)
-        q = q.view(bsz, seq, cfg.n_heads, cfg.head_dim)
-        k = k.view(bsz, seq, cfg.n_kv_heads, cfg.head_dim)
-        v = v.view(bsz, seq, cfg.n_kv_heads, cfg.head_dim)
-        if self.q_norm is not None:
-            q = F.rms_norm(q, (cfg.head_dim,), self.q_norm.to(q.dtype), cfg.norm_eps)
-            k = F.rms_norm(k, (cfg.head_dim,), self.k_norm.to(k.dtype), cfg.norm_eps)
-        cos, sin = cos.unsqueeze(2).to(q.dtype), sin.unsqueeze(2).to(q.dtype)  # broadcast over heads
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        # One index-put per buffer: advanced indices around a slice put [B, T] first, so the
-        # values are k as the linear made it, [B, T, KV, hd].
-        keys[index.rows, :, index.positions] = k.to(keys.dtype)
-        values[index.rows, :, index.positions] = v.to(values.dtype)
-        # Written before narrowing: an index-put into a narrowed (non-contiguous) view of several
-        # rows copied the whole view (4 ms vs 5 us at 16 rows). narrow, not [:span]: a slice end
-        # equal to the size would pin a compiled graph's span.
-        keys, values = keys.narrow(2, 0, index.span), values.narrow(2, 0, index.span)
-        if not index.sliced:
-            keys, values = keys[index.rows[:, 0]], values[index.rows[:, 0]]  # scattered slots: a gather
-        out = self.wo(attend(q.transpose(1, 2), keys, values, mask, cfg.attn_scale))
-        if self.post_attn_norm is not None:
-            out = F.rms_norm(out.float(), (cfg.dim,), self.post_attn_norm, cfg.norm_eps)
-        x = x + out
-        h = F.rms_norm(x, (cfg.dim,), self.ffn_norm, cfg.norm_eps)
-        if self.experts is not None:
-            out = self.experts(h)
-        else:
-            gate, up = self.w_gate_up(h).chunk(2, dim=-1)
-            act = F.silu(gate) if cfg.activation == "silu" else F.gelu(gate, approximate="tanh")
-            out = self.w_down(act * up)
-        if self.post_ffn_norm is not None:
-            out = F.rms_norm(out.float(), (cfg.dim,), self.post_ffn_norm, cfg.norm_eps)
-        return x + out  # float32 x + bf16 promotes to float32
-
 
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.layers = nn.ModuleList(self.make_block(i) for i in range(cfg.n_layers))
         self.embed: RowTable | None = None
         self.norm = torch.empty(0)
         self.head: nn.Module = nn.Identity()
@@ -224,6 +171,15 @@ class Transformer(nn.Module):
         self.forms: dict[str, int] = {}  # linear form -> count, for logs and tests
 
     # ---- set-up ---------------------------------------------------------------------------
+
+    def make_block(self, i: int) -> Block:
+        """Layer i's parts, as its architecture has them (its weights come in `build`): the
+        place where a sliding-window, recurrent or expert layer is chosen."""
+        cfg = self.cfg
+        window = cfg.sliding_window if cfg.is_sliding(i) else 0
+        return Block(cfg.dim, cfg.norm_eps,
+                     Attention(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.norm_eps, window=window, scale=cfg.attn_scale),
+                     GatedFFN(cfg.activation))
 
     @classmethod
     def build(cls, cfg: ModelConfig, source: WeightSource, *, dtype: torch.dtype, device: torch.device,
@@ -292,20 +248,21 @@ class Transformer(nn.Module):
         for i, block in enumerate(model.layers):
             p = f"layers.{i}."
             block.attn_norm, block.ffn_norm = vector(p + "attn_norm"), vector(p + "ffn_norm")
+            attention, ffn = block.mixer, block.ffn
             if cfg.qk_norm:
-                block.q_norm, block.k_norm = vector(p + "q_norm"), vector(p + "k_norm")
+                attention.q_norm, attention.k_norm = vector(p + "q_norm"), vector(p + "k_norm")
+            attention.wqkv = linear([p + "q", p + "k", p + "v"],
+                                    [p + "q_bias", p + "k_bias", p + "v_bias"] if cfg.qkv_bias else None)
+            attention.wo = linear([p + "o"])
             if p + "post_attn_norm" in names:
                 block.post_attn_norm = vector(p + "post_attn_norm")
             if p + "post_ffn_norm" in names:
                 block.post_ffn_norm = vector(p + "post_ffn_norm")
-            block.sliding = cfg.is_sliding(i)
-            block.wqkv = linear([p + "q", p + "k", p + "v"], [p + "q_bias", p + "k_bias", p + "v_bias"] if cfg.qkv_bias else None)
-            block.wo = linear([p + "o"])
             if p + "router" in names:
-                block.experts = experts(p)
+                block.ffn = experts(p)  # the layer's FFN: experts instead of the dense one
             else:
-                block.w_gate_up = linear([p + "gate", p + "up"])
-                block.w_down = linear([p + "down"])
+                ffn.w_gate_up = linear([p + "gate", p + "up"])
+                ffn.w_down = linear([p + "down"])
         head_name = "embed" if cfg.tie_embeddings or "output" not in names else "output"
         model.norm = vector("norm")
         model.embed = rows_on(device, source, "embed")
@@ -346,14 +303,13 @@ class Transformer(nn.Module):
         return model.eval()
 
     def allocate_cache(self, num_slots: int, ctx: int) -> None:
-        """One K and one V buffer per layer (a single shared buffer made writes copy it whole)."""
+        """Each layer's per-slot state (attention: one K and one V buffer per layer; a single
+        shared buffer made writes copy it whole), with one spare position past ctx."""
         cfg = self.cfg
-        shape = cfg.kv_shape(num_slots, ctx)
         # refused before any buffer: zeros past the free memory allocate, and fail only when written
         ensure_kv_fits(cfg.kv_cache_bytes(num_slots, ctx, self.cache_dtype), self.device, num_slots, ctx)
         for block in self.layers:
-            block.k_cache = torch.zeros(shape, device=self.device, dtype=self.cache_dtype)
-            block.v_cache = torch.zeros(shape, device=self.device, dtype=self.cache_dtype)
+            block.allocate(num_slots, ctx, self.device, self.cache_dtype)
         # Rows for the spare position too: a CUDA graph's padding rows write there (engine/graphs.py).
         # Tables in float32 (angles past a few hundred lose their low bits in bf16); each step
         # rounds the rows it uses to the activations' dtype, as transformers does.
@@ -365,49 +321,53 @@ class Transformer(nn.Module):
         self.num_slots, self.ctx = num_slots, ctx
 
     def kv_bytes(self) -> int:
-        return sum(b.k_cache.numel() * b.k_cache.element_size() * 2 for b in self.layers)
+        return sum(t.numel() * t.element_size() for block in self.layers for t in block.state())
 
     # ---- forward --------------------------------------------------------------------------
 
     def forward(self, tokens: Tensor, index: CacheIndex) -> Tensor:
         """tokens: [B, T] at index.positions of their slots -> [B, dim] float32 residual of each
         row's last token, final norm applied (feed it to `logits`)."""
-        return self.run_layers(self.embed_tokens(tokens), index)
+        return self.last_normed(run_layers(self, self.embed_tokens(tokens), self.step_inputs(index)))
 
     def embed_tokens(self, tokens: Tensor) -> Tensor:
         """tokens [B, T] -> [B, T, dim] float32: the residual stream (Gemma's scaled by sqrt(dim))."""
         x = self.embed(tokens)
         return x * self.cfg.embed_scale if self.cfg.embed_scale != 1.0 else x
 
-    def run_layers(self, x: Tensor, index: CacheIndex) -> Tensor:
-        """x: [B, T, dim] float32 embeddings -> [B, dim] normalized residual of the last token.
-        engine/compiled.py runs the same step with each layer compiled."""
-        return self.last_normed(self.layers_out(x, index))
-
-    def layers_out(self, x: Tensor, index: CacheIndex) -> Tensor:
-        """x: [B, T, dim] float32 embeddings -> the last layer's output [B, T, dim], every position."""
-        cos, sin = self.rope(index.positions)
-        mask = index.mask()
-        local = (cos, sin, mask)  # what sliding layers read
-        if self.cfg.sliding_window and any(b.sliding for b in self.layers):
-            local = (*self.rope_local(index.positions), index.mask(self.cfg.sliding_window))
-        lo, hi = index.lo, index.hi
-        for block in self.layers:
-            c, s, m = local if block.sliding else (cos, sin, mask)
-            x = block(x, c, s, block.k_cache[lo:hi], block.v_cache[lo:hi], index, m)
-        return x
-
     def forward_all(self, tokens: Tensor, index: CacheIndex) -> Tensor:
         """`forward` for every position: tokens [B, T] -> [B, T, dim] final-normed residuals
         (prompt scoring: each position's logits score the token after it)."""
-        x = self.layers_out(self.embed_tokens(tokens), index)
+        x = run_layers(self, self.embed_tokens(tokens), self.step_inputs(index))
         return F.rms_norm(x, (self.cfg.dim,), self.norm, self.cfg.norm_eps)
 
+    def decode(self, tokens: Tensor, index: CacheIndex, body: Body | None = None) -> HeadOut:
+        """One step's rows up to the exact top logits (`exact_top` takes the result): the
+        embeddings and inputs, then `body`, a back-end's run of `step.step_body` (None: eager)."""
+        x = self.embed_tokens(tokens)
+        inputs = self.step_inputs(index)
+        return body(x, inputs) if body is not None else step_body(self, x, inputs)  # type: ignore[return-value]
+
+    def step_inputs(self, index: CacheIndex) -> StepInputs:
+        """What every layer of the step reads (engine/step.py), made here once a step."""
+        cos, sin = self.rope(index.positions)
+        local: dict[str, Tensor] = {}  # what sliding-window layers read instead (Gemma 3)
+        window = max((getattr(b.mixer, "window", 0) for b in self.layers), default=0)
+        if window:
+            local_cos, local_sin = self.rope_local(index.positions)
+            local = {"local_cos": local_cos, "local_sin": local_sin, "local_mask": index.mask(window)}
+        # rows gathered from slot 0 on: the whole buffers serve as they are (a compiled step's
+        # inputs are those buffers themselves, not views of them)
+        whole = index.lo == 0 and not index.sliced
+        return StepInputs(index.rows, index.positions, cos, sin, index.mask(), **local, lo=index.lo,
+                          hi=None if whole else index.hi, sliced=index.sliced)
+
     def uniform_layers(self) -> bool:
-        """Whether every layer reads the same RoPE rows and mask from unscaled embeddings: what the
-        compiled step (engine/compiled.py, engine/aot.py) computes for all layers today. Gemma 3's
-        sliding layers and scaled embeddings decode eagerly until the one step definition has them."""
-        return not any(b.sliding for b in self.layers) and self.cfg.embed_scale == 1.0
+        """Whether every layer reads the same RoPE rows and mask from unscaled embeddings: what
+        the compiled step has been tried on (engine/compiled.py, engine/aot.py). Gemma 3's sliding
+        layers and scaled embeddings decode eagerly for now; the step (engine/step.py) carries
+        their inputs through every back-end, untried compiled."""
+        return not any(getattr(b.mixer, "window", 0) for b in self.layers) and self.cfg.embed_scale == 1.0
 
     def rope_local(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """The sliding layers' RoPE rows: their own base where the config has one (Gemma 3)."""
@@ -424,7 +384,7 @@ class Transformer(nn.Module):
         """The last layer's output [B, T, dim] -> the final-normed residual of each row's last token."""
         return F.rms_norm(x[:, -1], (self.cfg.dim,), self.norm, self.cfg.norm_eps)
 
-    def head_step(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+    def head_step(self, x: Tensor) -> HeadOut:
         """The last layer's output [B, T, dim] -> the final-normed rows h, the head's logits and
         the candidates for `exact_top` (`head_logits`): the part of a decode step a compiled step
         can hold (the recomputation's shapes depend on the data)."""
@@ -508,43 +468,3 @@ def rows_on(device: torch.device, source: WeightSource, name: str) -> RowTable:
         return DenseRows(source.dense(name))
     return rows
 
-
-def rotate_half(x: Tensor) -> Tensor:
-    # HF RoPE layout: the first half of head_dim pairs with the second half.
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def attend(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, scale: float = 0.0) -> Tensor:
-    """Float32 attention. q: [B, H, T, hd]; keys, values: [B, KV, L, hd]; mask: [B, 1, 1, T, L]
-    bool -> [B, T, H*hd] in q's dtype.
-
-    A step of one token per row (decode): plain matmul -> softmax -> matmul (SDPA with one query
-    was ~4x slower in bf16). Several tokens (a prefill chunk): torch's fused kernel, in float32
-    too, which never holds the [T, L] scores whole: 2.3x faster at 256 queries over 2 000 keys,
-    4.6x at 512, the same error against float64 (the plain path spent as long in attention as in
-    the linears). Its bf16-rounded outputs differ from the plain path's in a few elements, which
-    moves greedy near-ties downstream (docs/engine.md, "Beside llama.cpp"). scale: the scores'
-    factor (0: head_dim ** -0.5)."""
-    bsz, n_heads, seq, head_dim = q.shape
-    if seq == 1:
-        return attend_plain(q, keys, values, mask, scale)
-    out = F.scaled_dot_product_attention(q.float(), keys.float(), values.float(), attn_mask=mask.view(bsz, 1, seq, -1),
-                                         enable_gqa=True, scale=scale or None)
-    return out.to(q.dtype).transpose(1, 2).reshape(bsz, seq, n_heads * head_dim)
-
-
-def attend_plain(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, scale: float = 0.0) -> Tensor:
-    """`attend` as matmul -> float32 softmax -> matmul (the decode step's form)."""
-    bsz, n_heads, seq, head_dim = q.shape
-    n_kv = keys.shape[1]
-    group = n_heads // n_kv
-    # Query head h reads kv head h // group, so grouping heads under their kv head needs no copy.
-    qg = q.reshape(bsz, n_kv, group * seq, head_dim)
-    # Scores, softmax and the weighted sum in float32 (bf16 scores are 1/8-1/4 apart at 16-64).
-    qg = qg.float()
-    scores = torch.matmul(qg, keys.float().transpose(-1, -2)) * (scale or head_dim**-0.5)  # [B, KV, G*T, L]
-    scores = scores.view(bsz, n_kv, group, seq, -1).masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(scores, dim=-1).view(bsz, n_kv, group * seq, -1)
-    out = torch.matmul(probs, values.float()).to(q.dtype)  # [B, KV, G*T, hd]
-    return out.view(bsz, n_heads, seq, head_dim).transpose(1, 2).reshape(bsz, seq, n_heads * head_dim)

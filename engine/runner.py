@@ -1,25 +1,19 @@
-"""The real engine: a Transformer, its slots' positions and samplers, behind engine.protocol.Engine."""
+"""The real engine: a Transformer, its slots' positions and samplers, behind engine.protocol.Engine.
+engine/load.py makes one from a model file."""
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from engine.errors import ConfigError
-from engine.files import is_gguf, resolve_model_path
 from engine.grammar import Constraint, Grammars
 from engine.lookup import Lookup
-from engine.memory import ensure_kv_fits
 from engine.model import KV_BUCKET, CacheIndex, ModelConfig, Transformer
 from engine.protocol import SamplingParams, TokenLogprob
 from engine.sampling import SlotSampler, sample_tokens, score_prompt
 from engine.tokenizer import Tokenizer
-from engine.weights import DictSource, WeightSource
 
 if TYPE_CHECKING:
     from engine.compiled import CompiledDecode
@@ -27,9 +21,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SCORE_ROWS = 128  # prompt scoring: positions whose logits are made at once
-
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16}
 
 
 class TorchEngine:
@@ -231,14 +222,19 @@ class TorchEngine:
         """Rows of one token each at these positions of their slots -> logits [rows, V] (allowed:
         constrained rows' tokens, for the head's exact top; `_allowed`)."""
         span = min(self.ctx, -(-(max(positions) + 1) // KV_BUCKET) * KV_BUCKET)
+        return self._step_on(self.compiled is not None, slots, tokens, positions, span, allowed)
+
+    def _step_on(self, compiled: bool, slots: list[int], tokens: list[int], positions: list[int],
+                 span: int, allowed: torch.Tensor | None = None) -> torch.Tensor:
         dev = self.device
         with torch.inference_mode():
             pos = torch.tensor(positions, dtype=torch.long, device=dev)
             ids = torch.tensor(tokens, dtype=torch.long, device=dev)
-            if self.compiled is not None:
+            if compiled:
+                assert self.compiled is not None
                 return self.compiled(ids, torch.tensor(slots, dtype=torch.long, device=dev), pos, span, allowed)
-            hidden = self.model(ids.unsqueeze(1), CacheIndex.for_slots(slots, pos.unsqueeze(1), span))
-            return self.model.logits(hidden, allowed)
+            index = CacheIndex.for_slots(slots, pos.unsqueeze(1), span)
+            return self.model.exact_top(*self.model.decode(ids.unsqueeze(1), index), allowed)
 
     def _fed(self, slot: int, tokens: list[int]) -> None:
         self._positions[slot] += len(tokens)
@@ -264,119 +260,3 @@ class TorchEngine:
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.num_slots:
             raise ValueError(f"slot {slot} out of range (num_slots={self.num_slots})")
-
-
-def default_dtype(device: torch.device, quantized_file: bool) -> torch.dtype:
-    """bf16 on CUDA. On the CPU, bf16 (int4 where the file has Q4 blocks, float32 residual,
-    attention and top logits) for a quantized GGUF: its weights are already coarser than bf16's
-    rounding, and greedy continuations stay as close to the float32 dequantized model as
-    llama.cpp's own (docs/engine.md). float32 for unquantized files, where exactness is the point."""
-    if device.type == "cuda" or quantized_file:
-        return torch.bfloat16
-    return torch.float32
-
-
-def load_engine(
-    model_path: str | Path | None,
-    *,
-    num_slots: int = 4,
-    ctx: int = 2048,
-    device: str = "cpu",
-    dtype: str | None = None,
-    threads: int | None = None,
-    int4: bool = True,
-    prefill_bf16: bool = True,
-    cache_dir: str | Path | None = None,
-    compile: bool = True,
-    prompt_lookup: bool = True,
-) -> TorchEngine:
-    """Open a GGUF file or HF folder (None: the default SmolLM2) and allocate its slots.
-
-    dtype None: see `default_dtype`. int4: with bf16 on the CPU, linears stored as Q4_0/Q4_1 run
-    as int4 straight from the file's blocks (the only copy kept); off, they are dequantized to
-    bf16 (more memory, faster prompt reading). prefill_bf16: with int4, each int4 matrix also keeps
-    a bf16 prepacked copy that prefill chunks use (2.3x faster there; +2 bytes a weight).
-    cache_dir: where the converted tokenizer is kept so a restart does not convert it again
-    (seconds for a GGUF), and inductor's generated code.
-    compile: decode compiled (engine/compiled.py; on the CPU the layers ahead of time, engine/aot.py),
-    built here or loaded from cache_dir; off: eager.
-    prompt_lookup: on the CPU with two slots or more, a one-row step also checks a guess of the next
-    token from the slot's own text (engine/lookup.py), the same tokens sooner when it is right."""
-    if num_slots < 1 or ctx < 1:
-        raise ValueError("num_slots and ctx must be positive")
-    if threads is not None:
-        torch.set_num_threads(threads)
-    dev = torch.device(device)
-    if dev.type not in ("cpu", "cuda"):
-        raise ConfigError(f"unsupported device {device!r}: use 'cpu' or 'cuda:N'")
-    if dtype is not None and dtype not in _DTYPES:
-        raise ConfigError(f"unsupported dtype {dtype!r} (use one of {sorted(_DTYPES)})")
-
-    started = time.perf_counter()
-    path = resolve_model_path(model_path)
-    source: WeightSource
-    if is_gguf(path):
-        from engine.gguf_loader import GGUFModel
-
-        gguf = GGUFModel(path, cache_dir)
-        config, source, file_eos, quantized = gguf.config, gguf, gguf.eos_token_ids(), gguf.is_quantized()
-    else:
-        from engine import hf_loader
-
-        config, source, file_eos, quantized = (
-            hf_loader.read_config(path), DictSource(hf_loader.load_weights(path)), [], False)
-    torch_dtype = _DTYPES[dtype] if dtype is not None else default_dtype(dev, quantized)
-    # a KV cache that cannot fit even at 2 bytes a value is refused now, not after minutes of
-    # loading; the exact size is checked again once the weights are in (Transformer.allocate_cache)
-    ensure_kv_fits(config.kv_cache_bytes(num_slots, ctx, torch.bfloat16), dev, num_slots, ctx, at_least=True)
-    tokenizer = Tokenizer.from_model_path(path, extra_eos_ids=file_eos, cache_dir=cache_dir, chat=False)
-    engine = build_engine(config, source, tokenizer, num_slots=num_slots, ctx=ctx, device=dev,
-                          dtype=torch_dtype, int4=int4, prefill_bf16=prefill_bf16)
-    release_freed_memory()
-    if is_gguf(path):  # what was converted at load no longer counts in the worker's RSS
-        source.file.drop_pages()  # type: ignore[attr-defined]
-    if compile:
-        from engine.compiled import use_cache_dir
-
-        use_cache_dir(cache_dir)
-        engine.compile_decode(warm=True)
-    if prompt_lookup and engine.can_look_up:
-        engine.use_prompt_lookup()
-    log.info("loaded %s in %.1fs: %s, linears %s, KV cache %.0f MiB", path.name, time.perf_counter() - started,
-             torch_dtype, engine.model.forms, engine.model.kv_bytes() / 2**20)
-    return engine
-
-
-def build_engine(
-    config: ModelConfig,
-    source: WeightSource | dict[str, torch.Tensor],
-    tokenizer: Tokenizer | None,
-    *,
-    num_slots: int,
-    ctx: int,
-    device: torch.device,
-    dtype: torch.dtype,
-    eos_token_ids: frozenset[int] | None = None,
-    int4: bool = True,
-    prepack: bool = True,
-    prefill_bf16: bool = True,
-) -> TorchEngine:
-    """An engine from loaded parts (tests reuse one opened file for several dtypes/slot counts).
-    A plain dict of float32 tensors is a source without 4-bit blocks."""
-    if isinstance(source, dict):
-        source = DictSource(source)
-    model = Transformer.build(config, source, dtype=dtype, device=device, int4=int4, prepack=prepack,
-                              prefill_bf16=prefill_bf16)
-    model.allocate_cache(num_slots, ctx)
-    if eos_token_ids is None:
-        eos_token_ids = tokenizer.eos_token_ids if tokenizer is not None else frozenset()
-    return TorchEngine(model, tokenizer, eos_token_ids=eos_token_ids)
-
-
-def release_freed_memory() -> None:
-    """Loading frees large temporaries (dequantized float32 matrices, unpacked nibbles); glibc
-    keeps such pages in the process unless asked to hand them back."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass

@@ -33,7 +33,7 @@ def smollm2(tmp_path_factory) -> LoadedSmolLM2:
 
 def make_engine(loaded: LoadedSmolLM2, dtype: torch.dtype, num_slots: int = 4, ctx: int = 512, int4: bool = True):
     """int4 applies to bf16 only (the file's Q4_1 blocks); float32 is the dequantized reference."""
-    from engine.runner import build_engine
+    from engine.load import build_engine
 
     return build_engine(loaded.config, loaded.gguf, loaded.tokenizer, num_slots=num_slots, ctx=ctx,
                         device=torch.device("cpu"), dtype=dtype, int4=int4)

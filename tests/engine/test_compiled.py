@@ -51,7 +51,7 @@ def _run(engine: TorchEngine) -> list[list[int]]:
 def test_compiled_decode_gives_eager_tokens_without_recompiling():
     engine = _tiny_engine()
     eager = _run(engine)
-    caches = [t.clone() for block in engine.model.layers for t in (block.k_cache, block.v_cache)]
+    caches = [t.clone() for block in engine.model.layers for t in block.state()]
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     engine.compile_decode(warm=True, ahead=False)
@@ -59,7 +59,7 @@ def test_compiled_decode_gives_eager_tokens_without_recompiling():
     # 2+ rows with dynamic batch and span. Warming wrote to scratch buffers, not to any slot's cache.
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 4
     assert all(torch.equal(a, b) for a, b in
-               zip(caches, [t for block in engine.model.layers for t in (block.k_cache, block.v_cache)]))
+               zip(caches, [t for block in engine.model.layers for t in block.state()]))
     with torch._dynamo.config.patch(error_on_recompile=True):  # new batch sizes and spans reuse them
         compiled = _run(engine)
     assert compiled == eager
@@ -123,7 +123,7 @@ def test_steps_ahead_of_time_give_the_per_layer_graphs_tokens(tmp_path, monkeypa
     graphs = {"_layer", "_head"} & set(vars(ahead.compiled))
     assert graphs == (set() if head_inside else {"_head"})
     for a, b in zip(ahead.model.layers, regional.model.layers):
-        assert torch.equal(a.k_cache, b.k_cache) and torch.equal(a.v_cache, b.v_cache)
+        assert all(torch.equal(x, y) for x, y in zip(a.state(), b.state(), strict=True))
 
 
 def test_packages_serve_any_slot_count_and_context_and_a_failed_build_leaves_the_per_layer_graphs(
@@ -179,7 +179,7 @@ def test_default_engine_decodes_compiled_and_a_row_does_not_depend_on_its_neighb
     the one-row package compiled ahead of time; with others, through the batched one): its
     logits, bit for bit. Alone, a row also checks guessed tokens (prompt lookup, the default):
     a confirmed guess is a second row of the batched package, and gives the same tokens."""
-    from engine.runner import load_engine
+    from engine.load import load_engine
 
     engine = load_engine(None, num_slots=4, ctx=512, cache_dir=tmp_path)
     assert engine.compiled is not None and [p.batched for p in engine.compiled.packaged] == [False, True]
@@ -224,7 +224,7 @@ def test_default_engine_decodes_compiled_and_a_row_does_not_depend_on_its_neighb
 def test_prepacked_linears_decode_eagerly_instead_of_failing_to_compile(tiny_model):
     """bf16 without int4 (`--no-int4`, a Q8_0 file) keeps oneDNN-prepacked linears, which
     inductor cannot lower: the default (compile) must still load and decode, eagerly."""
-    from engine.runner import load_engine
+    from engine.load import load_engine
 
     engine = load_engine(tiny_model, num_slots=2, ctx=256, dtype="bfloat16", threads=1)
     assert engine.model.forms.get("bf16-packed") and engine.compiled is None
@@ -240,7 +240,7 @@ def test_packages_are_kept_under_inductors_cache_folder_as_an_absolute_path(monk
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "relative/inductor")
-    assert aot._package_folder() == tmp_path / "relative" / "inductor" / "strata-aot"
+    assert aot.package_folder() == tmp_path / "relative" / "inductor" / "strata-aot"
 
 
 _COMPILE_WORKERS = """

@@ -60,7 +60,7 @@ def _graphed(engine: TorchEngine, recorder: Recorder) -> TorchEngine:
 
 
 def _caches(engine: TorchEngine) -> list[torch.Tensor]:
-    return [t.clone() for block in engine.model.layers for t in (block.k_cache, block.v_cache)]
+    return [t.clone() for block in engine.model.layers for t in block.state()]
 
 
 def test_replayed_steps_give_the_eager_tokens():

@@ -154,7 +154,7 @@ def test_only_where_rows_do_not_depend_on_their_neighbours_and_two_rows_fit():
 
 
 def test_a_one_slot_engine_loads_without_lookup(tiny_model):
-    from engine.runner import load_engine
+    from engine.load import load_engine
 
     engine = load_engine(tiny_model, num_slots=1, ctx=128, compile=False)
     assert not engine.prompt_lookup

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.model import CacheIndex, attend, attend_plain
+from engine.layers import attend, attend_plain
+from engine.model import CacheIndex
 
 
 def test_chunk_attention_matches_the_plain_float32_path():

@@ -26,7 +26,7 @@ def test_calibration_times_steps_without_guesses_and_gives_the_engine_back_as_it
     import dataclasses
 
     from engine.protocol import SamplingParams
-    from engine.runner import load_engine
+    from engine.load import load_engine
     from simulate.calibrate import Plan, calibrate
 
     engine = load_engine(tiny_model, num_slots=2, ctx=256, dtype="float32", threads=1, compile=False)

@@ -1,0 +1,177 @@
+"""A decoder layer and its parts, chosen per layer when the model is built.
+
+`Block` is the residual frame: norm -> mixer -> add, norm -> FFN -> add. The mixer is what mixes
+tokens across positions and owns the layer's per-slot state: `Attention` (K/V buffers) today; a
+sliding-window layer is an `Attention` with a `window`, which reads the step's sliding-window
+mask and local RoPE rows (Gemma 3), and a recurrent layer is another mixer with its own state
+buffers beside the attention layers' K/V. The FFN is `GatedFFN` (SwiGLU, or Gemma's GELU) or
+the experts of an MoE layer (`engine.moe.Experts`, set by `Transformer.build`). Every layer runs on the step's `StepInputs`
+(engine/step.py), built once a step, and on its own state as the step sees it, so the one layer
+loop (`step.run_layers`) serves eager, compiled, exported and CUDA-graphed running alike.
+
+A mixer declares its state in `STATE`: each buffer's attribute name and which of its dims follow
+the slot count and the context (dim 0 is always the slot), so a compiled step keeps those sizes
+dynamic and `allocate` makes them.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from engine.step import StepInputs
+
+
+class Attention(nn.Module):
+    """Grouped-query attention with RoPE (and Qwen3's q/k norms), over a K/V buffer per layer:
+    [num_slots, n_kv_heads, ctx + 1, head_dim] each (one spare position: see `allocate`)."""
+
+    STATE: ClassVar[dict[str, dict[int, str]]] = {"k_cache": {0: "slots", 2: "length"},
+                                                  "v_cache": {0: "slots", 2: "length"}}
+
+    def __init__(self, n_heads: int, n_kv_heads: int, head_dim: int, norm_eps: float, *, window: int = 0,
+                 scale: float = 0.0) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim, self.norm_eps = n_heads, n_kv_heads, head_dim, norm_eps
+        self.window = window  # > 0: attends over the last `window` positions (StepInputs.local_*)
+        self.scale = scale  # the scores' factor; 0: head_dim ** -0.5
+        # Filled by Transformer.build (linears: engine/weights.py) and `allocate`.
+        self.q_norm: Tensor | None = None
+        self.k_norm: Tensor | None = None
+        self.wqkv: nn.Module = nn.Identity()
+        self.wo: nn.Module = nn.Identity()
+        self.k_cache = self.v_cache = torch.empty(0)
+
+    def allocate(self, num_slots: int, ctx: int, device: torch.device, dtype: torch.dtype) -> None:
+        # One spare position: a step's span (<= ctx) is then never the buffer's whole length,
+        # which a compiled graph would otherwise specialize on (a contiguous gather) and rebuild;
+        # a CUDA graph's padding rows write there (engine/graphs.py).
+        shape = (num_slots, self.n_kv_heads, ctx + 1, self.head_dim)
+        self.k_cache = torch.zeros(shape, device=device, dtype=dtype)
+        self.v_cache = torch.zeros(shape, device=device, dtype=dtype)
+
+    def forward(self, h: Tensor, inputs: StepInputs, state: tuple[Tensor, ...]) -> Tensor:
+        """h: [B, T, dim] normed residual; state: this layer's K/V rows as the step sees them
+        (`StepInputs.views`), written at (inputs.rows, inputs.positions), read up to inputs.span
+        -> [B, T, dim] in the linears' dtype."""
+        keys, values = state
+        bsz, seq, _ = h.shape
+        q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        q, k, v = self.wqkv(h).split((q_size, kv_size, kv_size), dim=-1)
+        q = q.view(bsz, seq, self.n_heads, self.head_dim)
+        k = k.view(bsz, seq, self.n_kv_heads, self.head_dim)
+        v = v.view(bsz, seq, self.n_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q = F.rms_norm(q, (self.head_dim,), self.q_norm.to(q.dtype), self.norm_eps)
+            k = F.rms_norm(k, (self.head_dim,), self.k_norm.to(k.dtype), self.norm_eps)
+        cos, sin, mask = inputs.attention(sliding=self.window > 0)
+        cos, sin = cos.unsqueeze(2).to(q.dtype), sin.unsqueeze(2).to(q.dtype)  # broadcast over heads
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        # One index-put per buffer: advanced indices around a slice put [B, T] first, so the
+        # values are k as the linear made it, [B, T, KV, hd].
+        keys[inputs.rows, :, inputs.positions] = k.to(keys.dtype)
+        values[inputs.rows, :, inputs.positions] = v.to(values.dtype)
+        # Written before narrowing: an index-put into a narrowed (non-contiguous) view of several
+        # rows copied the whole view (4 ms vs 5 us at 16 rows). narrow, not [:span]: a slice end
+        # equal to the size would pin a compiled graph's span. In an exported step the span and
+        # the buffers' length are both dynamic: what narrow needs is checked for the trace.
+        torch._check(inputs.span <= keys.shape[2])
+        keys, values = keys.narrow(2, 0, inputs.span), values.narrow(2, 0, inputs.span)
+        if not inputs.sliced:
+            keys, values = keys[inputs.rows[:, 0]], values[inputs.rows[:, 0]]  # scattered slots: a gather
+        return self.wo(attend(q.transpose(1, 2), keys, values, mask, self.scale))
+
+
+class GatedFFN(nn.Module):
+    """down(act(gate(h)) * up(h)), gate and up fused into one matrix; act: "silu" (SwiGLU) or
+    "gelu_tanh" (Gemma)."""
+
+    def __init__(self, activation: str = "silu") -> None:
+        super().__init__()
+        self.activation = activation
+        self.w_gate_up: nn.Module = nn.Identity()
+        self.w_down: nn.Module = nn.Identity()
+
+    def forward(self, h: Tensor) -> Tensor:
+        gate, up = self.w_gate_up(h).chunk(2, dim=-1)
+        act = F.silu(gate) if self.activation == "silu" else F.gelu(gate, approximate="tanh")
+        return self.w_down(act * up)
+
+
+class Block(nn.Module):
+    """One layer: x + mixer(norm(x)), then + ffn(norm(x)); the residual stays float32. Gemma 3
+    also norms each part's output (`post_attn_norm`, `post_ffn_norm`)."""
+
+    def __init__(self, dim: int, norm_eps: float, mixer: nn.Module, ffn: nn.Module) -> None:
+        super().__init__()
+        self.dim, self.norm_eps = dim, norm_eps
+        self.attn_norm = self.ffn_norm = torch.empty(0)  # float32, like the residual (Transformer.build)
+        self.post_attn_norm: Tensor | None = None
+        self.post_ffn_norm: Tensor | None = None
+        self.mixer = mixer
+        self.ffn = ffn
+
+    def state(self) -> tuple[Tensor, ...]:
+        """The mixer's per-slot buffers, in its STATE order."""
+        return tuple(getattr(self.mixer, name) for name in self.mixer.STATE)
+
+    def allocate(self, num_slots: int, ctx: int, device: torch.device, dtype: torch.dtype) -> None:
+        self.mixer.allocate(num_slots, ctx, device, dtype)
+
+    def forward(self, x: Tensor, inputs: StepInputs, state: tuple[Tensor, ...]) -> Tensor:
+        """x: [B, T, dim] float32 residual -> [B, T, dim]."""
+        h = F.rms_norm(x, (self.dim,), self.attn_norm, self.norm_eps)
+        out = self.mixer(h, inputs, state)
+        if self.post_attn_norm is not None:
+            out = F.rms_norm(out.float(), (self.dim,), self.post_attn_norm, self.norm_eps)
+        x = x + out
+        h = F.rms_norm(x, (self.dim,), self.ffn_norm, self.norm_eps)
+        out = self.ffn(h)
+        if self.post_ffn_norm is not None:
+            out = F.rms_norm(out.float(), (self.dim,), self.post_ffn_norm, self.norm_eps)
+        return x + out  # float32 x + bf16 promotes to float32
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    # HF RoPE layout: the first half of head_dim pairs with the second half.
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def attend(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, scale: float = 0.0) -> Tensor:
+    """Float32 attention. q: [B, H, T, hd]; keys, values: [B, KV, L, hd]; mask: [B, 1, 1, T, L]
+    bool -> [B, T, H*hd] in q's dtype.
+
+    A step of one token per row (decode): plain matmul -> softmax -> matmul (SDPA with one query
+    was ~4x slower in bf16). Several tokens (a prefill chunk): torch's fused kernel, in float32
+    too, which never holds the [T, L] scores whole: 2.3x faster at 256 queries over 2 000 keys,
+    4.6x at 512, the same error against float64 (the plain path spent as long in attention as in
+    the linears). Its bf16-rounded outputs differ from the plain path's in a few elements, which
+    moves greedy near-ties downstream (docs/engine.md, "Beside llama.cpp"). scale: the scores'
+    factor (0: head_dim ** -0.5)."""
+    bsz, n_heads, seq, head_dim = q.shape
+    if seq == 1:
+        return attend_plain(q, keys, values, mask, scale)
+    out = F.scaled_dot_product_attention(q.float(), keys.float(), values.float(), attn_mask=mask.view(bsz, 1, seq, -1),
+                                         enable_gqa=True, scale=scale or None)
+    return out.to(q.dtype).transpose(1, 2).reshape(bsz, seq, n_heads * head_dim)
+
+
+def attend_plain(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, scale: float = 0.0) -> Tensor:
+    """`attend` as matmul -> float32 softmax -> matmul (the decode step's form)."""
+    bsz, n_heads, seq, head_dim = q.shape
+    n_kv = keys.shape[1]
+    group = n_heads // n_kv
+    # Query head h reads kv head h // group, so grouping heads under their kv head needs no copy.
+    qg = q.reshape(bsz, n_kv, group * seq, head_dim)
+    # Scores, softmax and the weighted sum in float32 (bf16 scores are 1/8-1/4 apart at 16-64).
+    qg = qg.float()
+    scores = torch.matmul(qg, keys.float().transpose(-1, -2)) * (scale or head_dim**-0.5)  # [B, KV, G*T, L]
+    scores = scores.view(bsz, n_kv, group, seq, -1).masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).view(bsz, n_kv, group * seq, -1)
+    out = torch.matmul(probs, values.float()).to(q.dtype)  # [B, KV, G*T, hd]
+    return out.view(bsz, n_heads, seq, head_dim).transpose(1, 2).reshape(bsz, seq, n_heads * head_dim)
