@@ -67,7 +67,7 @@ def main() -> None:
     tok = engine.tokenizer
     assert tok is not None
 
-    grammars = Grammars(tok.json, engine.config.vocab_size, sorted(engine.eos_token_ids), tok.encode_plain)
+    grammars = Grammars(tok.json, engine.config.vocab_size, sorted(engine.eos_token_ids), tok.decode)
     started = time.perf_counter()
     grammars.compiled(schema_grammar({"type": "object"}))
     tokenizer_s = time.perf_counter() - started

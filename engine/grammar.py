@@ -35,17 +35,17 @@ class GrammarError(ValueError):
 class Constraint:
     """One row's grammar state. `allowed()` is computed once per position and kept until `accept`."""
 
-    def __init__(self, matcher: Future, vocab: int, after: Sequence[int] = ()) -> None:
+    def __init__(self, matcher: Future, vocab: int, after: str = "",
+                 decode: Callable[[list[int]], str] | None = None) -> None:
         self._future = matcher
         self._matcher: llguidance.LLMatcher | None = None
         self.vocab = vocab
-        self._after = list(after)  # the tokens that end the free part (thinking); empty: none
+        # the text that ends the free part (thinking; "" none), looked for in the last tokens'
+        # text: a tokenizer without it as one token writes it in pieces that depend on what precedes
+        self._after = after
+        self._decode = decode
         self._recent: list[int] = []
         self._mask: Tensor | None = None
-
-    @property
-    def is_free_now(self) -> bool:
-        return bool(self._after)
 
     @property
     def is_done(self) -> bool:
@@ -67,9 +67,10 @@ class Constraint:
     def accept(self, token: int) -> None:
         self._mask = None
         if self._after:
-            self._recent = (self._recent + [token])[-len(self._after):]
-            if self._recent == self._after:
-                self._after = []  # thinking ended: the grammar starts at the next token
+            assert self._decode is not None
+            self._recent = (self._recent + [token])[-len(self._after):]  # a token writes a character or more
+            if self._after in self._decode(self._recent):
+                self._after = ""  # thinking ended: the grammar starts at the next token
             return
         matcher = self._ready()
         if not matcher.consume_token(token):
@@ -88,11 +89,11 @@ class Grammars:
     too, at the first grammar."""
 
     def __init__(self, tokenizer_json: Callable[[], str], vocab: int, eos_token_ids: Sequence[int],
-                 encode: Callable[[str], list[int]]) -> None:
+                 decode: Callable[[list[int]], str]) -> None:
         self._tokenizer_json = tokenizer_json
         self.vocab = vocab
         self._eos = sorted(eos_token_ids)
-        self._encode = encode
+        self._decode = decode
         self._ll: llguidance.LLTokenizer | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
         self._cache: OrderedDict[str, Future] = OrderedDict()
@@ -109,7 +110,7 @@ class Grammars:
                     self._cache.popitem(last=False)
             else:
                 self._cache.move_to_end(grammar)
-        return Constraint(future, self.vocab, self._encode(after) if after else ())
+        return Constraint(future, self.vocab, after or "", self._decode)
 
     def compiled(self, grammar: str) -> llguidance.LLMatcher:
         """Wait for `grammar`'s compiled matcher (the bench times it)."""

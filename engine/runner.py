@@ -103,7 +103,7 @@ class TorchEngine:
                 raise ValueError("a constrained request needs the model's tokenizer")
             tokenizer = self.tokenizer
             self.grammars = Grammars(tokenizer.json, self.config.vocab_size, sorted(self.eos_token_ids),
-                                     lambda text: tokenizer.encode_plain(text))
+                                     tokenizer.decode)
         constraint = self.grammars.constraint(params.grammar, params.grammar_after)
         for token in params.grammar_done:
             constraint.accept(token)

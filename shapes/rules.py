@@ -148,6 +148,11 @@ class Rules:
         grammar = after = None
         if isinstance(body, ChatCompletionRequest):
             grammar = answer_grammar(body, self.tool_format[0])
+            # once a grammar is complete only an end token fits it: nothing may mask or skip that end
+            for name in ("ignore_eos", "min_tokens"):
+                if grammar and getattr(body, name):
+                    raise ApiError(400, f"{name} cannot be combined with response_format or a forced tool call.",
+                                   code="unsupported_value", param=name)
             # a model whose prompt opened its thinking is free until it ends; one that may open it (`maybe`)
             # is constrained at once: it answers without thinking
             after = THINK_CLOSE if grammar and self.reading(body, prompt).thinking == "open" else None

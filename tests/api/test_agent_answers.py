@@ -139,6 +139,8 @@ def test_tool_choice_none_reads_no_calls(http, worker):
     ({"tool_choice": "required"}, "tool_choice"),
     ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs"),
     ({"response_format": {"type": "json_schema"}}, "response_format"),
+    ({"response_format": {"type": "json_object"}, "min_tokens": 5}, "min_tokens"),
+    ({"tools": [WEATHER], "tool_choice": "required", "ignore_eos": True}, "ignore_eos"),
 ])
 def test_asks_that_cannot_be_met_are_400(http, worker, body, param):
     response = http.post(CHAT, json={"messages": HI, **body})
