@@ -58,12 +58,12 @@ def main() -> None:
     parser.add_argument("--eager", action="store_true", help="decode eagerly (default: compiled, as served)")
     args = parser.parse_args()
 
-    from engine import runner
+    from engine.load import load_engine
     from engine.grammar import Grammars
     from shapes.constraints import schema_grammar
 
     cache = Path(tempfile.gettempdir()) / "strata-bench-cache"
-    engine = runner.load_engine(None, num_slots=4, ctx=1024, cache_dir=cache, compile=not args.eager)
+    engine = load_engine(None, num_slots=4, ctx=1024, cache_dir=cache, compile=not args.eager)
     tok = engine.tokenizer
     assert tok is not None
 
