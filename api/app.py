@@ -18,7 +18,7 @@ from api.fit import Fit
 from api.deps import Services, get_api_key
 from api.errors import BodyLimit, CatchAll, install_error_handlers
 from api.batch_deps import BatchServices
-from api.routes import batches, chat, completions, files, health, metrics, models, requests
+from api.routes import batches, chat, completions, files, health, metrics, models, requests, tokens
 from api.keys import load_keys
 from api.settings import ApiSettings
 from api.shared_reader import SharedReader
@@ -81,7 +81,7 @@ def create_app(
     app.add_middleware(CatchAll)  # added first: the inner of the two
     upload_bytes = settings.batch_max_file_bytes + 1024 * 1024  # the file and its multipart framing
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, larger={"/v1/files": upload_bytes})
-    for module in (chat, completions, requests, models, files, batches):  # 401 without a valid key when keys are configured
+    for module in (chat, completions, requests, models, files, batches, tokens):  # 401 without a valid key when keys are configured
         app.include_router(module.router, dependencies=[Depends(get_api_key)])
     for module in (health, metrics):  # open: load balancers and Prometheus
         app.include_router(module.router)

@@ -15,7 +15,7 @@ from fastapi.responses import Response
 from fastapi.sse import EventSourceResponse, format_sse_event
 
 from api.deps import Services
-from api.generation import assemble, stream_events
+from api.generation import Collected, assemble, stream_events
 from api.keys import ApiKey
 from queues.lifecycle import FINAL
 from shapes.answers import ENDPOINTS, Endpoint, Job
@@ -49,7 +49,7 @@ async def lookup(services: Services, request_id: str, key: ApiKey | None) -> Req
                           created=int(record["created"]), priority=int(record["priority"]), status=record["status"])
     if found.status in FINAL:  # RequestStatus is a str enum: its values are members
         try:
-            answer = assemble([], (event for _entry_id, event in await services.intake.events(request_id)))
+            answer = assemble(Collected(), (event for _entry_id, event in await services.intake.events(request_id)))
         except ApiError as error:
             found.error = error.detail.model_dump()
         else:

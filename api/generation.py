@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from contextlib import aclosing, asynccontextmanager
+from dataclasses import dataclass, field
 
 import anyio
 from fastapi import Request
@@ -27,7 +28,7 @@ from api.queue_timeout import QueueTimeout, resolve_queue_timeout
 from api.settings import ApiSettings
 from queues.connect import UNAVAILABLE
 from queues.intake import Intake
-from queues.records import Done, Event, Failed, QueuedRequest, Token
+from queues.records import Done, Event, Failed, QueuedRequest, Scored, Token
 from queues.scripts import QueueError, QueueRefused
 from shapes.answers import Answer, Endpoint, Job, Shape
 from shapes.errors import ApiError, ErrorBody, failure
@@ -221,7 +222,7 @@ async def _follow(
 
 
 async def collect(request: Request, services: Services, request_id: str, deadline_ms: int | None = None) -> Answer:
-    parts: list[str] = []
+    parts = Collected()
     async with _cancel_unless_finished(services, request_id) as progress:
         async with aclosing(_follow(request, services, request_id, progress, deadline_ms)) as batches:
             async for batch in batches:
@@ -231,14 +232,30 @@ async def collect(request: Request, services: Services, request_id: str, deadlin
     raise ApiError(499, "The client closed the request.", code="client_closed")
 
 
-def assemble(parts: list[str], events: Iterable[Event]) -> Answer | None:
-    """Adds the events' text to `parts`; the whole answer at the end event (None before it).
-    Raises the request's failure (ApiError) at an error event."""
+@dataclass
+class Collected:
+    """What an answer's token events held so far: text pieces and logprobs (the echoed prompt's first)."""
+
+    text: list[str] = field(default_factory=list)
+    logprobs: list[Scored] = field(default_factory=list)
+
+    def add(self, event: Token) -> None:
+        self.text.append(event.text)
+        self.logprobs += (event.prompt_logprobs or []) + event.logprobs
+
+    def answer(self, done: Done) -> Answer:
+        return Answer("".join(self.text), done.finish_reason, Usage.of(done.prompt_tokens, done.completion_tokens),
+                      self.logprobs or None)
+
+
+def assemble(parts: Collected, events: Iterable[Event]) -> Answer | None:
+    """Adds the events' text and logprobs to `parts`; the whole answer at the end event (None
+    before it). Raises the request's failure (ApiError) at an error event."""
     for event in events:
         if isinstance(event, Token):
-            parts.append(event.text)
+            parts.add(event)
         elif isinstance(event, Done):
-            return Answer("".join(parts), event.finish_reason, Usage.of(event.prompt_tokens, event.completion_tokens))
+            return parts.answer(event)
         else:
             raise failure(event)
     return None
@@ -261,6 +278,7 @@ async def stream_events(request: Request, services: Services, job: Job, shape: S
         opening = shape.opening(job) if after == "0-0" and replay_until is None else None
         yield _sse(opening) if opening is not None else b": accepted\n\n"
         quiet_since = time.monotonic()
+        offset = 0  # characters of token text so far (completions' text_offset)
         async with aclosing(_follow(request, services, job.id, progress, deadline_ms, after)) as batches:
             async for batch in batches:
                 if not batch:
@@ -272,7 +290,9 @@ async def stream_events(request: Request, services: Services, job: Job, shape: S
                 for entry_id, event in batch:
                     sent = replay_until is None or entry_id is None or _entry(entry_id) > replay_until
                     if isinstance(event, Token):
-                        chunks = wording.text(event.text) if event.text else []
+                        logprobs = (event.prompt_logprobs or []) + event.logprobs
+                        chunks = wording.text(event.text, logprobs, offset) if event.text or logprobs else []
+                        offset += sum(len(e.token) for e in logprobs)
                         for chunk in chunks if sent else ():
                             yield _sse(chunk, entry_id)
                     elif isinstance(event, Done):

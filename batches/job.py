@@ -30,7 +30,7 @@ from queues.connect import connect, connect_async
 from queues.files import FileStore
 from queues.intake import Intake
 from queues.lifecycle import RequestStatus
-from queues.records import Done, Failed, QueuedRequest, Token
+from queues.records import Done, Failed, QueuedRequest, Scored, Token
 from queues.scripts import QueueError, QueueRefused
 
 log = logging.getLogger("strata.batch")
@@ -48,6 +48,7 @@ class Flight:
     after: str = "0-0"
     parts: list[str] = field(default_factory=list)
     reading: dict[str, str] = field(default_factory=dict)  # how its answer splits (shapes.answers.Job)
+    logprobs: list[Scored] = field(default_factory=list)
 
 
 class BatchRun:
@@ -158,10 +159,12 @@ class BatchRun:
             flight.after = entry_id
             if isinstance(event, Token):
                 flight.parts.append(event.text)
+                flight.logprobs += (event.prompt_logprobs or []) + event.logprobs
             elif isinstance(event, Done):
                 body = results.answer_body(
                     self.endpoint, flight.rid, self.model, int(self._now()), "".join(flight.parts),
                     event.finish_reason, event.prompt_tokens, event.completion_tokens, flight.reading,
+                    flight.logprobs or None,
                 )
                 entry = results.response_entry(self.batch_id, flight.line, flight.custom_id, 200, body)
                 self.store.record(self.batch_id, flight.line, entry, "completed")

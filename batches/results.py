@@ -5,7 +5,7 @@ very body the endpoint answers for the same request."""
 from __future__ import annotations
 
 from queues.batches import request_id
-from queues.records import Failed
+from queues.records import Failed, Scored
 from shapes.answers import ENDPOINTS, Answer, Job
 from shapes.errors import failure
 from shapes.parsing import Reading
@@ -31,11 +31,12 @@ def unrun_entry(batch_id: str, line: int, custom_id: str, code: str, message: st
 
 
 def answer_body(endpoint: str, rid: str, model: str, created: int, text: str, finish_reason: str,
-                prompt_tokens: int, completion_tokens: int, reading: dict[str, str] | None = None) -> dict:
+                prompt_tokens: int, completion_tokens: int, reading: dict[str, str] | None = None,
+                logprobs: list[Scored] | None = None) -> dict:
     """The body the endpoint answers for a whole (non-streamed) request. reading: the line's
     `Job.record_fields` (tool calls and thinking split as the endpoint would)."""
     job = Job(rid, created, model, 0, False, Reading.of(reading or {}))
-    answer = Answer(text, finish_reason, Usage.of(prompt_tokens, completion_tokens))
+    answer = Answer(text, finish_reason, Usage.of(prompt_tokens, completion_tokens), logprobs)
     return ENDPOINTS[endpoint].shape.whole(job, answer).model_dump(mode="json")
 
 

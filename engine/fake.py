@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from engine.cost_profile import CostProfile
-from engine.protocol import SamplingParams
+from engine.protocol import SamplingParams, TokenLogprob
 
 
 @dataclass
@@ -63,6 +63,8 @@ class FakeEngine:
         self._step_started = False
         self._cache: list[list[int]] = [[] for _ in range(self.num_slots)]
         self._params = [SamplingParams() for _ in range(self.num_slots)]
+        self._logprobs: list[list[TokenLogprob]] = [[] for _ in range(self.num_slots)]
+        self._prompt_logprobs: list[list[TokenLogprob]] = [[] for _ in range(self.num_slots)]
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -73,12 +75,17 @@ class FakeEngine:
             raise ValueError("cannot keep more than the slot holds")
         del self._cache[slot][keep:]
         self._params[slot] = params
+        self._logprobs[slot], self._prompt_logprobs[slot] = [], []
 
     def read(self, slot: int, tokens: Sequence[int], sample: bool) -> int | None:
         if len(self._cache[slot]) + len(tokens) > self.ctx:
             raise ValueError("chunk does not fit the slot's context")
         self._charge_step()
         self.clock.advance(self.read_cost_ms(len(self._cache[slot]), len(tokens)))
+        if self._params[slot].prompt_logprobs is not None:  # each token after the slot's first
+            cached = self._cache[slot]
+            self._prompt_logprobs[slot] += [fake_logprob(t, self._params[slot].prompt_logprobs)
+                                            for i, t in enumerate(tokens) if cached or i]
         self._cache[slot].extend(tokens)
         self.calls.append(Call("read", (slot,), len(tokens), self.clock.now_ms))
         return self._next(slot) if sample else None
@@ -123,8 +130,25 @@ class FakeEngine:
     def prompt_tokens_read(self) -> int:
         return sum(c.tokens for c in self.calls if c.kind == "read")
 
+    def logprobs(self, slot: int) -> list[TokenLogprob]:
+        taken, self._logprobs[slot] = self._logprobs[slot], []
+        return taken
+
+    def prompt_logprobs(self, slot: int) -> list[TokenLogprob]:
+        taken, self._prompt_logprobs[slot] = self._prompt_logprobs[slot], []
+        return taken
+
     def _next(self, slot: int) -> int:
         """Depends only on what the slot holds (and the seed): batch and solo agree."""
         cache = self._cache[slot]
         seed = self._params[slot].seed or 0
-        return (sum(cache) * 31 + len(cache) + seed) % (self.vocab - 1) + 1  # never EOS by itself
+        token = (sum(cache) * 31 + len(cache) + seed) % (self.vocab - 1) + 1  # never EOS by itself
+        if self._params[slot].logprobs is not None:
+            self._logprobs[slot].append(fake_logprob(token, self._params[slot].logprobs))
+        return token
+
+
+def fake_logprob(token: int, top: int) -> TokenLogprob:
+    """A made-up but fixed logprob: -(token % 10 + 1) / 10, the token first among `top`."""
+    value = -(token % 10 + 1) / 10
+    return TokenLogprob(token, value, tuple((token + i, value - i) for i in range(top)))

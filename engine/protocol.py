@@ -71,3 +71,11 @@ class Engine(Protocol):
 
     def truncate(self, slot: int, length: int) -> None:
         """Keep only the first `length` cached tokens (reuse of a held prefix)."""
+
+    def logprobs(self, slot: int) -> list[TokenLogprob]:
+        """With params.logprobs: the TokenLogprob of each token read() and decode() returned for
+        the slot since the last call, in order."""
+
+    def prompt_logprobs(self, slot: int) -> list[TokenLogprob]:
+        """With params.prompt_logprobs: each prompt token after the first, scored by the positions
+        read so far (begin() with keep=0), since the last call."""

@@ -55,9 +55,22 @@ class Tokenizer:
         hf = AutoTokenizer.from_pretrained(path, local_files_only=True)
         return cls(hf, [*extra_eos_ids, *_config_eos_ids(path)])
 
-    def encode(self, text: str) -> list[int]:
-        """A completion prompt; BOS is added when the model's tokenizer adds it."""
-        return list(self._tok.encode(text))
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """A completion prompt; BOS is added when the model's tokenizer adds it (add_special_tokens)."""
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
+
+    def special_tokens(self) -> dict[str, str]:
+        """eos_token, bos_token, pad_token: the names the tokenizer declares (GET /tokenizer_info)."""
+        names = {}
+        for name in ("eos_token", "bos_token", "pad_token"):
+            value = getattr(self._tok, name, None)
+            if isinstance(value, str):
+                names[name] = value
+        return names
+
+    @property
+    def chat_template(self) -> str | None:
+        return self._tok.chat_template or None
 
     def encode_chat(self, messages: list[dict], tools: list[dict] | None = None, **template_kwargs: Any) -> list[int]:
         """The model's chat template, ending with the assistant's turn opened. tools: OpenAI's
@@ -81,6 +94,22 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
+
+    def piece(self, token_id: int) -> tuple[str, bytes]:
+        """One token as logprobs show it: its text and its own bytes. A token that holds part of
+        a UTF-8 character decodes to U+FFFD; its bytes then come from the vocabulary entry
+        (byte-level BPE's byte alphabet, or SentencePiece's <0xNN> byte tokens)."""
+        text = self._tok.decode([token_id], skip_special_tokens=False)
+        if "\ufffd" not in text:
+            return text, text.encode()
+        name = self._tok.convert_ids_to_tokens(token_id)
+        if isinstance(name, str):
+            if len(name) == 6 and name.startswith("<0x") and name.endswith(">"):
+                return text, bytes([int(name[3:5], 16)])
+            table = _byte_alphabet()
+            if all(c in table for c in name):
+                return text, bytes(table[c] for c in name)
+        return text, text.encode()
 
     @property
     def has_chat_template(self) -> bool:
@@ -151,6 +180,9 @@ class TokenizerFile:
     def __len__(self) -> int:
         return self._rust.get_vocab_size(with_added_tokens=True)
 
+    def convert_ids_to_tokens(self, token_id: int) -> str | None:
+        return self._rust.id_to_token(token_id)
+
     def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
         if self._full is None:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -158,6 +190,18 @@ class TokenizerFile:
 
             self._full = AutoTokenizer.from_pretrained(self.folder, local_files_only=True)
         return self._full.apply_chat_template(*args, **kwargs)
+
+
+_BYTE_ALPHABET: dict[str, int] = {}
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """Byte-level BPE's printable stand-in for each byte -> the byte (GPT-2's table, from transformers)."""
+    if not _BYTE_ALPHABET:
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+        _BYTE_ALPHABET.update({char: byte for byte, char in bytes_to_unicode().items()})
+    return _BYTE_ALPHABET
 
 
 def _gguf_tokenizer(path: Path, cache_dir: str | Path | None) -> Any:

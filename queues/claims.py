@@ -120,7 +120,7 @@ class Claims:
         ids: list[int] = []
         pieces = []
         for _entry, event in events(self.client.xrange(self.keys.out(request_id))):
-            if isinstance(event, Token):
+            if isinstance(event, Token) and event.prompt_logprobs is None:  # not the echoed prompt
                 ids.extend(event.token_ids)
                 pieces.append(event.text)
         return Resumed(ids, "".join(pieces))
@@ -130,7 +130,8 @@ class Claims:
         if not held:
             return Verdict(frozenset(), frozenset())
         entries = [scripts.Reported(h.id, h.claim_seq, h.generated, h.slot, h.first_token, h.gave_way_to, h.priority,
-                                    [(f["text"], f["ids"]) for f in map(event_fields, h.tokens)]) for h in held]
+                                    [(f["text"], f["ids"], f.get("logprobs", ""), f.get("prompt_logprobs", ""))
+                                     for f in map(event_fields, h.tokens)]) for h in held]
         results = [ReportResult(int(r)) for r in scripts.run(self._scripts, scripts.report(
             self.keys, self.worker_id, now_ms, now_ms + self.lease_ms, entries))]
         return Verdict(frozenset(h.id for h, r in zip(held, results) if r is ReportResult.LOST),

@@ -30,6 +30,9 @@ class QueuedRequest:
     logit_bias: list[tuple[int, float]] = field(default_factory=list)  # (token id, bias)
     grammar: str | None = None  # llguidance grammar text the answer must follow (shapes/constraints.py)
     grammar_after: str | None = None  # the grammar starts once the answer has written this (</think>)
+    logprobs: int | None = None  # each answer token's logprob and this many likeliest (None: none)
+    echo: bool = False  # the answer starts with the prompt's text
+    prompt_logprobs: int | None = None  # with echo: the prompt tokens' logprobs too, None: none
 
     def params_json(self) -> str:
         # not asdict(): it deep-copies the prompt, a tenth of a millisecond per enqueue
@@ -46,9 +49,32 @@ class QueuedRequest:
 
 
 @dataclass(frozen=True)
+class Scored:
+    """One token's log-probability as an answer shows it: its text and UTF-8 bytes, and the
+    likeliest tokens at its position as (text, logprob, bytes), largest first. The prompt's first
+    token has no logprob (None): nothing comes before it."""
+
+    token: str
+    logprob: float | None
+    bytes: list[int]
+    top: list[tuple[str, float, list[int]]] | None = None
+
+    def wire(self) -> list:
+        return [self.token, self.logprob, self.bytes, self.top]
+
+    @classmethod
+    def from_wire(cls, item: list) -> "Scored":
+        token, logprob, raw, top = item
+        return cls(token, logprob, raw, None if top is None else [(t, lp, b) for t, lp, b in top])
+
+
+@dataclass(frozen=True)
 class Token:
     text: str
     token_ids: list[int]
+    logprobs: list[Scored] = field(default_factory=list)  # one per id, when the request asked
+    # echo: the event of the prompt's text, with its tokens' logprobs when asked ([] when not)
+    prompt_logprobs: list[Scored] | None = None
 
 
 @dataclass(frozen=True)
@@ -85,7 +111,12 @@ def events(entries: list) -> list[tuple[str, "Event"]]:
 def event_fields(event: Event) -> dict[str, str]:
     """Flat string fields of one stream entry, readable in redis-cli (XRANGE)."""
     if isinstance(event, Token):
-        return {"type": "token", "text": event.text, "ids": ",".join(map(str, event.token_ids))}
+        fields = {"type": "token", "text": event.text, "ids": ",".join(map(str, event.token_ids))}
+        if event.logprobs:
+            fields["logprobs"] = json.dumps([s.wire() for s in event.logprobs], separators=(",", ":"))
+        if event.prompt_logprobs is not None:
+            fields["prompt_logprobs"] = json.dumps([s.wire() for s in event.prompt_logprobs], separators=(",", ":"))
+        return fields
     if isinstance(event, Done):
         return {
             "type": "done",
@@ -100,7 +131,10 @@ def parse_event(fields: dict[str, str]) -> Event:
     kind = fields.get("type")
     if kind == "token":
         ids = fields.get("ids", "")
-        return Token(fields.get("text", ""), [int(i) for i in ids.split(",") if i])
+        logprobs = [Scored.from_wire(x) for x in json.loads(fields["logprobs"])] if fields.get("logprobs") else []
+        prompt = fields.get("prompt_logprobs")
+        return Token(fields.get("text", ""), [int(i) for i in ids.split(",") if i], logprobs,
+                     None if prompt is None else [Scored.from_wire(x) for x in json.loads(prompt)])
     if kind == "done":
         return Done(fields["finish_reason"], int(fields["prompt_tokens"]), int(fields["completion_tokens"]))
     return Failed(fields.get("message", "unknown error"), fields.get("code", "engine_error"))

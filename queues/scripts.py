@@ -144,7 +144,7 @@ class Reported:
     first_token: bool
     gave_way_to: str | None
     priority: int
-    tokens: list[tuple[str, str]]  # (text, ids) of each token event
+    tokens: list[tuple[str, str, str, str]]  # (text, ids, logprobs, prompt_logprobs) of each token event
 
 
 def report(keys: Keys, worker: str, now_ms: int, lease_deadline_ms: int, requests: Sequence[Reported]) -> Call:
@@ -154,8 +154,8 @@ def report(keys: Keys, worker: str, now_ms: int, lease_deadline_ms: int, request
         more_keys += [keys.req(r.id), keys.out(r.id)]
         more_args += [r.id, r.claim_seq, r.generated, _blank(r.slot), int(r.first_token), _blank(r.gave_way_to),
                       r.priority, len(r.tokens)]
-        for text, ids in r.tokens:
-            more_args += [text, ids]
+        for token in r.tokens:
+            more_args += list(token)
     return Call("report", keys=dict(running=keys.running, metrics=keys.metrics),
                 args=dict(worker=worker, now=now_ms, lease_deadline=lease_deadline_ms, n=len(requests)),
                 more_keys=more_keys, more_args=more_args)

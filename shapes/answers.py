@@ -9,10 +9,11 @@ from typing import Protocol
 from pydantic import BaseModel
 
 from shapes.parsing import AnswerSplitter, Parts, Reading, split_whole
+from queues.records import Scored
 from shapes.requests import ChatCompletionRequest, CompletionRequest, GenerationBody
 from shapes.responses import (
-    AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChunkChoice, Delta, FunctionCallOut, TextChoice,
-    TextCompletion, ToolCallOut, Usage,
+    AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatLogprobs, ChatTokenLogprob, ChunkChoice,
+    CompletionLogprobs, Delta, FunctionCallOut, TextChoice, TextCompletion, ToolCallOut, TopLogprob, Usage,
 )
 
 
@@ -37,18 +38,22 @@ class Answer:
     text: str
     finish_reason: str
     usage: Usage
+    logprobs: list[Scored] | None = None  # the echoed prompt's tokens, then the answer's, when asked
 
 
 class Wording(Protocol):
     """One stream's chunks, from its text as it comes (it may hold text back until it is certain)."""
 
-    def text(self, text: str) -> list[BaseModel]: ...
+    def text(self, text: str, logprobs: list[Scored] | None = None, offset: int = 0) -> list[BaseModel]:
+        """`logprobs`: the tokens' behind this text, `offset` the characters of token text before them."""
     def end(self, finish_reason: str) -> list[BaseModel]: ...
 
 
 class Shape(Protocol):
     def opening(self, job: Job) -> BaseModel | None: ...
-    def chunk(self, job: Job, text: str | None, finish_reason: str | None) -> BaseModel: ...
+    def chunk(self, job: Job, text: str | None, finish_reason: str | None,
+              logprobs: list[Scored] | None = None, offset: int = 0) -> BaseModel:
+        """`logprobs`: this chunk's tokens', `offset` the characters of token text before them."""
     def usage_chunk(self, job: Job, usage: Usage) -> BaseModel: ...
     def whole(self, job: Job, answer: Answer) -> BaseModel: ...
     def wording(self, job: Job) -> Wording: ...
@@ -58,8 +63,8 @@ class PlainWording:
     def __init__(self, shape: Shape, job: Job) -> None:
         self.shape, self.job = shape, job
 
-    def text(self, text: str) -> list[BaseModel]:
-        return [self.shape.chunk(self.job, text, None)] if text else []
+    def text(self, text: str, logprobs: list[Scored] | None = None, offset: int = 0) -> list[BaseModel]:
+        return [self.shape.chunk(self.job, text, None, logprobs, offset)] if text or logprobs else []
 
     def end(self, finish_reason: str) -> list[BaseModel]:
         return [self.shape.chunk(self.job, None, finish_reason)]
@@ -77,8 +82,13 @@ class ChatPartsWording:
         self.shape, self.job = shape, job
         self.splitter = AnswerSplitter(job.reading, job.call_id_prefix)
 
-    def text(self, text: str) -> list[BaseModel]:
-        return self._chunks(self.splitter.push(text))
+    def text(self, text: str, logprobs: list[Scored] | None = None, offset: int = 0) -> list[BaseModel]:
+        chunks = self._chunks(self.splitter.push(text))
+        if logprobs:  # on the first chunk of this text, or on a chunk of their own while text is held back
+            first = chunks[0] if chunks else self.shape.delta_chunk(self.job, Delta())
+            first.choices[0].logprobs = chat_logprobs(logprobs)
+            chunks = chunks or [first]
+        return chunks
 
     def end(self, finish_reason: str) -> list[BaseModel]:
         chunks = self._chunks(self.splitter.finish())
@@ -104,8 +114,10 @@ class ChatShape:
     def opening(self, job: Job) -> ChatCompletionChunk:
         return self._chunk(job, [ChunkChoice(delta=Delta(role="assistant", content=""))])
 
-    def chunk(self, job: Job, text: str | None, finish_reason: str | None) -> ChatCompletionChunk:
-        return self._chunk(job, [ChunkChoice(delta=Delta(content=text), finish_reason=finish_reason)])
+    def chunk(self, job: Job, text: str | None, finish_reason: str | None,
+              logprobs: list[Scored] | None = None, offset: int = 0) -> ChatCompletionChunk:
+        return self._chunk(job, [ChunkChoice(delta=Delta(content=text), finish_reason=finish_reason,
+                                             logprobs=chat_logprobs(logprobs))])
 
     def usage_chunk(self, job: Job, usage: Usage) -> ChatCompletionChunk:
         return self._chunk(job, [], usage)
@@ -128,7 +140,7 @@ class ChatShape:
             reason = _finish(len(calls), answer.finish_reason)
         return ChatCompletion(
             id=job.id, created=job.created, model=job.model, usage=answer.usage,
-            choices=[ChatChoice(message=message, finish_reason=reason)],
+            choices=[ChatChoice(message=message, finish_reason=reason, logprobs=chat_logprobs(answer.logprobs))],
         )
 
     @staticmethod
@@ -140,8 +152,10 @@ class CompletionShape:
     def opening(self, job: Job) -> None:
         return None
 
-    def chunk(self, job: Job, text: str | None, finish_reason: str | None) -> TextCompletion:
-        return self._body(job, [TextChoice(text=text or "", finish_reason=finish_reason)])
+    def chunk(self, job: Job, text: str | None, finish_reason: str | None,
+              logprobs: list[Scored] | None = None, offset: int = 0) -> TextCompletion:
+        return self._body(job, [TextChoice(text=text or "", finish_reason=finish_reason,
+                                           logprobs=completion_logprobs(logprobs, offset))])
 
     def usage_chunk(self, job: Job, usage: Usage) -> TextCompletion:
         return self._body(job, [], usage)
@@ -150,11 +164,36 @@ class CompletionShape:
         return PlainWording(self, job)
 
     def whole(self, job: Job, answer: Answer) -> TextCompletion:
-        return self._body(job, [TextChoice(text=answer.text, finish_reason=answer.finish_reason)], answer.usage)
+        choice = TextChoice(text=answer.text, finish_reason=answer.finish_reason,
+                            logprobs=completion_logprobs(answer.logprobs, 0))
+        return self._body(job, [choice], answer.usage)
 
     @staticmethod
     def _body(job: Job, choices: list[TextChoice], usage: Usage | None = None) -> TextCompletion:
         return TextCompletion(id=job.id, created=job.created, model=job.model, choices=choices, usage=usage)
+
+
+def chat_logprobs(entries: list[Scored] | None) -> ChatLogprobs | None:
+    if not entries:
+        return None
+    return ChatLogprobs(content=[
+        ChatTokenLogprob(token=e.token, logprob=e.logprob if e.logprob is not None else 0.0, bytes=e.bytes,
+                         top_logprobs=[TopLogprob(token=t, logprob=lp, bytes=b) for t, lp, b in e.top or []])
+        for e in entries])
+
+
+def completion_logprobs(entries: list[Scored] | None, offset: int) -> CompletionLogprobs | None:
+    """`offset`: characters of token text before these entries (text_offset counts token text)."""
+    if not entries:
+        return None
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e.token)
+    return CompletionLogprobs(
+        tokens=[e.token for e in entries], token_logprobs=[e.logprob for e in entries],
+        top_logprobs=[None if e.top is None else {t: lp for t, lp, _b in e.top} for e in entries],
+        text_offset=offsets)
 
 
 @dataclass(frozen=True)

@@ -50,8 +50,6 @@ _REFUSED_BOTH: dict[str, Refused] = {
 
 REFUSED_CHAT: dict[str, Refused] = {
     **_REFUSED_BOTH,
-    "logprobs": Refused("logprobs are not implemented yet"),
-    "top_logprobs": Refused("logprobs are not implemented yet"),
     "audio": Refused("audio output is not supported"),
     "modalities": Refused("only text output", (None, ["text"])),
     "prediction": Refused("predicted outputs are not supported"),
@@ -66,8 +64,6 @@ REFUSED_CHAT: dict[str, Refused] = {
 
 REFUSED_COMPLETIONS: dict[str, Refused] = {
     **_REFUSED_BOTH,
-    "logprobs": Refused("logprobs are not implemented yet", (None,)),  # 0 asks for the chosen token's
-    "echo": Refused("echo is not implemented yet"),
     "best_of": Refused("only best_of=1", (None, 1)),
     "suffix": Refused("suffix (fill-in-the-middle) is not supported"),
 }

@@ -24,6 +24,7 @@ PENALTY_MAX = 2.0  # presence/frequency: OpenAI's range, -2..2
 REPETITION_MIN, REPETITION_MAX = 0.01, 10.0  # transformers' repetition_penalty: 1 is off
 LOGIT_BIAS_MAX = 100.0  # OpenAI's range, -100..100; -100 bans the token
 LOGIT_BIAS_ENTRIES = 1024
+TOP_LOGPROBS_MAX = 20
 
 
 class _Lenient(BaseModel):
@@ -169,6 +170,10 @@ class GenerationBody(BaseModel):
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
 
+    def logprob_count(self) -> int | None:
+        """None: no logprobs; N: each answer token's logprob and the N likeliest."""
+        return None
+
     def stop_list(self) -> list[str]:
         if self.stop is None:
             return []
@@ -205,6 +210,14 @@ class ChatCompletionRequest(GenerationBody):
         if isinstance(choice, NamedToolChoice) and choice.function.name not in {t.function.name for t in self.tools or []}:
             return f"tool_choice names '{choice.function.name}', which is not in tools"
         return None
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS_MAX)
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self) -> "ChatCompletionRequest":
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -221,6 +234,10 @@ class ChatCompletionRequest(GenerationBody):
         if isinstance(self.tool_choice, NamedToolChoice):
             return [t.function for t in self.tools or [] if t.function.name == self.tool_choice.function.name]
         return [t.function for t in self.tools or []] if self.tool_choice == "required" else None
+    def logprob_count(self) -> int | None:
+        """None: no logprobs; N: each token's and the N likeliest."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 
 class CompletionRequest(GenerationBody):
@@ -228,17 +245,31 @@ class CompletionRequest(GenerationBody):
     refused = fields.REFUSED_COMPLETIONS
     accepted = fields.ACCEPTED_COMPLETIONS
 
-    prompt: str | list[str]
+    # a string, a list of strings, token ids, or a list of token-id lists (what lm-eval sends)
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(None, ge=0)  # 0 with echo: score the prompt, generate nothing
+    logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS_MAX)
+    echo: bool = False
 
     @field_validator("prompt")
     @classmethod
-    def _not_empty(cls, value: str | list[str]) -> str | list[str]:
-        if value == "" or (isinstance(value, list) and "" in value):
+    def _not_empty(cls, value: str | list) -> str | list:
+        if value == "" or value == [] or (isinstance(value, list) and any(p == "" or p == [] for p in value)):
             raise ValueError("the prompt is empty")
         return value
 
-    def prompt_text(self) -> str | None:
-        """The one prompt, or None when a list does not hold exactly one string."""
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt: a string or token ids."""
         if isinstance(self.prompt, str):
-            return self.prompt
-        return self.prompt[0] if len(self.prompt) == 1 else None
+            return [self.prompt]
+        if all(isinstance(p, int) for p in self.prompt):
+            return [list(self.prompt)]  # type: ignore[arg-type]
+        return list(self.prompt)  # type: ignore[arg-type]
+
+    def prompt_text(self) -> str | None:
+        """The one prompt given as text, or None (token ids, or not exactly one prompt)."""
+        prompts = self.prompts()
+        return prompts[0] if len(prompts) == 1 and isinstance(prompts[0], str) else None
+
+    def logprob_count(self) -> int | None:
+        return self.logprobs

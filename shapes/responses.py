@@ -52,11 +52,35 @@ class AssistantMessage(BaseModel):
         return {k: v for k, v in body.items() if v is not None or k == "content"}
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None
+    refusal: None = None
+
+
+class CompletionLogprobs(BaseModel):
+    """Completions' (legacy) shape: parallel lists; a prompt's first token has null entries."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: FinishReason | None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -80,7 +104,7 @@ class ChunkChoice(BaseModel):
     index: int = 0
     delta: Delta
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
     @field_serializer("delta")
     def _delta_without_nulls(self, delta: Delta) -> dict:
@@ -101,7 +125,7 @@ class TextChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class TextCompletion(BaseModel):

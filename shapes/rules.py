@@ -80,11 +80,11 @@ class Rules:
         if isinstance(body, ChatCompletionRequest):
             ids = self._chat_prompt(body)
         elif isinstance(body, CompletionRequest):
-            text = body.prompt_text()
-            if text is None:
-                raise ApiError(400, "prompt must be a string or a list holding exactly one string.",
-                               param=param, code="unsupported_value")
-            ids = self.tokenizer.encode(text)
+            prompts = body.prompts()
+            if len(prompts) != 1:
+                raise ApiError(400, "prompt must be one prompt: a string, token ids, or a list holding exactly one "
+                               "of them.", param=param, code="unsupported_value")
+            ids = self.tokenizer.encode(prompts[0]) if isinstance(prompts[0], str) else self.token_ids(prompts[0], param)
         else:
             raise TypeError(f"no prompt rule for {type(body).__name__}")
         if not ids:
@@ -129,6 +129,15 @@ class Rules:
             thinking = "open" if prompt_opens_thinking(self.tokenizer.decode(prompt[-32:])) else "maybe"
         return Reading(tools, thinking)
 
+    def token_ids(self, ids: list[int], param: str) -> list[int]:
+        """A prompt given as token ids: each must be in the vocabulary."""
+        vocab = getattr(self.tokenizer, "vocab_size", None)
+        outside = [t for t in ids if t < 0 or (vocab is not None and t >= vocab)]
+        if outside:
+            raise ApiError(400, f"The prompt holds token ids outside the vocabulary (0..{(vocab or 0) - 1}): "
+                           f"{outside[:5]}", param=param, code="invalid_value")
+        return list(ids)
+
     def max_tokens(self, prompt_len: int, requested: int | None, param: str) -> int:
         """What was asked (default_max_tokens when nothing was), lowered so that prompt + answer
         fit in one slot of `ctx` tokens. A prompt that leaves no room is refused."""
@@ -156,6 +165,10 @@ class Rules:
             # a model whose prompt opened its thinking is free until it ends; one that may open it (`maybe`)
             # is constrained at once: it answers without thinking
             after = THINK_CLOSE if grammar and self.reading(body, prompt).thinking == "open" else None
+        echo = isinstance(body, CompletionRequest) and body.echo
+        if max_tokens == 0 and not echo:
+            raise ApiError(400, "max_tokens 0 generates nothing: it needs echo (prompt scoring).",
+                           code="invalid_value", param="max_tokens")
         return QueuedRequest(
             id=request_id,
             priority=priority,
@@ -175,4 +188,7 @@ class Rules:
             logit_bias=self.logit_bias(body),
             grammar=grammar,
             grammar_after=after,
+            logprobs=body.logprob_count(),
+            echo=echo,
+            prompt_logprobs=body.logprob_count() if echo else None,
         )

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Collection, Sequence
 
-from queues.records import Done, Token
+from queues.records import Done, Scored, Token
 from workers.slot import Slot
 
 
@@ -22,17 +22,19 @@ class Accepted:
         return self.done is None
 
 
-def accept(slot: Slot, tokens: Sequence[int], *, eos_token_ids: Collection[int], context_full: bool) -> Accepted:
+def accept(slot: Slot, tokens: Sequence[int], *, eos_token_ids: Collection[int], context_full: bool,
+           logprobs: Sequence[Scored] | None = None) -> Accepted:
     """`tokens`: sampled for `slot` this step, in order (more than one: guesses the step
-    confirmed, engine/lookup.py). `context_full`: the slot's cache is at the engine's ctx."""
+    confirmed, engine/lookup.py). `context_full`: the slot's cache is at the engine's ctx.
+    `logprobs`: each token's, when the request asked (they go on its token event)."""
     request = slot.request
     taken = Accepted()
-    for token in tokens:
+    for i, token in enumerate(tokens):
         slot.generated += 1
         slot.last_token = token
         if token in eos_token_ids and not request.ignore_eos:
             return _end(slot, taken, "stop", slot.text.flush())
-        taken.events.append(Token(slot.text.push(token), [token]))
+        taken.events.append(Token(slot.text.push(token), [token], [logprobs[i]] if logprobs else []))
         if slot.text.stopped:
             return _end(slot, taken, "stop")
         if slot.generated >= request.max_tokens or context_full:

@@ -17,12 +17,12 @@ from engine.protocol import Engine, SamplingParams
 from queues.claims import UNAVAILABLE, Claimed, Claims, Held, Verdict
 from queues.lifecycle import RequestStatus
 from queues.membership import Membership
-from queues.records import Event, Failed
+from queues.records import Done, Event, Failed, Token
 from queues.worker_state import WorkerState
 from workers import scheduler
 from workers.acceptance import accept
 from workers.slot import Phase, Slot
-from workers.text import Decoder, TextStream
+from workers.text import Decoder, TextStream, scored
 from workers.upkeep import Upkeep, describe
 
 log = logging.getLogger("strata.worker")
@@ -308,7 +308,9 @@ class Worker:
         slot.request = request
         slot.claim_seq = claimed.claim_seq
         slot.tokens = list(request.prompt) + done_ids
-        slot.read_pos = scheduler.shared_prefix(slot.cached, slot.tokens)  # already in the slot's cache
+        # already in the slot's cache; prompt scoring reads every position itself
+        scoring = request.prompt_logprobs is not None
+        slot.read_pos = 0 if scoring else scheduler.shared_prefix(slot.cached, slot.tokens)
         slot.generated = len(done_ids)
         slot.phase = Phase.READING
         out.of(slot).slot = slot.index
@@ -331,6 +333,8 @@ class Worker:
                     grammar=request.grammar,
                     grammar_after=request.grammar_after,
                     grammar_done=tuple(done_ids) if request.grammar else (),
+                    logprobs=request.logprobs,
+                    prompt_logprobs=request.prompt_logprobs,
                 ),
                 keep=slot.read_pos,
             )
@@ -349,18 +353,37 @@ class Worker:
             return
         chunk = slot.tokens[slot.read_pos : slot.read_pos + self.prefill_chunk]
         last = slot.read_pos + len(chunk) == len(slot.tokens)
+        request = slot.request
+        answers = request.max_tokens > 0  # 0: prompt scoring only (echo)
         try:
-            token = self.engine.read(slot.index, chunk, sample=last)
+            token = self.engine.read(slot.index, chunk, sample=last and answers)
         except Exception as error:  # noqa: BLE001 - one bad request must not take the worker down
             log.exception("read failed for %s", slot.request.id)
             out.ended.append((slot, Failed(f"engine error: {error}"), RequestStatus.FAILED))
             return
         slot.read_pos += len(chunk)
         slot.gave_way_to = None  # back on the lines: its epoch is over
-        if last:
-            slot.phase = Phase.DECODING
-            out.of(slot).first_token = True
+        if not last:
+            return
+        slot.phase = Phase.DECODING
+        out.of(slot).first_token = True
+        if request.echo and slot.generated == 0:  # a resumed answer sent it already
+            self._echo(slot, out)
+        if answers:
             self._take(slot, [token], out)
+        else:
+            out.ended.append((slot, Done("length", len(request.prompt), 0), RequestStatus.FINISHED))
+
+    def _echo(self, slot: Slot, out: StepOutput) -> None:
+        """The prompt's text as the answer's start, with its tokens' logprobs when asked (the
+        first has none: nothing comes before it), as one token event of no answer tokens."""
+        prompt = slot.request.prompt
+        shown = []
+        if slot.request.prompt_logprobs is not None:
+            entries = self.engine.prompt_logprobs(slot.index)[: len(prompt) - 1]
+            shown = [scored(self.decoder, None, prompt[0])]
+            shown += [scored(self.decoder, entry, entry.token) for entry in entries]
+        out.of(slot).tokens.append(Token(self.decoder.decode(prompt), [], prompt_logprobs=shown))
 
     def _decode(self, slots: list[Slot], out: StepOutput) -> None:
         try:
@@ -379,8 +402,11 @@ class Worker:
 
     def _take(self, slot: Slot, tokens: Sequence[int], out: StepOutput) -> None:
         """Tokens sampled for this slot: streamed in the step's report; the request may end."""
+        logprobs = None
+        if slot.request.logprobs is not None:  # the engine's entries for these tokens, in order
+            logprobs = [scored(self.decoder, e, e.token) for e in self.engine.logprobs(slot.index)]
         taken = accept(slot, tokens, eos_token_ids=self.engine.eos_token_ids,
-                       context_full=self.engine.position(slot.index) >= self.engine.ctx)
+                       context_full=self.engine.position(slot.index) >= self.engine.ctx, logprobs=logprobs)
         if taken.events:
             out.of(slot).tokens.extend(taken.events)
         if taken.done:

@@ -6,9 +6,31 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence
 
+from engine.protocol import TokenLogprob
+from queues.records import Scored
+
 
 class Decoder(Protocol):
     def decode(self, ids: Sequence[int]) -> str: ...
+
+
+def piece(decoder: Decoder, token_id: int) -> tuple[str, list[int]]:
+    """A token's text and bytes (engine.tokenizer.Tokenizer.piece where the decoder has it)."""
+    own = getattr(decoder, "piece", None)
+    text, raw = own(token_id) if own is not None else (decoder.decode([token_id]),) * 2
+    return text, list(raw.encode() if isinstance(raw, str) else raw)
+
+
+def scored(decoder: Decoder, entry: TokenLogprob | None, token_id: int) -> Scored:
+    """An engine's TokenLogprob (None: the prompt's first token) as an answer shows it."""
+    text, raw = piece(decoder, token_id)
+    if entry is None:
+        return Scored(text, None, raw, None)
+    top = []
+    for other, logprob in entry.top:
+        other_text, other_raw = piece(decoder, other)
+        top.append((other_text, logprob, other_raw))
+    return Scored(text, entry.logprob, raw, top)
 
 
 class TextStream:

@@ -7,10 +7,11 @@ whether its client asked to cancel. A claim the worker lost (its lease ran out w
 frozen; the request went back to the queue and perhaps to another worker, or ended) gets
 nothing written.
 KEYS: running zset, metrics hash; then per request: its hash and its output stream
-ARGV: worker id, now (ms), lease deadline (ms), number of requests n; then per request (8 + 2m
+ARGV: worker id, now (ms), lease deadline (ms), number of requests n; then per request (8 + 4m
   entries, queues/scripts.py `report`): id, claim_seq, tokens generated so far, slot ('' unless
   claimed this step), first token now (1|0), gave way to (a request id, '' for none), priority,
-  number of token events m, then m pairs text, ids
+  number of token events m, then m quadruples text, ids, logprobs, prompt_logprobs (JSON, '' for
+  none: the stream entry then has no such field; queues/records.py `event_fields`)
 Returns one result (ReportResult) per request, in order: LOST (the worker drops it and writes
 nothing more), HELD, CANCEL_ASKED (held, and its client asked to cancel).
 Metrics: give_ways:<priority> +1 per give-way (queues/metrics.py). ]]
@@ -27,7 +28,18 @@ for i = 1, tonumber(n) do
   m = tonumber(m)
   if owns(req, worker, claim_seq) then
     for j = 0, m - 1 do
-      redis.call('XADD', out, '*', 'type', 'token', 'text', ARGV[a + 8 + 2 * j], 'ids', ARGV[a + 9 + 2 * j])
+      local at = a + 8 + 4 * j
+      local text, ids, logprobs, prompt_logprobs = unpack(ARGV, at, at + 3)
+      local entry = {'type', 'token', 'text', text, 'ids', ids}
+      if logprobs ~= '' then
+        table.insert(entry, 'logprobs')
+        table.insert(entry, logprobs)
+      end
+      if prompt_logprobs ~= '' then
+        table.insert(entry, 'prompt_logprobs')
+        table.insert(entry, prompt_logprobs)
+      end
+      redis.call('XADD', out, '*', unpack(entry))
     end
     redis.call('HSET', req, 'completion_tokens', generated)
     if slot ~= '' then
@@ -50,6 +62,6 @@ for i = 1, tonumber(n) do
   else
     results[i] = LOST
   end
-  a = a + 8 + 2 * m
+  a = a + 8 + 4 * m
 end
 return results

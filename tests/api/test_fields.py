@@ -91,9 +91,11 @@ def test_a_value_that_asks_for_nothing_and_an_accepted_field_are_enqueued(http, 
     assert "x-strata-ignored-fields" not in response.headers
 
 
-def test_logprobs_zero_is_refused_on_completions_but_false_is_not_on_chat(http, worker):
-    # completions' logprobs is a count: 0 still asks for the chosen token's logprob
-    assert_error(http.post(COMPLETIONS, json={"prompt": "hi", "logprobs": 0}), 400, param="logprobs")
+def test_logprobs_are_bounded_and_top_logprobs_need_logprobs(http, worker):
+    assert_error(http.post(COMPLETIONS, json={"prompt": "hi", "logprobs": 21}), 400, param="logprobs")
+    assert_error(http.post(CHAT, json={"messages": HI, "top_logprobs": 21, "logprobs": True}), 400,
+                 param="top_logprobs")
+    assert http.post(CHAT, json={"messages": HI, "top_logprobs": 3}).status_code == 400
     assert http.post(CHAT, json={"messages": HI, "logprobs": False, "background": True}).status_code == 202
 
 

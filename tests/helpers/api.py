@@ -27,7 +27,7 @@ class FakeTokenizer:
 
     eos_token_ids = frozenset({0})
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [ord(c) for c in text]
 
     def encode_chat(self, messages: list[dict]) -> list[int]:

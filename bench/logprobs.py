@@ -1,0 +1,130 @@
+"""Log-probabilities: how close the default engine's are to the float32 engine's, and what
+asking for them costs a decode step.
+
+    .venv/bin/python -m bench.logprobs --precision [--tokens 32] [--prompts 12]
+    .venv/bin/python -m bench.logprobs --speed [--steps 48]
+
+--precision: for bench.precision's chat prompts, the default engine (bf16 activations, int4
+linears, int8 head with its exact top rows) decodes greedily with logprobs; each sampled token's
+logprob is compared with log_softmax of the float32 engine's logits at the same position, fed the
+same tokens (teacher-forced), and so are the prompt's own tokens (echo scoring, read in chunks
+of 64). Prints max and mean |delta| for both, and the largest error the int8 head alone makes in
+the normaliser and the top-20 logprobs (the head's logits against the file's float32 rows times
+the same residual).
+--speed: decode tokens/s with logprobs off, then on (top 5), at 1 and 8 slots, eager, one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+
+def _engines():
+    from engine import load_engine
+
+    default = load_engine(None, num_slots=8, ctx=1024, threads=2, compile=False, prompt_lookup=False)
+    reference = load_engine(None, num_slots=1, ctx=1024, dtype="float32", threads=2, compile=False,
+                            prompt_lookup=False)
+    return default, reference
+
+
+def _reference_logprobs(reference, ids: list[int]) -> torch.Tensor:
+    from engine.model import CacheIndex
+
+    index = CacheIndex.for_slots([0], torch.arange(len(ids)).unsqueeze(0), len(ids))
+    with torch.inference_mode():
+        return torch.log_softmax(reference.model.logits(reference.model.forward_all(torch.tensor([ids]), index)[0]), -1)
+
+
+def precision(tokens: int, prompts: int) -> None:
+    from bench.precision import PROMPTS
+    from engine.protocol import SamplingParams
+
+    default, reference = _engines()
+    tok = default.tokenizer
+    answer_deltas, prompt_deltas = [], []
+    for text in PROMPTS[:prompts]:
+        ids = tok.encode_chat([{"role": "user", "content": text}])
+        default.begin(0, SamplingParams(temperature=0.0, logprobs=0, prompt_logprobs=0))
+        for lo in range(0, len(ids), 64):
+            token = default.read(0, ids[lo:lo + 64], sample=lo + 64 >= len(ids))
+        prompt_scores = default.prompt_logprobs(0)
+        out = [token]
+        while len(out) < tokens:
+            out += default.decode([0], [out[-1]])[0]
+        scores = default.logprobs(0)
+        expected = _reference_logprobs(reference, ids + out)
+        prompt_deltas += [abs(s.logprob - float(expected[i, s.token])) for i, s in enumerate(prompt_scores)]
+        answer_deltas += [abs(s.logprob - float(expected[len(ids) - 1 + i, s.token])) for i, s in enumerate(scores)]
+        print(f"{text[:40]!r}: answer max |delta| so far {max(answer_deltas):.4f}, prompt {max(prompt_deltas):.4f}",
+              flush=True)
+    for name, deltas in (("answer (greedy)", answer_deltas), ("prompt (echo)", prompt_deltas)):
+        print(f"{name:16s} tokens {len(deltas):5d}  max |delta| {max(deltas):.4f}  mean {sum(deltas) / len(deltas):.4f}")
+    head_normaliser(default, reference, [tok.encode_chat([{"role": "user", "content": t}]) for t in PROMPTS[:prompts]])
+
+
+def head_normaliser(default, reference, prompts: list[list[int]]) -> None:
+    """The head's share alone: the default engine's own residuals h, its head's logits (int8, the
+    candidates for the top recomputed exactly) against h times the file's float32 rows. The
+    difference of their log-sum-exp is the normaliser's error; the top-20 logprobs' too."""
+    from engine.model import CacheIndex
+
+    exact_rows = reference.model.head.weight  # float32 [V, dim]: the file's rows dequantized
+    worst_lse = worst_top = 0.0
+    rows = 0
+    for ids in prompts:
+        index = CacheIndex.for_slots([0], torch.arange(len(ids)).unsqueeze(0), len(ids))
+        with torch.inference_mode():
+            h = default.model.forward_all(torch.tensor([ids]), index)[0]
+            head = default.model.logits(h)
+            exact = h.float() @ exact_rows.t()
+        lse_head, lse_exact = torch.logsumexp(head, -1), torch.logsumexp(exact, -1)
+        worst_lse = max(worst_lse, float((lse_head - lse_exact).abs().max()))
+        top = torch.topk(exact, 20, dim=-1).indices
+        delta = (torch.log_softmax(head, -1).gather(1, top) - torch.log_softmax(exact, -1).gather(1, top)).abs()
+        worst_top = max(worst_top, float(delta.max()))
+        rows += len(ids)
+    print(f"int8 head, {rows} positions: normaliser max |delta| {worst_lse:.2e}, top-20 logprobs max |delta| {worst_top:.2e}")
+
+
+def speed(steps: int) -> None:
+    from engine.protocol import SamplingParams
+
+    default, _ = _engines()
+    prompt = default.tokenizer.encode("The history of the city begins")
+    for rows in (1, 8):
+        rates = {}
+        for label, logprobs in (("off", None), ("on", 5)):
+            for slot in range(rows):
+                default.begin(slot, SamplingParams(temperature=0.0, logprobs=logprobs))
+                default.read(slot, prompt, sample=True)
+            last = [1] * rows
+            started = time.perf_counter()
+            for _ in range(steps):
+                last = [t[-1] for t in default.decode(list(range(rows)), last)]
+                for slot in range(rows):
+                    default.logprobs(slot)
+            rates[label] = rows * steps / (time.perf_counter() - started)
+        print(f"{rows} slots: logprobs off {rates['off']:.1f} tok/s, on {rates['on']:.1f} tok/s, "
+              f"off/on {rates['off'] / rates['on']:.3f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--precision", action="store_true")
+    parser.add_argument("--speed", action="store_true")
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--prompts", type=int, default=12, help="how many of bench.precision's prompts")
+    parser.add_argument("--steps", type=int, default=48)
+    args = parser.parse_args()
+    if args.precision:
+        precision(args.tokens, args.prompts)
+    if args.speed:
+        speed(args.steps)
+
+
+if __name__ == "__main__":
+    main()
