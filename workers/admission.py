@@ -11,8 +11,8 @@ because a decode is never paused to make room (rule 5). On top of the scheduling
   (The memory comes as running requests finish; each ends within its own max_tokens, so the
   head's wait is bounded by the longest remaining answer of what runs now.)
 - When every request fits, the decision is pick_waiting's, exactly.
-- A request that could never fit is refused, not queued: its prompt beyond the model's context,
-  or prompt plus max_tokens beyond the model's context or the whole pool (never_fits).
+- A request that could never fit is refused, not queued: its prompt leaving no room in the
+  model's context, or prompt plus max_tokens beyond the context or the whole pool (never_fits).
 """
 
 from __future__ import annotations
@@ -54,13 +54,19 @@ def admit(
 
 def never_fits(prompt_tokens: int, max_tokens: int, max_model_len: int, pool_tokens: int) -> str | None:
     """Why this request can never be served here (the 400 at the door names both numbers), or
-    None. A request that fits only when the pool is empty is not refused: it waits its turn."""
-    if prompt_tokens > max_model_len:
-        return f"This model's maximum context length is {max_model_len} tokens; the prompt has {prompt_tokens}."
+    None. `max_tokens` is the answer length as planned at the door, which (as today's context
+    check, shapes/rules.py `max_tokens`) lowers what was asked to the room the context leaves; so
+    a prompt is refused only when it leaves no room, and prompt + answer when the whole pool could
+    not hold it. A request that fits only when the pool is empty is not refused: it waits its turn."""
+    if prompt_tokens >= max_model_len:
+        return (
+            f"This model's context is {max_model_len} tokens; the prompt has {prompt_tokens},"
+            f" which leaves no room for an answer."
+        )
     total = prompt_tokens + max_tokens
     if total > max_model_len:
         return (
-            f"This model's maximum context length is {max_model_len} tokens; the prompt ({prompt_tokens})"
+            f"This model's context is {max_model_len} tokens; the prompt ({prompt_tokens})"
             f" plus max_tokens ({max_tokens}) is {total}."
         )
     if total > pool_tokens:

@@ -123,12 +123,14 @@ def test_a_big_urgent_request_waits_at_the_head_and_small_ones_never_overtake_it
 
 
 def test_a_request_that_could_never_fit_is_refused_naming_both_numbers():
-    assert admission.never_fits(9000, 10, max_model_len=8192, pool_tokens=16384) == (
-        "This model's maximum context length is 8192 tokens; the prompt has 9000."
+    # today's wording (shapes/rules.py) for a prompt that leaves no room
+    assert admission.never_fits(8192, 0, max_model_len=8192, pool_tokens=16384) == (
+        "This model's context is 8192 tokens; the prompt has 8192, which leaves no room for an answer."
     )
     assert admission.never_fits(8000, 500, max_model_len=8192, pool_tokens=16384) == (
-        "This model's maximum context length is 8192 tokens; the prompt (8000) plus max_tokens (500) is 8500."
+        "This model's context is 8192 tokens; the prompt (8000) plus max_tokens (500) is 8500."
     )
+    assert admission.never_fits(8000, 192, max_model_len=8192, pool_tokens=16384) is None
     assert admission.never_fits(3000, 1200, max_model_len=8192, pool_tokens=4096) == (
         "The KV pool holds 4096 tokens; the prompt (3000) plus max_tokens (1200) is 4200."
     )
