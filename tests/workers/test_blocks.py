@@ -140,6 +140,20 @@ def test_a_block_keeps_the_highest_priority_of_those_that_referenced_it():
     assert pool.eviction_order() == [low, high, shared]
 
 
+def test_a_prefix_reused_many_times_stays_cached_and_its_stale_entries_are_dropped():
+    pool = BlockPool(num_tokens=4 * BS, block_size=BS)
+    serve(pool, 0, tokens(1), max_tokens=1)
+    shared = pool.tables[0].blocks[0]
+    pool.free(0)
+    for turn in range(3 * pool.num_blocks):  # each turn re-references the block and releases it again
+        assert serve(pool, turn % 2, tokens(1), max_tokens=1) == BS
+        pool.free(turn % 2)
+    assert len(pool._evictable) <= 2 * pool.num_blocks  # 13 releases, compacted past 8
+    assert pool.eviction_order() == [shared]  # the tails were never full: they went back empty
+    serve(pool, 0, tokens(2, 3, 4), max_tokens=BS - 1)  # 4 blocks: evicts everything, the prefix last
+    assert pool.cached_blocks(tokens(1)) == [] and pool.tables[0].blocks[-1] == shared
+
+
 def test_a_reused_cached_block_leaves_the_free_count_a_block_a_slot_holds_does_not():
     pool = BlockPool(num_tokens=8 * BS, block_size=BS)
     serve(pool, 0, tokens(1, 2), max_tokens=1)
