@@ -82,10 +82,8 @@ def compilable(model: Transformer) -> bool:
     without int4: --no-int4, F16 files) fails in inductor's lowering (an assertion on its
     arguments). The file's blocks through engine/quants' C++ op (`QuantLinear`, layers or a
     K-quant head) decode eagerly too: not tried in a graph yet. A TwoFormLinear's prepacked copy
-    serves prefill only and does not count. Nor a model whose layers differ in RoPE rows or mask
-    (Gemma 3: `Transformer.uniform_layers`)."""
-    if not model.uniform_layers():
-        return False
+    serves prefill only and does not count. Layers that read different RoPE rows and masks (Gemma
+    3's sliding layers, through StepInputs.local_*) compile like the others."""
     prefill_only = {id(m.packed) for m in model.layers.modules() if isinstance(m, TwoFormLinear)}
     return not isinstance(model.head, QuantLinear) and not any(
         isinstance(m, QuantLinear) or (isinstance(m, PackedLinear) and id(m) not in prefill_only)

@@ -362,13 +362,6 @@ class Transformer(nn.Module):
         return StepInputs(index.rows, index.positions, cos, sin, index.mask(), **local, lo=index.lo,
                           hi=None if whole else index.hi, sliced=index.sliced)
 
-    def uniform_layers(self) -> bool:
-        """Whether every layer reads the same RoPE rows and mask from unscaled embeddings: what
-        the compiled step has been tried on (engine/compiled.py, engine/aot.py). Gemma 3's sliding
-        layers and scaled embeddings decode eagerly for now; the step (engine/step.py) carries
-        their inputs through every back-end, untried compiled."""
-        return not any(getattr(b.mixer, "window", 0) for b in self.layers) and self.cfg.embed_scale == 1.0
-
     def rope_local(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """The sliding layers' RoPE rows: their own base where the config has one (Gemma 3)."""
         if not self.cfg.local_rope:

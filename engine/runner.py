@@ -72,8 +72,8 @@ class TorchEngine:
         from engine.compiled import CompiledDecode, compilable
 
         if not compilable(self.model):
-            log.warning("decoding eagerly: the compiled step cannot take oneDNN-prepacked linears, engine/quants "
-                        "kernels or layers of different kinds (%s)", self.model.forms)
+            log.warning("decoding eagerly: the compiled step cannot take oneDNN-prepacked linears or engine/quants "
+                        "kernels (%s)", self.model.forms)
             return 0.0
         self.compiled = CompiledDecode(self.model)
         if not warm:
