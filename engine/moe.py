@@ -57,7 +57,8 @@ class Experts(nn.Module):
         flat = h.reshape(-1, shape[-1])
         weights, experts = self.route(flat)
         x = flat.to(self.gate_up.dtype)
-        if torch.compiler.is_compiling():
+        # CUDA's grouped GEMM takes bf16 only (as does its compiled form everywhere)
+        if torch.compiler.is_compiling() or (x.device.type != "cpu" and x.dtype != torch.bfloat16):
             out = self._gathered(x, weights, experts)
         else:
             out = self._grouped(x, weights, experts)
