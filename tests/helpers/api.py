@@ -26,6 +26,8 @@ class FakeTokenizer:
     """One token per character: prompt lengths are easy to reason about."""
 
     eos_token_ids = frozenset({0})
+    vocab_size = 0x110000  # every code point: token ids past it are refused at the door, as a real vocabulary's
+
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [ord(c) for c in text]
@@ -35,7 +37,8 @@ class FakeTokenizer:
         return self.encode(text)
 
     def decode(self, ids: list[int]) -> str:
-        return "".join(map(chr, ids))
+        # a lone surrogate is no text (UTF-8 cannot carry it): U+FFFD, as a real tokenizer's lossy decode
+        return "".join("\ufffd" if 0xD800 <= i <= 0xDFFF else chr(i) for i in ids)
 
 
 @contextmanager
