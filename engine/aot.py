@@ -107,12 +107,29 @@ def example_inputs(model: Transformer, rows: int, span: int) -> tuple[Tensor, St
     return x, inputs
 
 
+# The flags naming instruction sets that compiled code may use. The rest of the flags line
+# (hle/rtm, arch_capabilities, tsc_known_freq, the hypervisor's) and the model name differ between
+# hosts of one kind with the same instructions, and a cache keyed by them was built again when
+# copied to another machine.
+_ISA_FLAGS = ("sse", "ssse3", "avx", "amx", "fma", "f16c", "bmi", "popcnt", "lzcnt", "abm", "movbe", "adx",
+              "aes", "vaes", "pclmulqdq", "vpclmulqdq", "gfni", "sha_ni")
+
+
+def isa(cpuinfo: str) -> str:
+    """The instruction sets in /proc/cpuinfo's text (its first processor), sorted."""
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags = line.partition(":")[2].split()
+            return " ".join(sorted(f for f in flags if f.startswith(_ISA_FLAGS)))
+    return ""
+
+
 def _cpu() -> str:
-    """What the generated code may rely on: the CPU's model and flags. (inductor's own pick_vec_isa
-    builds and loads a probe per instruction set in child processes: ~1 s at every start.)"""
+    """What the generated code may rely on: the CPU's instruction sets. (inductor's own
+    pick_vec_isa builds and loads a probe per instruction set in child processes: ~1 s at every
+    start.)"""
     try:
-        info = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
-        return "\n".join(line for line in info.splitlines() if line.startswith(("model name", "flags")))
+        return isa(Path("/proc/cpuinfo").read_text()) or platform.machine()
     except OSError:
         return platform.processor() or platform.machine()
 
@@ -224,9 +241,7 @@ class PackagedStep:
 
     def start_build(self, program: str) -> subprocess.Popen:
         """Compile the exported program in a child process (`finish_build` waits for it)."""
-        root = str(Path(__file__).resolve().parent.parent)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-        return subprocess.Popen([sys.executable, "-m", "engine.aot", program, str(self.path)], env=env,
+        return subprocess.Popen([sys.executable, "-m", "engine.aot", program, str(self.path)], env=child_env(),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
     def finish_build(self, program: str, child: subprocess.Popen, started: float, load: bool = True) -> None:
@@ -327,6 +342,12 @@ def compile_package(program: str, path: str) -> None:
     finally:
         if os.path.exists(scratch):
             os.unlink(scratch)
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a child running `python -m engine.…`: this checkout's engine first."""
+    root = str(Path(__file__).resolve().parent.parent)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])), **extra}
 
 
 def die_with_parent() -> None:

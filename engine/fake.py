@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from engine.cost_profile import CostProfile
-from engine.protocol import SamplingParams, TokenLogprob
+from engine.protocol import DecodePath, SamplingParams, TokenLogprob
 
 
 @dataclass
@@ -58,6 +58,7 @@ class FakeEngine:
     calls: list[Call] = field(default_factory=list)
     tokenizer: FakeDecoder = field(default_factory=FakeDecoder)
     profile: CostProfile | None = None  # set: costs as measured (the flat costs above are ignored)
+    path: DecodePath = field(default_factory=DecodePath)  # what decode_path says (no step is compiled here)
 
     def __post_init__(self) -> None:
         self._step_started = False
@@ -126,6 +127,9 @@ class FakeEngine:
 
     def truncate(self, slot: int, length: int) -> None:
         del self._cache[slot][length:]
+
+    def decode_path(self) -> DecodePath:
+        return self.path
 
     def prompt_tokens_read(self) -> int:
         return sum(c.tokens for c in self.calls if c.kind == "read")

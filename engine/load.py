@@ -46,6 +46,7 @@ def load_engine(
     prefill_bf16: bool = True,
     cache_dir: str | Path | None = None,
     compile: bool = True,
+    compile_in_background: bool = False,
     prompt_lookup: bool = True,
 ) -> TorchEngine:
     """Open a GGUF file or HF folder (None: the default SmolLM2) and allocate its slots.
@@ -57,7 +58,9 @@ def load_engine(
     cache_dir: where the converted tokenizer is kept so a restart does not convert it again
     (seconds for a GGUF), and inductor's generated code.
     compile: decode compiled (engine/compiled.py; on the CPU the layers ahead of time, engine/aot.py),
-    built here or loaded from cache_dir; off: eager.
+    built here or loaded from cache_dir; off: eager. compile_in_background (a worker's default):
+    what is not cached is built by a low-priority child process while the engine decodes eagerly,
+    and takes over between steps once built (engine/background.py).
     prompt_lookup: on the CPU with two slots or more, a one-row step also checks a guess of the next
     token from the slot's own text (engine/lookup.py), the same tokens sooner when it is right."""
     if num_slots < 1 or ctx < 1:
@@ -97,7 +100,10 @@ def load_engine(
         from engine.compiled import use_cache_dir
 
         use_cache_dir(cache_dir)
-        engine.compile_decode(warm=True)
+        if compile_in_background:
+            engine.compile_in_background()
+        else:
+            engine.compile_decode(warm=True)
     if prompt_lookup and engine.can_look_up:
         engine.use_prompt_lookup()
     log.info("loaded %s in %.1fs: %s, linears %s, KV cache %.0f MiB", path.name, time.perf_counter() - started,

@@ -46,6 +46,15 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...] = ()
 
 
+@dataclass(frozen=True)
+class DecodePath:
+    """How decode steps run: "eager", "compiled", or "compiling" (eager while the compiled step
+    is built in the background; `percent`: an estimate of how far that build is)."""
+
+    kind: str = "eager"
+    percent: int = 0
+
+
 class Engine(Protocol):
     num_slots: int
     ctx: int  # tokens of KV cache per slot
@@ -79,3 +88,7 @@ class Engine(Protocol):
     def prompt_logprobs(self, slot: int) -> list[TokenLogprob]:
         """With params.prompt_logprobs: each prompt token after the first, scored by the positions
         read so far (begin() with keep=0), since the last call."""
+
+    def decode_path(self) -> DecodePath:
+        """How decode steps run now; between steps (the worker's heartbeat), so a compiled step
+        built in the background may take over here."""

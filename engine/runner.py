@@ -4,6 +4,7 @@ engine/load.py makes one from a model file."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Sequence
 
 import torch
@@ -11,11 +12,12 @@ import torch
 from engine.grammar import Constraint, Grammars
 from engine.lookup import Lookup
 from engine.model import KV_BUCKET, CacheIndex, ModelConfig, Transformer
-from engine.protocol import SamplingParams, TokenLogprob
+from engine.protocol import DecodePath, SamplingParams, TokenLogprob
 from engine.sampling import SlotSampler, sample_tokens, score_prompt
 from engine.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
+    from engine.background import BackgroundBuild
     from engine.compiled import CompiledDecode
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,11 @@ class TorchEngine:
         self._samplers = [SlotSampler.start(SamplingParams(temperature=0.0)) for _ in range(self.num_slots)]
         self.compiled: CompiledDecode | None = None
         self.grammars: Grammars | None = None  # made at the first constrained request
+        self.building: BackgroundBuild | None = None  # the compiled step being built meanwhile
+        # Slots whose request began before the compiled step took over: they decode eagerly to
+        # their end, so a request's tokens never depend on when the switch came.
+        self._eager = [False] * self.num_slots
+        self._logged_percent = 0
         self._lookups: list[Lookup] | None = None  # prompt lookup's, one a slot (use_prompt_lookup)
         self._held: list[list[int]] = [[] for _ in range(self.num_slots)]  # the ids each slot's cache holds
         # prompt scoring (params.prompt_logprobs): each slot's scored prompt tokens so far, and the
@@ -81,6 +88,60 @@ class TorchEngine:
         return self.compiled.warm(sorted({1, min(2, self.num_slots), self.num_slots}), min(self.ctx, KV_BUCKET),
                                   ahead=ahead)
 
+    def compile_in_background(self) -> None:
+        """Decode eagerly now and through the packages compiled ahead of time once a low-priority
+        child process has built them (engine/background.py); packages already cached are loaded
+        now instead. Elsewhere (CUDA: its graphs are recorded in this process; a head or layers
+        the packages cannot take) the compiled step is built now, as `compile_decode` does."""
+        from engine import aot
+        from engine.background import BackgroundBuild
+        from engine.compiled import CompiledDecode, compilable
+
+        if self.device.type != "cpu" or not compilable(self.model) or not aot.head_inside(self.model):
+            self.compile_decode(warm=True)
+            return
+        steps = aot.packages(self.model)
+        if all(step.ready for step in steps):
+            self.compiled = CompiledDecode(self.model)
+            self.compiled.packaged = steps
+            return
+        self.building = BackgroundBuild(self.model, steps).start()
+
+    def decode_path(self) -> DecodePath:
+        self._take_compiled()
+        if self.compiled is not None:
+            return DecodePath("compiled")
+        if self.building is not None and self.building.state == "compiling":
+            percent = self.building.percent()
+            if percent // 10 > self._logged_percent // 10:  # a line every 10 % (the follower logs each milestone)
+                log.info("compiling the decode step, serving eager meanwhile: %d %%", percent)
+                self._logged_percent = percent
+            return DecodePath("compiling", percent)
+        return DecodePath("eager")
+
+    def _take_compiled(self) -> None:
+        """Between steps: the packages built in the background, once they are, for the requests
+        begun from now on."""
+        if self.building is None:
+            return
+        steps = self.building.take()
+        if steps is None and self.building.state == "compiling":
+            return
+        if steps is not None:
+            from engine.compiled import CompiledDecode
+
+            self.compiled = CompiledDecode(self.model)
+            self.compiled.packaged = steps
+            log.info("the compiled decode step takes over, %.1f s after the build began; requests begun before "
+                     "(slots %s) finish on the eager step", time.monotonic() - self.building.started,
+                     [slot for slot, eager in enumerate(self._eager) if eager] or "none")
+        self.building = None
+
+    def stop_building(self) -> None:
+        """The worker is leaving: end a build still running."""
+        if self.building is not None:
+            self.building.stop()
+
     @property
     def config(self) -> ModelConfig:
         return self.model.cfg
@@ -91,6 +152,8 @@ class TorchEngine:
             raise ValueError("prompt scoring reads the prompt from its first token (keep=0)")
         self.truncate(slot, keep)
         self._samplers[slot] = sampler = SlotSampler.start(params, self._constraint(params))
+        self._take_compiled()
+        self._eager[slot] = self.building is not None
         sampler.observe(self._held[slot])
         self._prompt_scores[slot], self._carry[slot] = [], None
 
@@ -222,7 +285,22 @@ class TorchEngine:
         """Rows of one token each at these positions of their slots -> logits [rows, V] (allowed:
         constrained rows' tokens, for the head's exact top; `_allowed`)."""
         span = min(self.ctx, -(-(max(positions) + 1) // KV_BUCKET) * KV_BUCKET)
-        return self._step_on(self.compiled is not None, slots, tokens, positions, span, allowed)
+        compiled = [self.compiled is not None and not self._eager[slot] for slot in slots]
+        if all(path == compiled[0] for path in compiled):
+            return self._step_on(compiled[0], slots, tokens, positions, span, allowed)
+        # requests begun before the switch beside newer ones: each part on its own path (a row's
+        # logits do not depend on what shares its step)
+        parts = []
+        for path in (False, True):
+            rows = [i for i, c in enumerate(compiled) if c == path]
+            parts.append((rows, self._step_on(path, [slots[i] for i in rows], [tokens[i] for i in rows],
+                                              [positions[i] for i in rows], span,
+                                              None if allowed is None else allowed[rows])))
+        with torch.inference_mode():
+            logits = parts[0][1].new_empty(len(slots), parts[0][1].shape[1])
+            for rows, part in parts:
+                logits[rows] = part
+        return logits
 
     def _step_on(self, compiled: bool, slots: list[int], tokens: list[int], positions: list[int],
                  span: int, allowed: torch.Tensor | None = None) -> torch.Tensor:

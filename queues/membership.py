@@ -102,6 +102,20 @@ async def live_workers(client: aioredis.Redis, model: str, now_ms: int, within_m
     return int(await client.zcount(Keys(model).workers, now_ms - within_ms, "+inf"))
 
 
+async def live_states(client: aioredis.Redis, model: str, now_ms: int, within_ms: int) -> list[tuple[str, WorkerState]]:
+    """(worker id, what it published) for each worker of `model` with a heartbeat in the last
+    `within_ms` whose hash still exists."""
+    k = Keys(model)
+    ids = [text(wid) for wid in await client.zrangebyscore(k.workers, now_ms - within_ms, "+inf")]
+    if not ids:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for wid in ids:
+        pipe.hgetall(k.worker(wid))
+    hashes = await pipe.execute()
+    return [(wid, WorkerState.from_hash({text(a): text(b) for a, b in h.items()})) for wid, h in zip(ids, hashes) if h]
+
+
 async def live_ctx(client: aioredis.Redis, model: str, now_ms: int, within_ms: int) -> int | None:
     """The smallest ctx (tokens per slot) a live worker of `model` publishes; None when no live
     worker has said. What fits on every worker fits wherever the request lands."""

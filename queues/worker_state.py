@@ -22,6 +22,10 @@ class WorkerState:
     parked: list[str] = field(default_factory=list)  # reads that gave way, their cache kept
     reserved: dict[int, int] = field(default_factory=dict)  # slot -> lowest priority it takes (--reserve)
     reserved_busy: int = 0
+    # how its decode steps run: eager | compiling (eager while the compiled step is built in the
+    # background; compile_progress: an estimate in percent) | compiled
+    decode_step: str = ""
+    compile_progress: int = 0
     heartbeat_ms: int = 0
 
     def to_hash(self) -> dict[str, str | int]:
@@ -47,7 +51,7 @@ class WorkerState:
                 values[f.name] = [p for p in raw.split(",") if p]
             elif f.name == "reserved":
                 values[f.name] = _reserved(raw)
-            elif f.name in ("device", "reading"):
+            elif f.name in ("device", "reading", "decode_step"):
                 values[f.name] = raw
             else:
                 try:
@@ -55,6 +59,13 @@ class WorkerState:
                 except ValueError:
                     continue
         return cls(**values)
+
+
+    def decode_step_words(self) -> str:
+        """What its decode step is doing, for /health and `strata queues`."""
+        if self.decode_step == "compiling":
+            return f"compiling the decode step, serving eager meanwhile: {self.compile_progress} %"
+        return {"compiled": "decoding with the compiled step", "eager": "decoding eagerly"}.get(self.decode_step, "")
 
 
 def _reserved(raw: str) -> dict[int, int]:

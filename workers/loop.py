@@ -243,9 +243,10 @@ class Worker:
         return bool(lines.read or decoding)
 
     def describe(self) -> WorkerState:
-        """The worker hash an operator reads with HGETALL (workers/upkeep.py `describe`)."""
+        """The worker hash an operator reads with HGETALL (workers/upkeep.py `describe`). Between
+        steps: a compiled step built in the background may take over here (`decode_path`)."""
         return describe(self.slots, self.current, device=self.device, ctx=self.engine.ctx, steps=self.steps,
-                        give_ways=self.give_ways)
+                        give_ways=self.give_ways, decode_path=self.engine.decode_path())
 
     # -- the parts --------------------------------------------------------------------------
     def _admit(self, now: int, out: StepOutput) -> None:

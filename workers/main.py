@@ -50,7 +50,8 @@ def build_engine(settings: WorkerSettings, path: Path) -> Engine:
     return load_engine(path, num_slots=settings.parallel, ctx=settings.ctx, device=settings.device,
                        dtype=settings.dtype, threads=settings.threads, int4=settings.int4,
                        prefill_bf16=settings.prefill_bf16, cache_dir=cache_folder(settings.data_dir),
-                       compile=settings.compile, prompt_lookup=settings.prompt_lookup)
+                       compile=settings.compile, compile_in_background=settings.compile_background,
+                       prompt_lookup=settings.prompt_lookup)
 
 
 def run_worker(settings: WorkerSettings) -> None:
@@ -80,4 +81,9 @@ def run_worker(settings: WorkerSettings) -> None:
     signal.signal(signal.SIGINT, stop)
     log.info("model %s from %s on %s%s", name, path, settings.device,
              " (fake engine: no weights loaded)" if settings.engine == "fake" else "")
-    worker.run()
+    try:
+        worker.run()
+    finally:
+        stop_building = getattr(engine, "stop_building", None)  # the real engine's build in the background
+        if stop_building is not None:
+            stop_building()

@@ -42,9 +42,13 @@ class WorkerSettings(RedisSettings, ModelSettings):
     prefill_bf16: bool = Field(True, description="with --int4: each int4 matrix also keeps a bfloat16 prepacked copy that "
                                                  "prefill chunks use (faster prompt reading, +2 bytes a weight); "
                                                  "off: int4 only")
-    compile: bool = Field(True, description="compiled decode, built at start: on the CPU every layer ahead of time in "
-                                            "one C++ call (~1 min on a fresh machine, loaded in a second from --data-dir after, "
-                                            "whatever --parallel and --ctx); --no-compile: eager (docs/engine.md)")
+    compile: bool = Field(True, description="compiled decode: on the CPU every layer ahead of time in one C++ call (~1 min "
+                                            "to build on a fresh machine, loaded in a second from --data-dir after, whatever "
+                                            "--parallel and --ctx); --no-compile: eager (docs/engine.md)")
+    compile_background: bool = Field(True, description="with --compile on the CPU: serve at once with the eager step while a "
+                                                       "low-priority process builds the compiled one, which takes over for "
+                                                       "the requests begun after it is ready (progress in the log and "
+                                                       "/health); off: build it before serving")
     prompt_lookup: bool = Field(True, description="CPU, 2+ slots: a one-row decode step also checks guesses of the next tokens from "
                                                   "the request's own text, several tokens a step when right, the same tokens "
                                                   "(docs/engine.md); off: one token a step")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Callable, Sequence
 
+from engine.protocol import DecodePath
 from queues.claims import Claims
 from queues.membership import Membership
 from queues.worker_state import WorkerState
@@ -67,7 +68,7 @@ class Upkeep:
 
 
 def describe(slots: Sequence[Slot], current: Slot | None, *, device: str, ctx: int, steps: int,
-             give_ways: int) -> WorkerState:
+             give_ways: int, decode_path: DecodePath = DecodePath()) -> WorkerState:
     """The worker hash an operator reads with HGETALL."""
     read = current if current and current.request else None
     return WorkerState(
@@ -85,4 +86,6 @@ def describe(slots: Sequence[Slot], current: Slot | None, *, device: str, ctx: i
         parked=[s.request.id for s in slots if s.is_parked],
         reserved={s.index: s.min_priority for s in slots if s.is_reserved},
         reserved_busy=sum(s.is_reserved and not s.is_free for s in slots),
+        decode_step=decode_path.kind,
+        compile_progress=decode_path.percent,
     )

@@ -82,3 +82,18 @@ def test_models_lists_the_model_only_while_a_worker_is_live(start_api, redis_cli
     # requests for the configured model are still accepted: they wait for a worker
     with http.stream("POST", "/v1/completions", json={"prompt": "x", "stream": True}) as response:
         assert response.status_code == 200
+
+
+def test_health_and_models_say_a_worker_serves_eagerly_while_its_compiled_step_builds(start_api, redis_client, clock):
+    from engine.protocol import DecodePath
+
+    http = start_api(clock=clock, health_stall_s=5)
+    worker = make_worker(redis_client, slots=1, clock=clock, path=DecodePath("compiling", 40))
+    worker.step()  # beats
+    assert http.get("/health").json() == {
+        "status": "ok", "decode_step": {"w1": "compiling the decode step, serving eager meanwhile: 40 %"}}
+    assert models(http) == [MODEL]  # served meanwhile: listed at once
+    worker.engine.path = DecodePath("compiled")
+    clock.advance(2000)
+    worker.step()
+    assert http.get("/health").json() == {"status": "ok"}

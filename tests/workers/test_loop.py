@@ -144,6 +144,20 @@ def test_the_worker_hash_shows_slots_and_the_current_read(redis_client, submit):
     assert redis_client.ttl(K.worker("w1")) > 0
 
 
+def test_the_worker_hash_says_how_decode_steps_run_while_the_compiled_step_builds(redis_client):
+    from engine.protocol import DecodePath
+    from queues.worker_state import WorkerState
+
+    worker = make_worker(redis_client, slots=2, path=DecodePath("compiling", 40))
+    worker.upkeep.run(worker.clock(), worker.describe())
+    h = redis_client.hgetall(K.worker("w1"))
+    assert (h["decode_step"], h["compile_progress"]) == ("compiling", "40")
+    assert WorkerState.from_hash(h).decode_step_words() == "compiling the decode step, serving eager meanwhile: 40 %"
+    worker.engine.path = DecodePath("compiled")
+    worker.upkeep.run(worker.clock() + 5000, worker.describe())
+    assert redis_client.hget(K.worker("w1"), "decode_step") == "compiled"
+
+
 def test_a_conversation_continues_in_the_slot_that_holds_its_prefix(redis_client, submit):
     submit("turn1", prompt_len=10, max_tokens=3)
     worker = make_worker(redis_client, slots=2, chunk=64)

@@ -1,0 +1,189 @@
+"""The compiled decode step built in the background while the engine decodes eagerly
+(engine/background.py, TorchEngine.compile_in_background): the switch between steps, a request
+begun before it finishing on the eager step, the child's copy of the model's shapes, and one real
+build by the low-priority child (the tiny model's packages)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import aot
+from engine.background import BackgroundBuild, read_shapes, write_shapes
+from engine.runner import TorchEngine
+from engine.step import StepInputs, step_body
+from tests.engine.test_compiled import GREEDY, _tiny_engine
+
+
+class Shifted:
+    """Stands in for a compiled package whose greedy tokens differ from eager's (the real ones
+    part from eager at near-ties): eager's logits rolled by one token."""
+
+    head, batched = True, False
+
+    def __init__(self, engine: TorchEngine) -> None:
+        self.model = engine.model
+        self.calls = 0
+
+    @property
+    def ready(self) -> bool:
+        return True
+
+    def __call__(self, x: torch.Tensor, inputs: StepInputs) -> list[torch.Tensor]:
+        self.calls += 1
+        h, logits, candidates = step_body(self.model, x, inputs)
+        return [h, logits.roll(1, dims=-1)] + ([] if candidates is None else [candidates.roll(1, dims=-1)])
+
+
+class Build:
+    """Stands in for BackgroundBuild: compiling until `done`, then its packages."""
+
+    def __init__(self, steps: list[Shifted]) -> None:
+        self.steps, self.state, self.started = steps, "compiling", 0.0
+
+    def percent(self) -> int:
+        return 40
+
+    def take(self) -> list[Shifted] | None:
+        return self.steps if self.state == "built" else None
+
+
+def _compiled_from_start(engine: TorchEngine) -> TorchEngine:
+    from engine.compiled import CompiledDecode
+
+    engine.compiled = CompiledDecode(engine.model)
+    engine.compiled.packaged = [Shifted(engine), Shifted(engine)]
+    return engine
+
+
+def _start(engine: TorchEngine, slot: int, prompt: list[int]) -> list[int]:
+    engine.begin(slot, GREEDY)
+    return [engine.read(slot, prompt, sample=True)]
+
+
+def _steps(engine: TorchEngine, out: dict[int, list[int]], steps: int) -> None:
+    for _ in range(steps):
+        group = sorted(out)
+        for slot, new in zip(group, engine.decode(group, [out[s][-1] for s in group])):
+            out[slot] += new
+
+
+A, B = [(3 * i + 1) % 256 for i in range(40)], [(7 * i + 2) % 256 for i in range(25)]
+
+
+def test_a_request_begun_before_the_switch_ends_on_the_eager_step_and_later_ones_run_compiled():
+    eager = _tiny_engine()
+    alone = {0: _start(eager, 0, A)}
+    _steps(eager, alone, 40)
+    compiled = _compiled_from_start(_tiny_engine())
+    other = {1: _start(compiled, 1, B)}
+    _steps(compiled, other, 30)
+    again = {0: _start(compiled, 0, A)}
+    _steps(compiled, again, 10)
+    assert again[0] != alone[0][:11]  # the stand-in's tokens are not eager's: a mix would show
+
+    engine = _tiny_engine()
+    build = Build([Shifted(engine), Shifted(engine)])
+    engine.building = build
+    assert engine.decode_path().kind == "compiling" and engine.decode_path().percent == 40
+    out = {0: _start(engine, 0, A)}
+    _steps(engine, out, 10)
+    build.state = "built"  # the packages are on disk: they take over between steps
+    assert engine.decode_path().kind == "compiled" and engine.building is None
+    out[1] = _start(engine, 1, B)
+    calls = sum(step.calls for step in build.steps)
+    _steps(engine, out, 30)  # slot 0 eager beside slot 1 compiled, in each step
+    assert sum(step.calls for step in build.steps) == calls + 30
+    assert out[0] == alone[0]  # begun before the switch: all eager, as if there had been none
+    assert out[1] == other[1]  # begun after: all compiled
+    del out[1]
+    out[0] = _start(engine, 0, A)  # the slot's next request: compiled
+    _steps(engine, out, 10)
+    assert out[0] == again[0]
+
+
+def test_the_child_gets_the_models_shapes_and_names_the_parents_packages(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    engine = _tiny_engine()
+    write_shapes(engine.model, tmp_path / "shapes.pickle")
+    copy = read_shapes(tmp_path / "shapes.pickle")
+    assert [aot.PackagedStep(copy, b).path for b in (False, True)] == [p.path for p in aot.packages(engine.model)]
+    weights = sum(t.numel() * t.element_size() for t in engine.model.state_dict().values()) + engine.model.kv_bytes()
+    assert (tmp_path / "shapes.pickle").stat().st_size < weights / 20  # shapes, not the weights
+    assert copy.embed is None  # the child never embeds
+    assert (copy.head_rows is None) == (engine.model.head_rows is None)  # whether exact rows are recomputed
+    for (_, name), real, made in zip(aot.packages(engine.model)[0].places, aot.packages(engine.model)[0].tensors,
+                                     aot.PackagedStep(copy, False).tensors, strict=True):
+        assert (made.shape, made.stride(), made.dtype) == (real.shape, real.stride(), real.dtype), name
+
+
+def _nice(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
+def test_a_build_in_the_background_takes_over_with_the_packages_and_a_copied_cache_is_reused(tmp_path, monkeypatch):
+    """The real child: it runs at a lower priority, the engine serves eagerly meanwhile, the
+    packages it built take over (their tokens are those of the same packages built in the
+    foreground), and a copy of the cache folder in a fresh place (the original gone) loads them."""
+    built = tmp_path / "built"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(built))
+    engine, loaded = _tiny_engine(), _tiny_engine()
+    try:
+        _build_takes_over_then_a_copy_loads(engine, loaded, built, tmp_path / "fresh", monkeypatch)
+    finally:  # a failed check leaves no compiler running
+        engine.stop_building()
+        loaded.stop_building()
+
+
+def _build_takes_over_then_a_copy_loads(engine: TorchEngine, loaded: TorchEngine, built: Path, fresh: Path,
+                                        monkeypatch) -> None:
+    engine.compile_in_background()
+    build = engine.building
+    assert isinstance(build, BackgroundBuild) and engine.decode_path().kind == "compiling"
+    assert build.wait(timeout=300, until="started") == "compiling"
+    assert _nice(build._child.pid) == _nice(os.getpid()) + 10  # the child lowered its own priority
+    out = {0: _start(engine, 0, A)}
+    _steps(engine, out, 5)
+    assert build.wait(timeout=900) == "built", build.error
+    assert engine.decode_path().kind == "compiled"
+    assert engine.compiled is not None and all(p.ready for p in engine.compiled.packaged)
+    del out[0]
+    out[1] = _start(engine, 1, B)
+    _steps(engine, out, 20)
+
+    shutil.copytree(built, fresh)
+    shutil.rmtree(built)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(fresh))
+    loaded.compile_in_background()
+    assert loaded.building is None and loaded.decode_path().kind == "compiled"  # nothing to build
+    reference = {1: _start(loaded, 1, B)}
+    _steps(loaded, reference, 20)
+    assert out[1] == reference[1]
+
+
+@pytest.mark.smollm2
+def test_the_default_engines_shapes_name_its_packages(smollm2_default, tmp_path, monkeypatch):
+    """The default engine (int4 linears with their oneDNN prefill copies, the int8 head and its
+    bound, the file's rows): the child's copy names the same packages, without the weights."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    model = smollm2_default.model
+    write_shapes(model, tmp_path / "shapes.pickle")
+    copy = read_shapes(tmp_path / "shapes.pickle")
+    assert [aot.PackagedStep(copy, b).path for b in (False, True)] == [aot.PackagedStep(model, b).path for b in (False, True)]
+    assert (tmp_path / "shapes.pickle").stat().st_size < 1 << 20
+    assert copy.head_rows is not None  # the int8 head's exact rows (the tied embedding's): candidates come out
+    os.unlink(aot.PackagedStep(copy, batched=False).export())  # the child's copy traces (compiling it: the bench)
+
+
+def test_the_package_key_holds_the_instruction_sets_not_the_rest_of_the_flags():
+    """A cache copied to another host of the same kind is reused: its flags line differs in TSX,
+    mitigation and hypervisor flags and its model name, not in the instructions code may use."""
+    here = "model name\t: Intel(R) Xeon(R) Processor\nflags\t\t: fpu sse sse2 avx avx2 hle rtm avx512f amx_bf16 hypervisor\n"
+    there = "model name\t: Intel(R) Xeon(R) Platinum\nflags\t\t: fpu sse sse2 avx avx2 avx512f amx_bf16 arch_capabilities\n"
+    no_amx = "model name\t: Intel(R) Xeon(R) Processor\nflags\t\t: fpu sse sse2 avx avx2 hle rtm avx512f hypervisor\n"
+    assert aot.isa(here) == aot.isa(there) == "amx_bf16 avx avx2 avx512f sse sse2"
+    assert aot.isa(no_amx) != aot.isa(here)
