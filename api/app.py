@@ -13,13 +13,14 @@ import anyio
 import redis.asyncio as aioredis
 from fastapi import Depends, FastAPI
 
-from api.cancels import Cancels
-from api.fit import Fit
-from api.deps import Services, get_api_key
-from api.errors import BodyLimit, CatchAll, install_error_handlers
+from api.api_keys import load_keys
 from api.batch_deps import BatchServices
+from api.cancels import Cancels
+from api.deps import Services, get_api_key
+from api.errors import install_error_handlers
+from api.fit import Fit
+from api.middleware import BodyLimit, CatchAll
 from api.routes import batches, chat, completions, files, health, metrics, models, requests, tokens
-from api.keys import load_keys
 from api.settings import ApiSettings
 from api.shared_reader import SharedReader
 from queues.connect import connect_async, wait_until_up

@@ -9,9 +9,9 @@ from typing import Annotated
 import redis.asyncio as aioredis
 from fastapi import Depends, Request
 
+from api.api_keys import ApiKey, KeyRing, bearer_token
 from api.cancels import Cancels
 from api.fit import Fit
-from api.keys import ApiKey, KeyRing, bearer_token
 from api.settings import ApiSettings
 from api.shared_reader import SharedReader
 from queues.intake import Intake

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from api.keys import ApiKey
+from api.api_keys import ApiKey
 
 
 def parse_priority(raw: Any, lo: int, hi: int) -> int:

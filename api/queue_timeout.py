@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from api.api_keys import ApiKey
 from shapes.errors import ApiError
-from api.keys import ApiKey
 
 HEADER = "x-strata-queue-timeout"
 MAX_S = 7 * 24 * 3600.0  # a week: anything longer is no deadline worth keeping in Redis

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from api import generation
+from api import completions
 from api.deps import KeyDep, ServicesDep
 from shapes.answers import CHAT
 from shapes.requests import ChatCompletionRequest
@@ -17,4 +17,4 @@ router = APIRouter(tags=["chat"])
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, services: ServicesDep, key: KeyDep
 ) -> Response:
-    return await generation.generate(request, services, body, CHAT, key)
+    return await completions.generate(request, services, body, CHAT, key)

@@ -9,9 +9,9 @@ from fastapi import APIRouter, File, Form, UploadFile
 from fastapi.responses import Response
 
 from api.batch_deps import BatchServicesDep
-from api.batch_schemas import FileDeleted, FileList, FileObject
 from api.deps import SettingsDep
 from queues.files import StoredFile
+from shapes.batches import FileDeleted, FileList, FileObject
 from shapes.errors import ApiError
 
 router = APIRouter(tags=["files"])

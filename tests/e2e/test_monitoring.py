@@ -2,7 +2,7 @@
 compose service and the repository's prometheus.yml (its target pointed at a live `strata serve
 --engine fake`), scrapes /metrics while requests of two priorities run, one read giving way; then
 every query of the provisioned Grafana dashboard is evaluated by that Prometheus and must answer
-with series. A metric renamed in api/metrics.py, or a query that does not parse, fails here."""
+with series. A metric renamed in api/prometheus.py, or a query that does not parse, fails here."""
 
 from __future__ import annotations
 

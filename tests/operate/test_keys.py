@@ -9,10 +9,10 @@ import time
 import httpx
 import pytest
 
-from api.keys import KeysFileError, load_keys
+from api.api_keys import KeysFileError, load_keys
+from queues.keys import Keys
 from queues.membership import Membership
 from queues.worker_state import WorkerState
-from queues.keys import Keys
 from tests.helpers.workers import MODEL
 
 K = Keys(MODEL)

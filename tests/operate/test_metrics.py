@@ -9,7 +9,7 @@ import math
 import pytest
 import redis.asyncio as aioredis
 
-from api.metrics import PriorityLabels
+from api.prometheus import PriorityLabels
 from queues.intake import Intake
 from queues.keys import Keys
 from queues.lifecycle import RequestStatus

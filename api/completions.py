@@ -20,8 +20,8 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse, format_sse_event
 from pydantic import BaseModel
 
+from api.api_keys import ApiKey
 from api.deps import REPLICA_HEADER, Services
-from api.keys import ApiKey
 from api.priority import Resolved, resolve_priority
 from api.queue_timeout import HEADER as QUEUE_TIMEOUT_HEADER
 from api.queue_timeout import QueueTimeout, resolve_queue_timeout

@@ -14,9 +14,9 @@ from fastapi import Request
 from fastapi.responses import Response
 from fastapi.sse import EventSourceResponse, format_sse_event
 
+from api.api_keys import ApiKey
+from api.completions import Collected, assemble, stream_events
 from api.deps import Services
-from api.generation import Collected, assemble, stream_events
-from api.keys import ApiKey
 from queues.lifecycle import FINAL
 from shapes.answers import ENDPOINTS, Endpoint, Job
 from shapes.errors import ApiError
