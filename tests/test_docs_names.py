@@ -48,6 +48,11 @@ def _names() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
                             classes[node.name].add(item.target.id)
                         elif isinstance(item, ast.Assign):
                             classes[node.name] |= {t.id for t in item.targets if isinstance(t, ast.Name)}
+                    for sub in ast.walk(node):  # instance attributes: self.x = ... in its methods
+                        targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target] if isinstance(
+                            sub, ast.AnnAssign) else []
+                        classes[node.name] |= {t.attr for t in targets if isinstance(t, ast.Attribute)
+                                               and isinstance(t.value, ast.Name) and t.value.id == "self"}
             for key in keys:
                 modules[key] |= defined
     return modules, classes
