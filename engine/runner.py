@@ -133,8 +133,7 @@ class TorchEngine:
             self.compiled = CompiledDecode(self.model)
             self.compiled.packaged = steps
             log.info("the compiled decode step takes over, %.1f s after the build began; requests begun before "
-                     "(slots %s) finish on the eager step", time.monotonic() - self.building.started,
-                     [slot for slot, eager in enumerate(self._eager) if eager] or "none")
+                     "it finish on the eager step", time.monotonic() - self.building.started)
         self.building = None
 
     def stop_building(self) -> None:
