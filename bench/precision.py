@@ -2,7 +2,12 @@
 and, when `LLAMA_SERVER=/path/to/llama-server` is set, llama.cpp's server on the same GGUF.
 
     .venv/bin/python -m bench.precision [--tokens 48] [--variants default bfloat16+noint4] [--device cuda:0]
+    .venv/bin/python -m bench.precision --isa all [--prompts 4]    # each oneDNN ISA this CPU offers
     LLAMA_SERVER=/path/to/llama-server .venv/bin/python -m bench.precision
+
+`--isa AVX512_CORE_BF16 AVX512_CORE_AMX ...` (or `all`) runs the whole bench once per value of
+ONEDNN_MAX_CPU_ISA, each in a child process (oneDNN reads it once), and prints one row per ISA
+and engine: its bf16 kernels round differently on AMX, AVX512-BF16 and AVX512.
 
 A fixed set of chat prompts, tokenized once by Strata's tokenizer; every engine gets the same
 token ids (llama-server through `/completion` with a token-id prompt, `temperature` 0). The
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 
 import httpx
@@ -97,7 +103,13 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["default", "bfloat16+noint4"],
                         help="Strata engines: default, bfloat16(+noint4)")
     parser.add_argument("--device", default="cpu", help="where the variants run: cpu, or cuda:N")
+    parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="the first N prompts only (short runs)")
+    parser.add_argument("--isa", nargs="+", default=[],
+                        help="ONEDNN_MAX_CPU_ISA values to run under, one child process each, or 'all'")
     args = parser.parse_args()
+    if args.isa:
+        per_isa(args)
+        return
 
     from bench.side_by_side import llama_server
     from engine.files import resolve_model_path
@@ -106,7 +118,7 @@ def main() -> None:
     path = resolve_model_path(None)
     reference_engine = load_engine(path, num_slots=1, ctx=1024, dtype="float32", compile=False)
     tok = reference_engine.tokenizer
-    prompts = [tok.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
+    prompts = [tok.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS[:args.prompts]]
     references = [strata_greedy(reference_engine, ids, args.tokens) for ids in prompts]
     total = sum(len(r) for r in references)
     del reference_engine
@@ -128,8 +140,9 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{len(PROMPTS)} chat prompts x {args.tokens} greedy tokens vs the float32 dequantized "
-                        f"reference ({path.name}; variants on {args.device})")
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "")
+    table = Table(title=f"{len(prompts)} chat prompts x {args.tokens} greedy tokens vs the float32 dequantized "
+                        f"reference ({path.name}; variants on {args.device}{'; ONEDNN_MAX_CPU_ISA=' + isa if isa else ''})")
     table.add_column("engine")
     table.add_column("teacher-forced: same next token", justify="right")
     table.add_column("free-running: equal before the first difference", justify="right")
@@ -137,7 +150,33 @@ def main() -> None:
         table.add_row(name, f"{r['same_top']}/{total} ({r['same_top'] / total:.1%})",
                       f"{r['greedy_prefix']}/{total} ({r['greedy_prefix'] / total:.1%})")
     Console(width=160).print(table)
-    print(json.dumps({"total": total, **results}))
+    print(json.dumps({"total": total, "isa": isa, **results}))
+
+
+def per_isa(args: argparse.Namespace) -> None:
+    """The bench again in a child process per ONEDNN_MAX_CPU_ISA value; one table of them all."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from engine.devices import onednn_isas
+
+    isas = onednn_isas() if args.isa == ["all"] else args.isa
+    argv = [sys.executable, "-m", "bench.precision", "--tokens", str(args.tokens), "--prompts", str(args.prompts),
+            "--device", args.device, "--variants", *args.variants]
+    table = Table(title=f"{args.prompts} chat prompts x {args.tokens} greedy tokens vs the float32 reference, per ISA")
+    for column in ("ONEDNN_MAX_CPU_ISA", "engine", "teacher-forced", "free-running"):
+        table.add_column(column)
+    for isa in isas:
+        done = subprocess.run(argv, env={**os.environ, "ONEDNN_MAX_CPU_ISA": isa}, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"{isa}: {done.stderr[-2000:]}")
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        total = result.pop("total")
+        result.pop("isa")
+        for name, r in result.items():
+            table.add_row(isa, name, f"{r['same_top']}/{total}", f"{r['greedy_prefix']}/{total}")
+        print(isa, json.dumps(result), file=sys.stderr, flush=True)
+    Console(width=160).print(table)
 
 
 if __name__ == "__main__":

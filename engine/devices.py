@@ -23,3 +23,26 @@ def parse_devices(spec: str) -> list[str]:
     if not devices:
         raise ValueError("no device given")
     return devices
+
+
+# oneDNN's names for the instruction sets it can be limited to (ONEDNN_MAX_CPU_ISA), lowest first,
+# with the /proc/cpuinfo flags each needs: one machine can check every kernel family it offers.
+ONEDNN_ISAS = (
+    ("AVX2", {"avx2", "fma"}),
+    ("AVX512_CORE", {"avx512f", "avx512bw", "avx512vl", "avx512dq"}),
+    ("AVX512_CORE_BF16", {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"}),
+    ("AVX512_CORE_AMX", {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "amx_bf16", "amx_tile"}),
+)
+
+
+def onednn_isas(cpuinfo: str | None = None) -> list[str]:
+    """The ONEDNN_MAX_CPU_ISA values this CPU offers (oneDNN reads the variable once, at its
+    first use in a process: set it before torch runs a kernel, e.g. in a child process)."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return []
+    flags = next((set(line.split(":", 1)[1].split()) for line in cpuinfo.splitlines() if line.startswith("flags")), set())
+    return [name for name, needs in ONEDNN_ISAS if needs <= flags]

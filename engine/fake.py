@@ -33,7 +33,7 @@ class VirtualClock:
 class Call:
     """One engine call, as a test reads it back."""
 
-    kind: str  # "read" or "decode"
+    kind: str  # "read", "replay" (a resumed request's generated tokens) or "decode"
     slots: tuple[int, ...]
     tokens: int  # prompt tokens read, or rows decoded
     at_ms: int
@@ -59,6 +59,7 @@ class FakeEngine:
     tokenizer: FakeDecoder = field(default_factory=FakeDecoder)
     profile: CostProfile | None = None  # set: costs as measured (the flat costs above are ignored)
     path: DecodePath = field(default_factory=DecodePath)  # what decode_path says (no step is compiled here)
+    prompt_block: int = 1  # its tokens depend on nothing but the cache: any chunking reads the same
 
     def __post_init__(self) -> None:
         self._step_started = False
@@ -89,6 +90,19 @@ class FakeEngine:
                                             for i, t in enumerate(tokens) if cached or i]
         self._cache[slot].extend(tokens)
         self.calls.append(Call("read", (slot,), len(tokens), self.clock.now_ms))
+        return self._next(slot) if sample else None
+
+    def replay(self, slot: int, tokens: Sequence[int], sample: bool) -> int | None:
+        """A resumed request's generated tokens, fed as the real engine does: decode steps of up
+        to num_slots rows of this slot, each charged as one."""
+        if len(self._cache[slot]) + len(tokens) > self.ctx:
+            raise ValueError("tokens do not fit the slot's context")
+        self._charge_step()
+        for lo in range(0, len(tokens), self.num_slots):
+            rows = list(tokens[lo:lo + self.num_slots])
+            self._cache[slot].extend(rows)
+            self.clock.advance(self.decode_cost_ms(len(rows), len(self._cache[slot])))
+        self.calls.append(Call("replay", (slot,), len(tokens), self.clock.now_ms))
         return self._next(slot) if sample else None
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> list[list[int]]:

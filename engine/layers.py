@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.step import StepInputs
+from engine.weights import in_pieces
 
 
 class Attention(nn.Module):
@@ -60,7 +61,7 @@ class Attention(nn.Module):
         keys, values = state
         bsz, seq, _ = h.shape
         q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-        q, k, v = self.wqkv(h).split((q_size, kv_size, kv_size), dim=-1)
+        q, k, v = in_pieces(self.wqkv, h, inputs.pieces).split((q_size, kv_size, kv_size), dim=-1)
         q = q.view(bsz, seq, self.n_heads, self.head_dim)
         k = k.view(bsz, seq, self.n_kv_heads, self.head_dim)
         v = v.view(bsz, seq, self.n_kv_heads, self.head_dim)
@@ -83,7 +84,8 @@ class Attention(nn.Module):
         keys, values = keys.narrow(2, 0, inputs.span), values.narrow(2, 0, inputs.span)
         if not inputs.sliced:
             keys, values = keys[inputs.rows[:, 0]], values[inputs.rows[:, 0]]  # scattered slots: a gather
-        return self.wo(attend(q.transpose(1, 2), keys, values, mask, self.scale))
+        attention = attend_plain if inputs.pieces is None else attend_prompt
+        return in_pieces(self.wo, attention(q.transpose(1, 2), keys, values, mask, self.scale), inputs.pieces)
 
 
 class GatedFFN(nn.Module):
@@ -96,10 +98,10 @@ class GatedFFN(nn.Module):
         self.w_gate_up: nn.Module = nn.Identity()
         self.w_down: nn.Module = nn.Identity()
 
-    def forward(self, h: Tensor) -> Tensor:
-        gate, up = self.w_gate_up(h).chunk(2, dim=-1)
+    def forward(self, h: Tensor, pieces: tuple[int, ...] | None = None) -> Tensor:
+        gate, up = in_pieces(self.w_gate_up, h, pieces).chunk(2, dim=-1)
         act = F.silu(gate) if self.activation == "silu" else F.gelu(gate, approximate="tanh")
-        return self.w_down(act * up)
+        return in_pieces(self.w_down, act * up, pieces)
 
 
 class Block(nn.Module):
@@ -130,7 +132,7 @@ class Block(nn.Module):
             out = F.rms_norm(out.float(), (self.dim,), self.post_attn_norm, self.norm_eps)
         x = x + out
         h = F.rms_norm(x, (self.dim,), self.ffn_norm, self.norm_eps)
-        out = self.ffn(h)
+        out = self.ffn(h, inputs.pieces) if isinstance(self.ffn, GatedFFN) else self.ffn(h)
         if self.post_ffn_norm is not None:
             out = F.rms_norm(out.float(), (self.dim,), self.post_ffn_norm, self.norm_eps)
         return x + out  # float32 x + bf16 promotes to float32
@@ -142,27 +144,25 @@ def rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def attend(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, scale: float = 0.0) -> Tensor:
-    """Float32 attention. q: [B, H, T, hd]; keys, values: [B, KV, L, hd]; mask: [B, 1, 1, T, L]
-    bool -> [B, T, H*hd] in q's dtype.
+def attend_prompt(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, scale: float = 0.0) -> Tensor:
+    """Float32 attention of prompt tokens (any number, one too). q: [B, H, T, hd]; keys, values:
+    [B, KV, L, hd]; mask: [B, 1, 1, T, L] bool -> [B, T, H*hd] in q's dtype. scale: the scores'
+    factor (0: head_dim ** -0.5).
 
-    A step of one token per row (decode): plain matmul -> softmax -> matmul (SDPA with one query
-    was ~4x slower in bf16). Several tokens (a prefill chunk): torch's fused kernel, in float32
-    too, which never holds the [T, L] scores whole: 2.3x faster at 256 queries over 2 000 keys,
-    4.6x at 512, the same error against float64 (the plain path spent as long in attention as in
-    the linears). Its bf16-rounded outputs differ from the plain path's in a few elements, which
-    moves greedy near-ties downstream (docs/engine.md, "Beside llama.cpp"). scale: the scores'
-    factor (0: head_dim ** -0.5)."""
+    torch's fused kernel, in float32, which never holds the [T, L] scores whole: 2.3x faster than
+    the plain path at 256 queries over 2 000 keys, 4.6x at 512, the same error against float64.
+    Its bf16-rounded outputs differ from the plain path's in a few elements, which moves greedy
+    near-ties downstream (docs/engine.md, "Beside llama.cpp"), so a prompt token goes through it
+    whatever its chunk's length (a read), and a generated one never."""
     bsz, n_heads, seq, head_dim = q.shape
-    if seq == 1:
-        return attend_plain(q, keys, values, mask, scale)
     out = F.scaled_dot_product_attention(q.float(), keys.float(), values.float(), attn_mask=mask.view(bsz, 1, seq, -1),
                                          enable_gqa=True, scale=scale or None)
     return out.to(q.dtype).transpose(1, 2).reshape(bsz, seq, n_heads * head_dim)
 
 
 def attend_plain(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, scale: float = 0.0) -> Tensor:
-    """`attend` as matmul -> float32 softmax -> matmul (the decode step's form)."""
+    """Float32 attention of generated tokens (a decode step: one query per row): matmul ->
+    softmax -> matmul (SDPA with one query was ~4x slower in bf16); shapes as `attend_prompt`."""
     bsz, n_heads, seq, head_dim = q.shape
     n_kv = keys.shape[1]
     group = n_heads // n_kv

@@ -32,7 +32,7 @@ from engine.rope import RopeScaling, tables
 from engine.step import Body, HeadOut, StepInputs, run_layers, step_body
 from engine.weights import (
     DenseLinear, DenseRows, HeadBound, Int4Linear, Int8Linear, PackedLinear, RowTable, TwoFormLinear, WeightSource,
-    can_prepack, dequantize_int4, fuse_int4, int4_available, int4_shape_ok, int8_available, int8_shape_ok,
+    can_prepack, dequantize_int4, fuse_int4, int4_available, int4_shape_ok, int8_available, int8_shape_ok, in_pieces,
 )
 
 log = logging.getLogger(__name__)
@@ -53,9 +53,11 @@ WEIGHT_NAMES = (
 # Decode attends over the cache sliced to the longest active row, rounded up to this, so the
 # shapes (and a compiled graph's) change only every BUCKET tokens.
 KV_BUCKET = 256
-# Tokens per row from which an int4 matrix's bf16 prepacked copy does the product (a prefill
-# chunk); below, and for every decode step, the int4 kernel (bench/engine_speed.py, docs/engine.md).
-PREFILL_PACKED_MIN_TOKENS = 16
+# A prompt's tokens go through the linears in aligned blocks of this many positions, one call
+# each: oneDNN's bf16 kernels (AMX or AVX512) choose their blocking by a call's rows, so a row's
+# result depends on how many rows share its call. Cut at fixed positions, a prompt token is
+# computed the same way whatever chunk carried it; a reused cached prefix ends on a block edge.
+PROMPT_BLOCK = 64
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,15 @@ class CacheIndex:
     The step's views of a layer's K/V buffer are `buffer[lo:hi, :, :span]`. Row b of the step
     writes its T new entries at view row `rows[b]`, positions `positions[b]`; it reads view row
     `rows[b]` too, so when the step's slots are exactly lo..hi-1 in order (`sliced`) the read is
-    the view itself, and otherwise a gather of those rows."""
+    the view itself, and otherwise a gather of those rows.
+
+    `reading`: the step reads prompt tokens (`TorchEngine.read`), otherwise it feeds generated
+    tokens (a decode step); `pieces` splits a read's tokens at multiples of PROMPT_BLOCK
+    positions. That, not the chunk's length, picks the kernels: a prompt token goes through the
+    prompt forms (a linear's `prompt_form`, one call per piece; fused attention) and a generated
+    one through the decode forms, so a token's KV and logits do not depend on how its prompt was
+    chunked or cached, nor on its batch (docs/engine.md, "Exact repeats").
+    """
 
     lo: int
     hi: int
@@ -130,12 +140,22 @@ class CacheIndex:
     rows: Tensor  # [B, 1] long, row in the view
     positions: Tensor  # [B, T] long
     sliced: bool
+    reading: bool = False
+    pieces: tuple[int, ...] = ()  # a read: its tokens' split at block boundaries (sums to T)
 
     @classmethod
     def for_slots(cls, slots: list[int], positions: Tensor, span: int) -> "CacheIndex":
         lo, hi = min(slots), max(slots) + 1
         rows = torch.tensor([s - lo for s in slots], dtype=torch.long, device=positions.device).unsqueeze(1)
         return cls(lo, hi, span, rows, positions, sliced=slots == list(range(lo, hi)))
+
+    @classmethod
+    def for_read(cls, slot: int, start: int, end: int, device: torch.device | None = None) -> "CacheIndex":
+        """Prompt tokens start..end-1 of one slot, split into pieces at multiples of PROMPT_BLOCK."""
+        cuts = [start, *range((start // PROMPT_BLOCK + 1) * PROMPT_BLOCK, end, PROMPT_BLOCK), end]
+        positions = torch.arange(start, end, device=device).unsqueeze(0)
+        return cls(slot, slot + 1, end, torch.zeros(1, 1, dtype=torch.long, device=device), positions, sliced=True,
+                   reading=True, pieces=tuple(b - a for a, b in zip(cuts, cuts[1:])))
 
     def mask(self, window: int = 0) -> Tensor:
         """[B, 1, 1, T, span] bool: key j is seen by a token at position p iff j <= p (causal
@@ -218,7 +238,7 @@ class Transformer(nn.Module):
                     if prefill_bf16 and use_packed:
                         packed = PackedLinear(dequantize_int4(fused).to(torch.bfloat16), b)
                         return counted("int4+bf16-packed",
-                                       TwoFormLinear(Int4Linear(fused, b), packed, PREFILL_PACKED_MIN_TOKENS))
+                                       TwoFormLinear(Int4Linear(fused, b), packed))
                     return counted("int4", Int4Linear(fused, b))
             if use_quant:
                 held = [source.quant(n) for n in parts]
@@ -360,7 +380,8 @@ class Transformer(nn.Module):
         # inputs are those buffers themselves, not views of them)
         whole = index.lo == 0 and not index.sliced
         return StepInputs(index.rows, index.positions, cos, sin, index.mask(), **local, lo=index.lo,
-                          hi=None if whole else index.hi, sliced=index.sliced)
+                          hi=None if whole else index.hi, sliced=index.sliced,
+                          pieces=index.pieces if index.reading else None)
 
     def rope_local(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """The sliding layers' RoPE rows: their own base where the config has one (Gemma 3)."""

@@ -59,14 +59,23 @@ class Engine(Protocol):
     num_slots: int
     ctx: int  # tokens of KV cache per slot
     eos_token_ids: frozenset[int]
+    # A prompt token's cache entries are the same however its prompt was chunked or cached when
+    # every read starts and ends on a multiple of this many positions (or at the prompt's end).
+    prompt_block: int
 
     def begin(self, slot: int, params: SamplingParams, keep: int = 0) -> None:
         """Start a request in the slot: keep the first `keep` cached tokens (a prefix it shares
         with what the slot held before; 0 empties it) and reset the sampler (seeded if params.seed)."""
 
     def read(self, slot: int, tokens: Sequence[int], sample: bool) -> int | None:
-        """Append one chunk of prompt tokens to the slot's cache at its current position.
+        """Append one chunk of prompt tokens to the slot's cache at its current position (a
+        prompt token's entries do not depend on the chunking, given reads on `prompt_block` edges).
         With sample=True (the prompt's last chunk), return the first generated token."""
+
+    def replay(self, slot: int, tokens: Sequence[int], sample: bool) -> int | None:
+        """Append tokens the slot's request generated before (a resumed request) the way decode
+        steps fed them, so their cache entries and the next token are the undisturbed run's.
+        With sample=True (its last chunk), return the next generated token."""
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> list[list[int]]:
         """One batched step: feed tokens[i] to slots[i] at its current position and return each

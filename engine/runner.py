@@ -11,7 +11,7 @@ import torch
 
 from engine.grammar import Constraint, Grammars
 from engine.lookup import Lookup
-from engine.model import KV_BUCKET, CacheIndex, ModelConfig, Transformer
+from engine.model import KV_BUCKET, PROMPT_BLOCK, CacheIndex, ModelConfig, Transformer
 from engine.protocol import DecodePath, SamplingParams, TokenLogprob
 from engine.sampling import SlotSampler, sample_tokens, score_prompt
 from engine.tokenizer import Tokenizer
@@ -45,6 +45,7 @@ class TorchEngine:
         # their end, so a request's tokens never depend on when the switch came.
         self._eager = [False] * self.num_slots
         self._logged_percent = 0
+        self.prompt_block = PROMPT_BLOCK
         self._lookups: list[Lookup] | None = None  # prompt lookup's, one a slot (use_prompt_lookup)
         self._held: list[list[int]] = [[] for _ in range(self.num_slots)]  # the ids each slot's cache holds
         # prompt scoring (params.prompt_logprobs): each slot's scored prompt tokens so far, and the
@@ -204,8 +205,7 @@ class TorchEngine:
         if end > self.ctx:
             raise ValueError(f"slot {slot}: {start} cached + {len(tokens)} new tokens exceed ctx={self.ctx}")
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
-        positions = torch.arange(start, end, device=self.device).unsqueeze(0)
-        index = CacheIndex.for_slots([slot], positions, span=end)
+        index = CacheIndex.for_read(slot, start, end, self.device)
         sampler = self._samplers[slot]
         scoring = sampler.params.prompt_logprobs
         with torch.inference_mode():
@@ -237,6 +237,30 @@ class TorchEngine:
             carry = logits[-1:].clone()
         self._carry[slot] = carry
         return carry
+
+    def replay(self, slot: int, tokens: Sequence[int], sample: bool) -> int | None:
+        """Append tokens this slot's request generated before (a resumed request's answer so far)
+        the way they were produced: as decode rows of one token each (the step's kernels, compiled
+        if decode is), up to the slots' count a step, so their KV and the next token are exactly
+        the undisturbed run's. A chunk of them read as prompt tokens would go through the prompt
+        kernels (bf16 copy, fused attention) and part from it at the next near-tie."""
+        self._check_slot(slot)
+        if len(tokens) == 0:
+            raise ValueError("replay() needs at least one token")
+        start = self._positions[slot]
+        if start + len(tokens) > self.ctx:
+            raise ValueError(f"slot {slot}: {start} cached + {len(tokens)} new tokens exceed ctx={self.ctx}")
+        tokens = list(tokens)
+        logits = None
+        for lo in range(0, len(tokens), self.num_slots):  # a step's rows: at most the batched step's
+            rows = tokens[lo:lo + self.num_slots]
+            position = self._positions[slot]
+            logits = self._step([slot] * len(rows), rows, list(range(position, position + len(rows))))
+            self._fed(slot, rows)
+        if not sample:
+            return None
+        assert logits is not None
+        return sample_tokens(logits[-1:], [self._samplers[slot]], self.eos_token_ids)[0]
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> list[list[int]]:
         if len(slots) != len(tokens):

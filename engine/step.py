@@ -54,11 +54,14 @@ class StepInputs:
     lo: int = 0
     hi: int | None = None
     sliced: bool = False
+    # A read of prompt tokens: their split at PROMPT_BLOCK edges (engine/model.py CacheIndex), one
+    # call of each linear's prompt form per piece, and the fused attention; None: a decode step.
+    pieces: tuple[int, ...] | None = None
 
     # Dims beside dim 0 (the step's rows, dynamic in a batched step) whose size changes from step
     # to step: a compiled step keeps them dynamic.
     VARYING: ClassVar[dict[str, dict[int, str]]] = {"mask": {4: "span"}, "local_mask": {4: "span"}}
-    STATIC: ClassVar[tuple[str, ...]] = ("lo", "hi", "sliced")
+    STATIC: ClassVar[tuple[str, ...]] = ("lo", "hi", "sliced", "pieces")
 
     @property
     def span(self) -> int:

@@ -104,7 +104,15 @@ class DenseLinear(nn.Module):
 
 
 def can_prepack() -> bool:
-    return hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and torch.backends.mkldnn.is_available()
+    """Whether oneDNN can reorder a bf16 weight here: not on AVX2 alone (nor under
+    ONEDNN_MAX_CPU_ISA=AVX2), where it raises; the linears then stay int4 or dense."""
+    if not (hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and torch.backends.mkldnn.is_available()):
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16))
+    except RuntimeError:
+        return False
+    return True
 
 
 class PackedLinear(nn.Module):
@@ -155,22 +163,41 @@ class Int4Linear(nn.Module):
 
 
 class TwoFormLinear(nn.Module):
-    """One matrix kept twice: int4 (`Int4Linear`) for rows of few tokens, the decode step's form,
-    and bf16 prepacked (`PackedLinear`, the exact weights rounded to bf16) for a prefill chunk of
-    `min_tokens` or more, where the int4 kernel was 2.3x slower than oneDNN's bf16 one. Chosen by
-    tokens per row (x's second-to-last dim), not by rows: a decode step has one token per row
-    whatever its batch size, so a row's result never depends on how many neighbours it has."""
+    """One matrix kept twice: int4 (`Int4Linear`), the decode step's form (calling the module),
+    and bf16 prepacked (`PackedLinear`, the exact weights rounded to bf16) for prompt tokens
+    (`prompt_form`), where the int4 kernel was 2.3x slower than oneDNN's bf16 one at 256-token
+    chunks. Chosen by what the tokens are, not by how many: every prompt token goes through the
+    bf16 copy, a 1-token chunk too, and every generated token through int4, so a token's result
+    does not depend on its chunk's length or its batch (both kernels work row by row)."""
 
-    def __init__(self, int4: Int4Linear, packed: PackedLinear, min_tokens: int) -> None:
+    def __init__(self, int4: Int4Linear, packed: PackedLinear) -> None:
         super().__init__()
-        self.int4, self.packed, self.min_tokens = int4, packed, min_tokens
+        self.int4, self.packed = int4, packed
+        self.prompt_form = packed
         self.out_features = int4.out_features
 
     def forward(self, x: Tensor) -> Tensor:
-        # x: [..., T, in] -> [..., T, out] bf16
-        if x.dim() >= 2 and x.shape[-2] >= self.min_tokens:
-            return self.packed(x)
+        # x: [..., in] -> [..., out] bf16
         return self.int4(x)
+
+
+def prompt_form(linear: nn.Module) -> nn.Module:
+    """The form of a linear that prompt tokens go through: its `prompt_form` where it keeps one
+    (a TwoFormLinear's bf16 copy), else the linear itself."""
+    return getattr(linear, "prompt_form", linear)
+
+
+def in_pieces(linear: nn.Module, x: Tensor, pieces: tuple[int, ...] | None) -> Tensor:
+    """The linear on x [..., T, in]: with `pieces` (a prompt read; sizes summing to T) its prompt
+    form, one call per piece of rows, else (a decode step) the linear itself. A kernel whose
+    blocking depends on a call's rows (oneDNN's bf16 matmul, on AMX and AVX512 alike) then gives
+    a prompt token the same result whatever else its chunk held."""
+    if pieces is None:
+        return linear(x)
+    form = prompt_form(linear)
+    if len(pieces) == 1:
+        return form(x)
+    return torch.cat([form(part) for part in x.split(list(pieces), dim=-2)], dim=-2)
 
 
 def dequantize_int4(blocks: Int4Blocks) -> Tensor:

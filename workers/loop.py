@@ -86,7 +86,10 @@ class Worker:
         self.claims = claims
         self.membership = membership or Membership(claims.client, claims.model, claims.worker_id)
         self.decoder = decoder
-        self.prefill_chunk = prefill_chunk
+        # Reads start and stop on the engine's prompt blocks, so a prompt token is computed the same
+        # way whether it was read cold, after a cached prefix or after giving way (engine/protocol.py)
+        block = getattr(engine, "prompt_block", 1)
+        self.prefill_chunk = -(-prefill_chunk // block) * block
         self.policy = policy
         self.device = device
         self.idle_wait_s = idle_wait_s
@@ -285,9 +288,9 @@ class Worker:
             self._drop(slot)
             return
         cached = None
-        if status is RequestStatus.FINISHED:  # the cache starts with the prompt, then the answer (then
-            # any guesses the last step confirmed past the end: a next request's `keep` cuts them)
-            cached = (request.prompt + slot.text.ids)[: self.engine.position(slot.index)]
+        if status is RequestStatus.FINISHED:  # a later prompt may keep the prompt's entries, not the
+            # answer's: those came from decode steps, and a prompt read cold would not match them
+            cached = list(request.prompt[: self.engine.position(slot.index)])
         self._release(slot, cached)
 
     def _drop(self, slot: Slot) -> None:
@@ -309,9 +312,11 @@ class Worker:
         slot.request = request
         slot.claim_seq = claimed.claim_seq
         slot.tokens = list(request.prompt) + done_ids
-        # already in the slot's cache; prompt scoring reads every position itself
+        # what the slot's cache already holds of the prompt, to the last whole block; prompt
+        # scoring reads every position itself
         scoring = request.prompt_logprobs is not None
-        slot.read_pos = 0 if scoring else scheduler.shared_prefix(slot.cached, slot.tokens)
+        block = getattr(self.engine, "prompt_block", 1)
+        slot.read_pos = 0 if scoring else scheduler.shared_prefix(slot.cached, request.prompt) // block * block
         slot.generated = len(done_ids)
         slot.phase = Phase.READING
         out.of(slot).slot = slot.index
@@ -352,12 +357,17 @@ class Worker:
             out.ended.append((slot, Failed("prompt does not fit the context", "context_length_exceeded"),
                               RequestStatus.FAILED))
             return
-        chunk = slot.tokens[slot.read_pos : slot.read_pos + self.prefill_chunk]
+        # Prompt tokens are read; a resumed request's generated tokens are replayed as the decode
+        # steps fed them, so its answer goes on exactly as the undisturbed run's (docs/engine.md).
+        prompt = len(slot.request.prompt)
+        feed = self.engine.read if slot.read_pos < prompt else self.engine.replay
+        end = slot.read_pos + self.prefill_chunk
+        chunk = slot.tokens[slot.read_pos : min(end, prompt) if slot.read_pos < prompt else end]
         last = slot.read_pos + len(chunk) == len(slot.tokens)
         request = slot.request
         answers = request.max_tokens > 0  # 0: prompt scoring only (echo)
         try:
-            token = self.engine.read(slot.index, chunk, sample=last and answers)
+            token = feed(slot.index, chunk, sample=last and answers)
         except Exception as error:  # noqa: BLE001 - one bad request must not take the worker down
             log.exception("read failed for %s", slot.request.id)
             out.ended.append((slot, Failed(f"engine error: {error}"), RequestStatus.FAILED))

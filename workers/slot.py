@@ -29,7 +29,7 @@ class Slot:
     yields: int = 0  # times this read gave way
     gave_way_to: str | None = None  # the read it let go first (its epoch)
     last_used: int = 0  # step when it was last freed: least-recently-used order
-    cached: list[int] = field(default_factory=list)  # what a free slot's KV cache still holds
+    cached: list[int] = field(default_factory=list)  # the prompt a free slot's KV cache still holds
     min_priority: int | None = None  # reserved (--reserve): only requests of this priority or higher
 
     @property

@@ -1,7 +1,10 @@
-"""Faults injected into a running `strata serve` (two workers, the real SmolLM2 file in float32
-so greedy answers are exact): a worker frozen past its lease, workers killed with SIGKILL, the
-embedded Redis killed. Every accepted request ends exactly once, its text as an undisturbed run
-gives it; a worker that lost a claim writes nothing more."""
+"""Faults injected into a running `strata serve` (two workers, the real SmolLM2 file on the
+default engine: bf16, int4 decode, the bf16 copy for prompts; eager, as the compiled step's own
+tests cover it): a worker frozen past its lease, workers killed with SIGKILL, the embedded Redis
+killed. Every accepted request ends exactly once, its text as an undisturbed run gives it, token
+for token: the worker that takes a request over reads its prompt and replays the answer so far
+as the decode steps fed it (engine/runner.py `replay`). A worker that lost a claim writes
+nothing more."""
 
 from __future__ import annotations
 
@@ -59,7 +62,7 @@ def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
     with open(log, "wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "strata", "serve", "--port", str(port), "--data-dir", str(folder / "data"),
-             "--devices", "cpu,cpu", "--parallel", "2", "--threads", "1", "--dtype", "float32", "--no-compile",
+             "--devices", "cpu,cpu", "--parallel", "2", "--threads", "1", "--no-compile",
              "--lease-ms", "3000", "--heartbeat-s", "0.5", "--restart-delay-s", "0.5", "--prefill-chunk", "64",
              "--max-attempts", "10"],  # three kills may all hit one request: no poison
             env=env, stdout=out, stderr=subprocess.STDOUT)

@@ -60,9 +60,8 @@ def prefill_logits(model, slot: int, ids: list[int], start: int = 0) -> torch.Te
     """Logits [V] of the last of `ids` read into `slot` at `start` (model level, no engine state)."""
     from engine.model import CacheIndex
 
-    positions = torch.arange(start, start + len(ids)).unsqueeze(0)
     with torch.inference_mode():
-        return model.logits(model(torch.tensor([ids]), CacheIndex.for_slots([slot], positions, start + len(ids))))[0]
+        return model.logits(model(torch.tensor([ids]), CacheIndex.for_read(slot, start, start + len(ids))))[0]
 
 
 def decode_logits(model, slots: list[int], tokens: list[int], positions: list[int], span: int = 256) -> torch.Tensor:

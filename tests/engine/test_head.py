@@ -100,8 +100,7 @@ def test_default_head_picks_the_float32_top_token(smollm2, smollm2_default):
             for prompt in PROMPTS:
                 ids = tok.encode_chat([{"role": "user", "content": prompt}])
                 for step in range(STEPS):
-                    positions = torch.arange(len(ids)).unsqueeze(0)
-                    h = model(torch.tensor([ids]), CacheIndex.for_slots([0], positions, len(ids)))
+                    h = model(torch.tensor([ids]), CacheIndex.for_read(0, 0, len(ids)))
                     hidden.append(h)
                     ids.append(int(model.logits(h).argmax()))
             h = torch.cat(hidden)

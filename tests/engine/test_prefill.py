@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.layers import attend, attend_plain
+from engine.layers import attend_plain, attend_prompt
 from engine.model import CacheIndex
 
 
@@ -20,7 +20,7 @@ def test_chunk_attention_matches_the_plain_float32_path():
     values = torch.randn(2, kv, 300, hd).bfloat16().float()
     index = CacheIndex.for_slots([1], torch.arange(start, start + seq).unsqueeze(0), span=300)
     k, v = keys[1:2], values[1:2]
-    fused = attend(q, k, v, index.mask())
+    fused = attend_prompt(q, k, v, index.mask())
     plain = attend_plain(q, k, v, index.mask())
     assert fused.shape == plain.shape == (1, seq, heads * hd) and fused.dtype == torch.bfloat16
     # float64 reference with only the visible keys: query at position p sees keys 0..p.
@@ -42,29 +42,29 @@ def _tensors(module: torch.nn.Module) -> list[torch.Tensor]:
     return [v for m in module.modules() for v in vars(m).values() if isinstance(v, torch.Tensor)]
 
 
-def test_two_form_linear_switches_by_tokens_per_row_and_each_form_is_exact(tmp_path):
-    # A tiny Q4_0 file: int4 below PREFILL_PACKED_MIN_TOKENS tokens per row (whatever the batch
-    # size), the bf16 prepacked copy of the exact weights from there on, each bit for bit what
-    # its own form computes, and both close to float32 on the file's exact weights.
+def test_two_form_linear_prompt_tokens_take_the_bf16_copy_generated_ones_int4(tmp_path):
+    # A tiny Q4_0 file: the module itself (a decode step's form) is int4 whatever the batch and
+    # tokens per row, its prompt_form the bf16 prepacked copy of the exact weights, each bit for
+    # bit what its own form computes, and both close to float32 on the file's exact weights.
     from gguf import GGMLQuantizationType as Q
 
-    from engine.model import PREFILL_PACKED_MIN_TOKENS as MIN
-    from engine.weights import Int4Linear, PackedLinear, TwoFormLinear, dequantize_int4
+    from engine.weights import Int4Linear, PackedLinear, TwoFormLinear, dequantize_int4, prompt_form
     from tests.engine.test_int4 import _tiny_file
 
     loaded = _tiny_file(tmp_path, Q.Q4_0)
     blocks, exact = loaded.int4("layers.1.down"), loaded.dense("layers.1.down")
     assert torch.equal(dequantize_int4(blocks), exact)
     int4, packed = Int4Linear(blocks), PackedLinear(exact.bfloat16())
-    both = TwoFormLinear(int4, packed, MIN)
+    both = TwoFormLinear(int4, packed)
+    assert prompt_form(both) is both.packed and prompt_form(int4) is int4 and prompt_form(packed) is packed
     torch.manual_seed(0)
-    for rows, tokens, form in ((1, 1, int4), (16, 1, int4), (40, 1, int4), (1, MIN - 1, int4), (1, MIN, packed), (1, 40, packed)):
+    for rows, tokens in ((1, 1), (16, 1), (40, 1), (1, 15), (1, 16), (1, 40)):
         x = torch.randn(rows, tokens, exact.shape[1])
-        y = both(x)
-        assert y.shape == (rows, tokens, exact.shape[0]) and y.dtype == torch.bfloat16
-        assert torch.equal(y, form(x)), (rows, tokens)
         ref = torch.nn.functional.linear(x, exact)
-        assert float((y.float() - ref).norm() / ref.norm()) < 6e-3, (rows, tokens)
+        for y, form in ((both(x), int4), (prompt_form(both)(x), packed)):
+            assert y.shape == (rows, tokens, exact.shape[0]) and y.dtype == torch.bfloat16
+            assert torch.equal(y, form(x)), (rows, tokens)
+            assert float((y.float() - ref).norm() / ref.norm()) < 6e-3, (rows, tokens)
     # Memory: the int4 nibbles and one bf16 copy, no float32 matrix.
     held = _tensors(both)
     assert {(t.dtype, tuple(t.shape)) for t in held if t.numel() >= exact.numel() // 2} == {
@@ -72,12 +72,11 @@ def test_two_form_linear_switches_by_tokens_per_row_and_each_form_is_exact(tmp_p
     assert not any(t.dtype == torch.float32 and t.dim() == 2 for t in held)
 
 
-def test_prefill_chunks_use_the_bf16_copy_and_decode_the_int4_kernel(tmp_path):
-    # A model with both forms reads a long chunk exactly as the all-bf16 model does, and a short
-    # read and the decode steps after it exactly as the int4-only model does.
+def test_prompt_reads_of_any_length_use_the_bf16_copy_and_decode_the_int4_kernel(tmp_path):
+    # A model with both forms reads a prompt, a long chunk or a 1-token one, exactly as the
+    # all-bf16 model does, and decodes exactly as the int4-only model does.
     from gguf import GGMLQuantizationType as Q
 
-    from engine.model import PREFILL_PACKED_MIN_TOKENS as MIN
     from engine.model import Transformer
     from tests.engine.conftest import decode_logits, prefill_logits
     from tests.engine.test_int4 import _tiny_file
@@ -91,12 +90,13 @@ def test_prefill_chunks_use_the_bf16_copy_and_decode_the_int4_kernel(tmp_path):
         models[name] = Transformer.build(loaded.config, loaded, dtype=dtype, device=cpu, **kwargs)
         models[name].allocate_cache(2, 128)
     assert models["both"].forms == {"int4+bf16-packed": 8} and models["int4"].forms == {"int4": 8}
-    long_ids, short_ids = list(range(3, 3 + MIN + 20)), list(range(40, 40 + MIN // 2))
-    got = {name: prefill_logits(m, 0, long_ids) for name, m in models.items()}
-    assert torch.equal(got["both"], got["bf16"])
-    torch.testing.assert_close(got["both"], got["f32"], atol=3e-2, rtol=0)
-    got = {name: prefill_logits(m, 1, short_ids) for name, m in models.items()}
-    assert torch.equal(got["both"], got["int4"])
-    for name in ("both", "int4"):
-        got[name] = decode_logits(models[name], [1], [7], [len(short_ids)], span=128)
-    assert torch.equal(got["both"], got["int4"])
+    for ids in (list(range(3, 39)), [40], list(range(40, 48))):
+        got = {name: prefill_logits(m, 0, ids) for name, m in models.items()}
+        assert torch.equal(got["both"], got["bf16"]), len(ids)
+        torch.testing.assert_close(got["both"], got["f32"], atol=3e-2, rtol=0)
+    # Decode: the int4 kernel. Given the same cache entries, "both" steps as the int4-only model.
+    for mine, theirs in zip(models["both"].layers, models["int4"].layers):
+        theirs.k_cache.copy_(mine.k_cache)
+        theirs.v_cache.copy_(mine.v_cache)
+    decoded = {name: decode_logits(models[name], [0], [7], [len(ids)], span=128) for name in ("both", "int4")}
+    assert torch.equal(decoded["both"], decoded["int4"])
