@@ -26,7 +26,8 @@ class WorkerSettings(RedisSettings, ModelSettings):
     dtype: str | None = Field(None, description="float32 or bfloat16; default bfloat16 on CUDA and for a quantized GGUF on the CPU, "
                                                 "else float32; float32 is the exact path (see docs/engine.md)")
     parallel: int = Field(4, ge=1, description="slots: requests decoded together")
-    prefill_chunk: int = Field(256, ge=1, description="tokens read per chunk; a chunk boundary is where a read can stop")
+    prefill_chunk: int = Field(256, ge=1, description="tokens read per chunk, rounded up to a multiple of the engine's "
+                                                   "prompt block (64 on the torch engine); a chunk boundary is where a read can stop")
     prefill_preempt: bool = Field(True, description="a read may give way at a chunk boundary (rule 4)")
     yields_max: int = Field(2, ge=0, description="most times one read gives way")
     batch_groups: int = Field(1, ge=1, description="slot groups; a newcomer goes to the least busy group")
@@ -40,7 +41,7 @@ class WorkerSettings(RedisSettings, ModelSettings):
     int4: bool = Field(True, description="CPU + bfloat16: linears stored as Q4_0/Q4_1 run as int4 from the file's own blocks "
                                          "(the only copy kept); off: dequantized to bfloat16 (more memory, faster prompts)")
     prefill_bf16: bool = Field(True, description="with --int4: each int4 matrix also keeps a bfloat16 prepacked copy that "
-                                                 "prefill chunks use (faster prompt reading, +2 bytes a weight); "
+                                                 "every prompt token goes through (faster prompt reading, +2 bytes a weight); "
                                                  "off: int4 only")
     compile: bool = Field(True, description="compiled decode: on the CPU every layer ahead of time in one C++ call (~1 min "
                                             "to build on a fresh machine, loaded in a second from --data-dir after, whatever "
