@@ -115,7 +115,15 @@ def measure() -> dict:
             "greedy_same": greedy_same, "forms": default.model.forms, "france": tok.decode(france)}
 
 
-@pytest.fixture(scope="module", params=onednn_isas() or [""], ids=lambda isa: isa or "cpu-default")
+# Measured and still open (issue 24 item 2): strict, so a fix shows up as a failure to remove it.
+KNOWN = {"AVX512_CORE_AMX": "on AMX the default agrees with float32 on 62/65 teacher-forced tokens where "
+                            "transformers' bf16 (oneDNN's AMX kernels too) gets 64/65, and answers France "
+                            "with 'L'Etoile' (docs/engine.md, 'Precision per instruction set')"}
+ISAS = [pytest.param(isa, marks=pytest.mark.xfail(strict=True, reason=KNOWN[isa])) if isa in KNOWN else isa
+        for isa in onednn_isas()] or [""]
+
+
+@pytest.fixture(scope="module", params=ISAS, ids=lambda isa: isa or "cpu-default")
 def measured(request) -> dict:
     """`measure()` in a child process limited to one oneDNN instruction set."""
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": request.param} if request.param else dict(os.environ)
