@@ -96,7 +96,7 @@ def test_prompt_reads_of_any_length_use_the_bf16_copy_and_decode_the_int4_kernel
         torch.testing.assert_close(got["both"], got["f32"], atol=3e-2, rtol=0)
     # Decode: the int4 kernel. Given the same cache entries, "both" steps as the int4-only model.
     for mine, theirs in zip(models["both"].layers, models["int4"].layers):
-        theirs.k_cache.copy_(mine.k_cache)
-        theirs.v_cache.copy_(mine.v_cache)
+        theirs.mixer.k_cache.copy_(mine.mixer.k_cache)
+        theirs.mixer.v_cache.copy_(mine.mixer.v_cache)
     decoded = {name: decode_logits(models[name], [0], [7], [len(ids)], span=128) for name in ("both", "int4")}
     assert torch.equal(decoded["both"], decoded["int4"])
