@@ -77,6 +77,10 @@ def serve_flags(tmp_path: Path, *flags: str, port: int | None = None) -> list[st
             *flags]
 
 
+# the list of supported types grows with the engine: the line names them, whichever they are
+UNSUPPORTED_GPT2 = re.compile(r"strata worker: unsupported model_type 'gpt2' \(supported: \[('[a-z0-9_]+'(, )?)+\]\)")
+
+
 @pytest.fixture
 def other_architecture(tiny_model: Path, tmp_path: Path) -> Path:
     """A model folder whose config names an architecture transformers knows and Strata does not."""
@@ -106,7 +110,7 @@ def test_a_model_path_that_does_not_exist_exits_2(tmp_path, role):
 
 def test_serve_stops_when_its_worker_cannot_load_the_architecture(tmp_path, other_architecture):
     r = run(tmp_path, "serve", "--model", str(other_architecture), *serve_flags(tmp_path))
-    exits_fatally(r, "strata worker: unsupported model_type 'gpt2' (supported: ['llama', 'mistral', 'qwen2', 'qwen3'])")
+    exits_fatally(r, UNSUPPORTED_GPT2)
     err = r.err()
     assert "worker cpu cannot run with this configuration (its reason above); stopping everything" in err
     assert "restarting" not in err  # the worker was started once
@@ -114,7 +118,7 @@ def test_serve_stops_when_its_worker_cannot_load_the_architecture(tmp_path, othe
 
 def test_a_worker_alone_exits_2_on_an_architecture_it_lacks(tmp_path, other_architecture):
     r = run(tmp_path, "worker", "--model", str(other_architecture))
-    exits_fatally(r, "strata worker: unsupported model_type 'gpt2' (supported: ['llama', 'mistral', 'qwen2', 'qwen3'])")
+    exits_fatally(r, UNSUPPORTED_GPT2)
 
 
 def test_serve_stops_when_the_kv_cache_cannot_fit_in_memory(tmp_path, tiny_model):
