@@ -10,7 +10,7 @@ from strata.cli import main
 def test_calibrate_quick_writes_a_profile_the_fake_engine_can_use(tiny_model, tmp_path):
     out = tmp_path / "profile.json"
     main(["calibrate", "--quick", "--model", str(tiny_model), "--parallel", "2", "--ctx", "256",
-          "--dtype", "float32", "--threads", "1", "--out", str(out)])
+          "--dtype", "float32", "--threads", "1", "--no-compile", "--out", str(out)])
     profile = CostProfile.load(out)
     assert profile.read.rows == [0, 64] and profile.read.columns == [8, 32]
     assert profile.decode.rows == [1, 2] and profile.decode.columns == [16, 64]
