@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from dataclasses import dataclass
 
 import httpx
@@ -85,3 +87,26 @@ def healthy(base_url: str) -> bool:
         return httpx.get(f"{base_url}/health", timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+@contextmanager
+def default_engine_stack(folder: Path, *, parallel: int, prefill_chunk: int) -> Iterator[Stack]:
+    """A worker on the default engine (eager) and an API over their own Redis, stopped whatever fails."""
+    server = EmbeddedRedis(folder, appendonly=False).start()
+    port = free_port()
+    env = {**os.environ, "STRATA_REDIS_URL": server.url, "STRATA_PORT": str(port), "STRATA_PARALLEL": str(parallel),
+           "STRATA_PREFILL_CHUNK": str(prefill_chunk), "STRATA_CTX": "1024", "STRATA_THREADS": "2", **EAGER}
+    env.pop("REDIS_URL", None)
+    env.pop("STRATA_DTYPE", None)  # the default engine
+    worker, api = start("worker", env), start("api", env)
+    client = redis.Redis.from_url(server.url, decode_responses=True)
+    stack = Stack(f"http://127.0.0.1:{port}", server.url, client, worker, api)
+    try:
+        wait_until(lambda: client.zscore(models_key(), MODEL) is not None, "the worker's heartbeat")
+        wait_until(lambda: healthy(stack.base_url), "the API")
+        yield stack
+    finally:
+        stop(api)
+        stop(worker)
+        client.close()
+        server.stop()

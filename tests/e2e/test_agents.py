@@ -8,19 +8,15 @@ tool-call flows use tool_choice "required" or a named tool, and structured outpu
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections.abc import Iterator
 
 import httpx
 import jsonschema
 import pytest
-import redis
 from openai import OpenAI
 
-from queues.keys import models_key
-from queues.server import EmbeddedRedis, free_port
-from tests.e2e.conftest import EAGER, MODEL, Stack, healthy, start, stop, wait_until
+from tests.e2e.conftest import MODEL, Stack, default_engine_stack
 
 pytestmark = pytest.mark.smollm2
 
@@ -40,24 +36,8 @@ PERSON = {"type": "object", "additionalProperties": False, "required": ["name", 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    server = EmbeddedRedis(tmp_path_factory.mktemp("agents-redis"), appendonly=False).start()
-    port = free_port()
-    env = {**os.environ, "STRATA_REDIS_URL": server.url, "STRATA_PORT": str(port), "STRATA_PARALLEL": "4",
-           "STRATA_PREFILL_CHUNK": "256", "STRATA_CTX": "1024", "STRATA_THREADS": "2", **EAGER}
-    env.pop("REDIS_URL", None)
-    env.pop("STRATA_DTYPE", None)  # the default engine
-    worker, api = start("worker", env), start("api", env)
-    client = redis.Redis.from_url(server.url, decode_responses=True)
-    stack = Stack(f"http://127.0.0.1:{port}", server.url, client, worker, api)
-    try:
-        wait_until(lambda: client.zscore(models_key(), MODEL) is not None, "the worker's heartbeat")
-        wait_until(lambda: healthy(stack.base_url), "the API")
+    with default_engine_stack(tmp_path_factory.mktemp("agents-redis"), parallel=4, prefill_chunk=256) as stack:
         yield stack
-    finally:
-        stop(api)
-        stop(worker)
-        client.close()
-        server.stop()
 
 
 @pytest.fixture

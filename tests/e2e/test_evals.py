@@ -3,16 +3,12 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import httpx
 import pytest
-import redis
 
-from queues.keys import models_key
-from queues.server import EmbeddedRedis, free_port
-from tests.e2e.conftest import EAGER, MODEL, Stack, healthy, start, stop, wait_until
+from tests.e2e.conftest import Stack, default_engine_stack
 
 pytestmark = pytest.mark.smollm2
 
@@ -21,24 +17,8 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    server = EmbeddedRedis(tmp_path_factory.mktemp("evals-redis"), appendonly=False).start()
-    port = free_port()
-    env = {**os.environ, "STRATA_REDIS_URL": server.url, "STRATA_PORT": str(port), "STRATA_PARALLEL": "2",
-           "STRATA_PREFILL_CHUNK": "64", "STRATA_CTX": "1024", "STRATA_THREADS": "2", **EAGER}
-    env.pop("REDIS_URL", None)
-    env.pop("STRATA_DTYPE", None)  # the default engine
-    worker, api = start("worker", env), start("api", env)
-    client = redis.Redis.from_url(server.url, decode_responses=True)
-    stack = Stack(f"http://127.0.0.1:{port}", server.url, client, worker, api)
-    try:
-        wait_until(lambda: client.zscore(models_key(), MODEL) is not None, "the worker's heartbeat")
-        wait_until(lambda: healthy(stack.base_url), "the API")
+    with default_engine_stack(tmp_path_factory.mktemp("evals-redis"), parallel=2, prefill_chunk=64) as stack:
         yield stack
-    finally:
-        stop(api)
-        stop(worker)
-        client.close()
-        server.stop()
 
 
 def _answer_ids(stack: Stack, response: httpx.Response) -> list[int]:
