@@ -183,7 +183,7 @@ class TwoFormLinear(nn.Module):
 
 def prompt_form(linear: nn.Module) -> nn.Module:
     """The form of a linear that prompt tokens go through: its `prompt_form` where it keeps one
-    (a TwoFormLinear's bf16 copy), else the linear itself."""
+    (a TwoFormLinear's bf16 copy, a QuantLinear's bf16 slabs), else the linear itself."""
     return getattr(linear, "prompt_form", linear)
 
 

@@ -1,12 +1,14 @@
 """Quantized matrices as the file's own blocks, multiplied by the C++ kernels in this folder.
 
 A `QuantBlocks` is a matrix's raw GGUF rows (uint8 [out, row_bytes]: every row whole blocks,
-rows already in HF order) and its type. `QuantLinear` multiplies by it: a decode step (few tokens
-a row) through `strata_quants::mm`, which unpacks one row of blocks at a time into a cache-sized
-buffer, bit for bit gguf's values, and dots it in float32 with every activation row; a prefill
-chunk (`PREFILL_MIN_TOKENS` or more a row) a slab of rows at a time, unpacked to float32, rounded
-to bf16 and multiplied by oneDNN (`F.linear` in bf16, the default's prefill arithmetic), so no
-dense copy is ever held. Q4_K parts are repacked once into torch's int4 groups instead (exact,
+rows already in HF order) and its type. `QuantLinear` multiplies by it: generated tokens (a decode
+step, calling the module) through `strata_quants::mm`, which unpacks one row of blocks at a time
+into a cache-sized buffer, bit for bit gguf's values, and dots it in float32 with every activation
+row; prompt tokens (its `prompt_form`, whatever their number) a slab of rows at a time, unpacked
+to float32, rounded to bf16 and multiplied by oneDNN (`F.linear` in bf16, the default's prompt
+arithmetic), so no dense copy is ever held. Chosen by role, not by a call's length, like the int4
+matrices' bf16 copy (engine/weights.py `TwoFormLinear`): a cached repeat reads its last tokens as
+the cold read did. Q4_K parts are repacked once into torch's int4 groups instead (exact,
 and that kernel is faster). `QuantRows` looks rows up (the embedding, the head's exact top
 logits). Either holds exactly the file's bytes for the matrix (the mapped file's pages)."""
 
@@ -30,9 +32,6 @@ INT4_TYPES = {Q.Q4_0, Q.Q4_1}  # torch's int4 kernel takes these first (model.py
 # Heads kept on the int8-per-row path (the default model's tied Q8_0 embedding): the kernels
 # take every other type in TYPES, exactly.
 INT8_HEAD_TYPES = {Q.Q8_0, Q.Q4_0, Q.Q4_1}
-# Tokens per row from which a product goes through bf16 slabs: the switch of the int4 matrices'
-# bf16 copy (model.PREFILL_PACKED_MIN_TOKENS), for the same reason.
-PREFILL_MIN_TOKENS = 16
 SLAB_BYTES = 8 << 20  # float32 bytes of one unpacked slab of rows in a prefill product
 
 
@@ -107,9 +106,8 @@ class QuantLinear(nn.Module):
 
     def __init__(self, parts: list[QuantBlocks], bias: Tensor | None = None, *, slabs: bool = True,
                  int4: bool = False) -> None:
-        """slabs: a call of PREFILL_MIN_TOKENS or more tokens a row goes through bf16 slabs (not
-        for the head, whose rows are a batch's rows, one token each). int4: Q4_K parts on torch's
-        int4 kernel."""
+        """slabs: prompt tokens (`prompt_form`) go through bf16 slabs (False: through `mm` too).
+        int4: Q4_K parts on torch's int4 kernel."""
         super().__init__()
         self.slabs = slabs
         self.cols = parts[0].cols
@@ -132,11 +130,18 @@ class QuantLinear(nn.Module):
                 self.parts.append(p)
 
     def forward(self, x: Tensor) -> Tensor:
-        # x: [..., in] -> [..., out] float32
+        """Generated tokens (the decode form). x: [..., in] -> [..., out] float32."""
+        return self._product(x, prompt=False)
+
+    def prompt_form(self, x: Tensor) -> Tensor:
+        """Prompt tokens, any number of them (engine/weights.py `in_pieces`, one call per aligned
+        block): bf16 slabs. x: [..., in] -> [..., out] float32."""
+        return self._product(x, prompt=self.slabs)
+
+    def _product(self, x: Tensor, prompt: bool) -> Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        prefill = self.slabs and x.dim() >= 3 and x.shape[-2] >= PREFILL_MIN_TOKENS
         outs = [self.int4[p](flat).float() if isinstance(p, int)
-                else self._slabs(flat, p) if prefill else ops().mm(flat, p.raw, int(p.qtype), table(p.qtype))
+                else self._slabs(flat, p) if prompt else ops().mm(flat, p.raw, int(p.qtype), table(p.qtype))
                 for p in self.parts]
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         if self.bias is not None:
@@ -144,7 +149,7 @@ class QuantLinear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
     def _slabs(self, x: Tensor, part: QuantBlocks) -> Tensor:
-        """Many tokens: a slab of rows unpacked, rounded to bf16, multiplied by oneDNN."""
+        """Prompt tokens: a slab of rows unpacked, rounded to bf16, multiplied by oneDNN."""
         xb = x.to(torch.bfloat16)
         step = max(1, SLAB_BYTES // (4 * self.cols))
         rows = part.raw.shape[0]

@@ -2,7 +2,7 @@
 
 Unpacking equals gguf's own dequantize bit for bit (random valid blocks; gguf's quantize where
 gguf-py has one); the product is within float32 rounding of float32 on the dequantized weights
-(decode) or within bf16 rounding (prefill slabs); tiny models written by gguf's writer in the mixes
+(generated tokens) or the bf16 product of their bf16 rounding (prompt tokens, any number); tiny models written by gguf's writer in the mixes
 people download hold at most 1.15x the file's tensor bytes and give the dequantized-bf16 model's
 greedy tokens."""
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize as gguf_dequantize
@@ -74,9 +75,11 @@ def test_q4_k_on_torchs_int4_kernel_is_within_bf16_of_float32():
 
 @pytest.mark.parametrize("qtype", NEW_TYPES, ids=lambda q: q.name)
 def test_product_is_float32_on_the_dequantized_weights(qtype):
-    """Decode (few tokens a row): float32 products of the exact weights, relative error of the
-    output <= 1e-5 (float32 accumulation over 512 terms: ~1e-7 measured). A prefill chunk (16+
-    tokens a row): weights and activations rounded to bf16, <= 1e-2 (~3e-3 measured)."""
+    """The decode form, any number of tokens a row: float32 products of the exact weights,
+    relative error of the output <= 1e-5 (float32 accumulation over 512 terms: ~1e-7 measured).
+    The prompt form (`prompt_form`), one token or many: exactly oneDNN's bf16 product of the
+    weights and activations rounded to bf16 (so a prompt's last tokens read alone after a cached
+    prefix go through the kernel they went through in the cold read)."""
     rng = np.random.default_rng(1)
     rows, cols = 40, 512
     raw = random_blocks(qtype, rows, cols, rng)
@@ -84,13 +87,18 @@ def test_product_is_float32_on_the_dequantized_weights(qtype):
     blocks = quants.QuantBlocks(torch.from_numpy(raw), qtype, cols)
     linear = quants.QuantLinear([blocks, blocks], bias=torch.arange(2 * rows, dtype=torch.float32))
     torch.manual_seed(0)
-    for tokens, tolerance in ((1, 1e-5), (3, 1e-5), (20, 1e-2)):
+    bias = torch.arange(2 * rows, dtype=torch.float32)
+    bf16 = quants.dequantize(blocks).to(torch.bfloat16)  # each part's slab its own product
+    for tokens in (1, 3, 20):
         x = torch.randn(2, tokens, cols)
         y = linear(x)
         assert y.shape == (2, tokens, 2 * rows) and y.dtype == torch.float32
-        reference = x.double() @ torch.cat([exact, exact]).T + torch.arange(2 * rows).double()
+        reference = x.double() @ torch.cat([exact, exact]).T + bias.double()
         error = float((y.double() - reference).norm() / reference.norm())
-        assert error <= tolerance, (qtype.name, tokens, error)
+        assert error <= 1e-5, (qtype.name, tokens, error)
+        prompt = linear.prompt_form(x)
+        part = F.linear(x.to(torch.bfloat16), bf16).float()
+        assert torch.equal(prompt, torch.cat([part, part], dim=-1) + bias), (qtype.name, tokens)
 
 
 def test_a_row_of_a_batch_does_not_depend_on_its_neighbours():
