@@ -8,7 +8,12 @@ state. The sampler (engine/sampling.py) asks a row's `Constraint` for `allowed()
 picks, then tells it the token it chose (`accept`).
 
 A reasoning model thinks first: with `after` (the text that ends its thinking, `</think>`) the
-row is free until it has produced those tokens, and only then constrained."""
+row is free until it has produced those tokens, and only then constrained.
+
+A grammar that fails at run time (it does not compile with the model's tokenizer, or it reaches
+a point where no token fits, e.g. when logit_bias banned every token it allows) fails its own
+row only: the constraint keeps the error (`error`; `accept` never raises, as it is called in the
+middle of a batch's sampling) and the engine ends that request alone (engine/errors.py RowsFailed)."""
 
 from __future__ import annotations
 
@@ -16,11 +21,13 @@ import logging
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Sequence
+from typing import Callable, NoReturn, Sequence
 
 import llguidance
 import torch
 from torch import Tensor
+
+from engine.errors import RequestError
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +35,10 @@ CACHED_GRAMMARS = 256  # compiled grammars kept (each a few KiB to a few MiB)
 _BITS = torch.arange(32, dtype=torch.int32)
 
 
-class GrammarError(ValueError):
-    """The grammar did not compile, or the row's tokens left it (a bug: the mask forbids that)."""
+class GrammarError(RequestError):
+    """The request's grammar did not compile here, or left its row no token to take."""
+
+    code = "grammar_error"
 
 
 class Constraint:
@@ -46,6 +55,7 @@ class Constraint:
         self._decode = decode
         self._recent: list[int] = []
         self._mask: Tensor | None = None
+        self.error: GrammarError | None = None  # set once the grammar failed: the row's request ends
 
     @property
     def is_done(self) -> bool:
@@ -54,31 +64,51 @@ class Constraint:
 
     def allowed(self) -> Tensor | None:
         """bool [vocab]: the tokens the grammar takes next; None while the row is still free."""
+        if self.error is not None:
+            raise self.error
         if self._after:
             return None
         if self._mask is None:
             matcher = self._ready()
             words = torch.frombuffer(bytearray(matcher.compute_bitmask()), dtype=torch.int32)
-            self._mask = ((words.unsqueeze(1) >> _BITS) & 1).view(-1)[: self.vocab].bool()
-            if not bool(self._mask.any()):
-                raise GrammarError(f"the grammar allows no token here ({matcher.get_error() or 'no way on'})")
+            mask = ((words.unsqueeze(1) >> _BITS) & 1).view(-1)[: self.vocab].bool()
+            if not bool(mask.any()):
+                self._fail(f"the grammar allows no token here ({matcher.get_error() or 'a dead end'})")
+            self._mask = mask
         return self._mask
 
     def accept(self, token: int) -> None:
-        self._mask = None
+        """The row's chosen token. A token outside the mask (the sampler had no allowed token left:
+        logit_bias banned them all) or one the grammar refuses sets `error`; it never raises."""
+        mask, self._mask = self._mask, None
+        if self.error is not None:
+            return
         if self._after:
             assert self._decode is not None
             self._recent = (self._recent + [token])[-len(self._after):]  # a token writes a character or more
             if self._after in self._decode(self._recent):
                 self._after = ""  # thinking ended: the grammar starts at the next token
             return
-        matcher = self._ready()
-        if not matcher.consume_token(token):
-            raise GrammarError(f"token {token} does not fit the grammar: {matcher.get_error()}")
+        try:
+            if mask is not None and not (0 <= token < mask.shape[0] and bool(mask[token])):
+                self._fail(f"no token the grammar allows was left to sample (logit_bias removed all "
+                           f"{int(mask.sum())} of them)")
+            matcher = self._ready()
+            if not matcher.consume_token(token):
+                self._fail(f"token {token} does not fit the grammar: {matcher.get_error()}")
+        except GrammarError:
+            return  # kept in `error`
+
+    def _fail(self, message: str) -> NoReturn:
+        self.error = GrammarError(f"the answer's grammar (response_format or the forced tool call) failed: {message}")
+        raise self.error
 
     def _ready(self) -> llguidance.LLMatcher:
         if self._matcher is None:
-            compiled = self._future.result()  # compiled while the prompt was read: rarely a wait
+            try:
+                compiled = self._future.result()  # compiled while the prompt was read: rarely a wait
+            except Exception as error:  # noqa: BLE001 - whatever the compiler raised is this request's
+                self._fail(str(error) if isinstance(error, GrammarError) else f"the grammar does not compile: {error}")
             self._matcher = compiled.deep_copy()
         return self._matcher
 
@@ -119,7 +149,10 @@ class Grammars:
     def _compile(self, grammar: str) -> llguidance.LLMatcher:
         if self._ll is None:
             self._ll = llguidance.LLTokenizer(self._tokenizer_json(), n_vocab=self.vocab, eos_token=self._eos)
-        matcher = llguidance.LLMatcher(self._ll, grammar, log_level=0)
+        try:
+            matcher = llguidance.LLMatcher(self._ll, grammar, log_level=0)
+        except Exception as error:  # noqa: BLE001 - e.g. a grammar text llguidance cannot read
+            raise GrammarError(f"the grammar does not compile: {error}") from None
         if matcher.is_error():
             raise GrammarError(f"the grammar does not compile: {matcher.get_error()}")
         return matcher

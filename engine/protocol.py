@@ -82,7 +82,8 @@ class Engine(Protocol):
         slot's new tokens: the next one, then any the engine guessed after it and the step
         confirmed (the real engine's prompt lookup), exactly what one step per token would give.
         A slot advances by as many tokens as it returns: all but the last are in its cache, the
-        last is fed by the next step."""
+        last is fed by the next step. Rows whose request fails on its own account (its grammar)
+        raise engine.errors.RowsFailed with the other rows' tokens: only those requests end."""
 
     def position(self, slot: int) -> int:
         """How many tokens the slot's cache holds."""

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
+from engine.errors import RequestError, RowsFailed
 from engine.grammar import Constraint, Grammars
 from engine.lookup import Lookup
 from engine.model import KV_BUCKET, PROMPT_BLOCK, CacheIndex, ModelConfig, Transformer
@@ -170,21 +171,35 @@ class TorchEngine:
         constraint = self.grammars.constraint(params.grammar, params.grammar_after)
         for token in params.grammar_done:
             constraint.accept(token)
+        if constraint.error is not None:  # the answer so far does not fit its own grammar
+            raise constraint.error
         return constraint
 
-    def _allowed(self, slots: Sequence[int]) -> torch.Tensor | None:
+    def _allowed(self, slots: Sequence[int]) -> tuple[torch.Tensor | None, dict[int, RequestError]]:
         """[rows, V] bool on the device: each constrained row's allowed tokens, a free row's all
-        True; None when no row is constrained now (Transformer.exact_top)."""
-        masks = [self._samplers[s].constraint.allowed() if self._samplers[s].constraint is not None else None
-                 for s in slots]
+        True; None when no row is constrained now (Transformer.exact_top). And the slots whose
+        grammar failed here (engine/grammar.py): their rows are all True, to be left out."""
+        masks: list[torch.Tensor | None] = []
+        failed: dict[int, RequestError] = {}
+        for slot in slots:
+            constraint = self._samplers[slot].constraint
+            try:
+                masks.append(constraint.allowed() if constraint is not None else None)
+            except RequestError as error:
+                masks.append(None)
+                failed[slot] = error
         if all(m is None for m in masks):
-            return None
+            return None, failed
         vocab = self.config.vocab_size
         allowed = torch.ones(len(slots), vocab, dtype=torch.bool)
         for row, mask in enumerate(masks):
             if mask is not None:
                 allowed[row, :mask.shape[0]] = mask[:vocab]
-        return allowed.to(self.device)
+        return allowed.to(self.device), failed
+
+    def _grammar_error(self, slot: int) -> RequestError | None:
+        """The error the slot's grammar met at its last token (a dead end: engine/grammar.py)."""
+        return getattr(self._samplers[slot].constraint, "error", None)
 
     def logprobs(self, slot: int) -> list[TokenLogprob]:
         """The TokenLogprob of each token read() and decode() returned for the slot since the last
@@ -210,15 +225,28 @@ class TorchEngine:
         scoring = sampler.params.prompt_logprobs
         with torch.inference_mode():
             if scoring is None:
+                allowed = None
+                if sample:
+                    allowed, failed = self._allowed([slot])
+                    if failed:
+                        raise failed[slot]
                 hidden = self.model(ids, index)
-                logits = self.model.logits(hidden, self._allowed([slot])) if sample else None
+                logits = self.model.logits(hidden, allowed) if sample else None
             else:
                 logits = self._score_prompt(slot, list(tokens), self.model.forward_all(ids, index)[0], scoring)
                 logits = logits if sample else None
         self._fed(slot, list(tokens))
         if logits is None:
             return None
-        return sample_tokens(logits, [sampler], self.eos_token_ids)[0]
+        return self._sampled_one(slot, logits)
+
+    def _sampled_one(self, slot: int, logits: torch.Tensor) -> int:
+        """logits [1, V] -> the slot's next token; its grammar's failure raised (this request's)."""
+        token = sample_tokens(logits, [self._samplers[slot]], self.eos_token_ids)[0]
+        error = self._grammar_error(slot)
+        if error is not None:
+            raise error
+        return token
 
     def _score_prompt(self, slot: int, tokens: list[int], h: torch.Tensor, top: int) -> torch.Tensor:
         """h [T, dim]: this chunk's final-normed rows. Row i's logits score token i + 1; the
@@ -255,12 +283,20 @@ class TorchEngine:
         for lo in range(0, len(tokens), self.num_slots):  # a step's rows: at most the batched step's
             rows = tokens[lo:lo + self.num_slots]
             position = self._positions[slot]
-            logits = self._step([slot] * len(rows), rows, list(range(position, position + len(rows))))
+            allowed = None
+            if sample and lo + self.num_slots >= len(tokens):  # the last row's logits are sampled
+                mask, failed = self._allowed([slot])
+                if failed:
+                    raise failed[slot]
+                if mask is not None:
+                    allowed = torch.ones(len(rows), mask.shape[1], dtype=torch.bool, device=mask.device)
+                    allowed[-1] = mask[0]
+            logits = self._step([slot] * len(rows), rows, list(range(position, position + len(rows))), allowed)
             self._fed(slot, rows)
         if not sample:
             return None
         assert logits is not None
-        return sample_tokens(logits[-1:], [self._samplers[slot]], self.eos_token_ids)[0]
+        return self._sampled_one(slot, logits[-1:])
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> list[list[int]]:
         if len(slots) != len(tokens):
@@ -276,11 +312,27 @@ class TorchEngine:
         # penalties and constraints follow the tokens one by one: such a row decodes without guesses
         if self._lookups is not None and len(slots) == 1 and self._samplers[slots[0]].is_plain:
             return [self._decode_guessing(slots[0], tokens[0])]
-        slots = list(slots)
-        logits = self._step(slots, list(tokens), [self._positions[s] for s in slots], self._allowed(slots))
-        for slot, token in zip(slots, tokens):
-            self._fed(slot, [token])
-        return [[t] for t in sample_tokens(logits, [self._samplers[s] for s in slots], self.eos_token_ids)]
+        slots, tokens = list(slots), list(tokens)
+        allowed, failed = self._allowed(slots)
+        if failed:  # those rows' requests end: the step goes on without them
+            kept = [row for row, slot in enumerate(slots) if slot not in failed]
+            slots, tokens = [slots[row] for row in kept], [tokens[row] for row in kept]
+            allowed = allowed[kept] if allowed is not None and kept else None
+        out: dict[int, list[int]] = {}
+        if slots:
+            logits = self._step(slots, tokens, [self._positions[s] for s in slots], allowed)
+            for slot, token in zip(slots, tokens):
+                self._fed(slot, [token])
+            sampled = sample_tokens(logits, [self._samplers[s] for s in slots], self.eos_token_ids)
+            for slot, token in zip(slots, sampled):
+                error = self._grammar_error(slot)
+                if error is not None:
+                    failed[slot] = error
+                else:
+                    out[slot] = [token]
+        if failed:
+            raise RowsFailed(out, failed)
+        return [out[slot] for slot in slots]
 
     def _decode_guessing(self, slot: int, token: int) -> list[int]:
         """One row, and one more at each next position for the tokens guessed after it, as many as

@@ -34,6 +34,7 @@ _TYPE_BY_STATUS = {
 # Failures of a request that are not the request's fault: a retry may well succeed.
 # (`worker_lost` and `unavailable` come from the worker side, docs/api.md.)
 _UNAVAILABLE_CODES = frozenset({"cancelled", "worker_lost", "unavailable"})
+_REQUEST_CODES = frozenset({"grammar_error"})  # engine/errors.py RequestError codes: the request's own fault
 
 
 class ApiError(Exception):
@@ -88,6 +89,8 @@ def failure(event: Failed) -> ApiError:
     """What the endpoint answers when the worker failed the request."""
     if event.code == "queue_timeout":  # its own deadline passed before any worker had a slot: 408
         return ApiError(408, event.message, code=event.code, param="queue_timeout", type="timeout_error")
+    if event.code in _REQUEST_CODES:  # the request's own input failed it in the worker (its grammar)
+        return ApiError(400, event.message, code=event.code)
     status = 503 if event.code in _UNAVAILABLE_CODES else 500
     return ApiError(status, event.message, code=event.code,
                     type="service_unavailable" if status == 503 else "server_error")

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from engine.errors import RequestError, RowsFailed
 from engine.protocol import Engine, SamplingParams
 from queues.claims import UNAVAILABLE, Claimed, Claims, Held, Verdict
 from queues.lifecycle import RequestStatus
@@ -44,6 +45,14 @@ class StepOutput:
         if request.id not in self.held:
             self.held[request.id] = Held(request.id, slot.claim_seq, request.priority, slot.generated)
         return self.held[request.id]
+
+
+def engine_failure(error: Exception, doing: str = "engine error") -> Failed:
+    """The end event of a request the engine failed: a RequestError with its own code and words
+    (the request's input was the cause: a 400 at the API), anything else an engine error."""
+    if isinstance(error, RequestError):
+        return Failed(str(error), error.code)
+    return Failed(f"{doing}: {error}")
 
 
 class SlotFailed(Exception):
@@ -347,7 +356,7 @@ class Worker:
         except Exception as error:  # noqa: BLE001 - one bad request must not take the worker down
             log.exception("could not start %s", request.id)
             out.held.pop(request.id, None)
-            self._finish(slot, Failed(f"could not start the request: {error}"), RequestStatus.FAILED)
+            self._finish(slot, engine_failure(error, "could not start the request"), RequestStatus.FAILED)
             return
         log.info("slot %d <- %s (priority %d, %d tokens, %d cached%s)", slot.index, request.id, request.priority,
                  len(slot.tokens), slot.read_pos, f", resumed after {len(done_ids)}" if done_ids else "")
@@ -370,7 +379,7 @@ class Worker:
             token = feed(slot.index, chunk, sample=last and answers)
         except Exception as error:  # noqa: BLE001 - one bad request must not take the worker down
             log.exception("read failed for %s", slot.request.id)
-            out.ended.append((slot, Failed(f"engine error: {error}"), RequestStatus.FAILED))
+            out.ended.append((slot, engine_failure(error), RequestStatus.FAILED))
             return
         slot.read_pos += len(chunk)
         slot.gave_way_to = None  # back on the lines: its epoch is over
@@ -399,6 +408,13 @@ class Worker:
     def _decode(self, slots: list[Slot], out: StepOutput) -> None:
         try:
             tokens = self.engine.decode([s.index for s in slots], [s.last_token for s in slots])
+        except RowsFailed as partly:  # some requests' own input failed them (a grammar): only those end
+            for slot in slots:
+                if slot.index in partly.failed:
+                    log.warning("%s failed in its decode step: %s", slot.request.id, partly.failed[slot.index])
+                    out.ended.append((slot, engine_failure(partly.failed[slot.index]), RequestStatus.FAILED))
+            slots = [slot for slot in slots if slot.index in partly.tokens]
+            tokens = [partly.tokens[slot.index] for slot in slots]
         except Exception as error:  # noqa: BLE001
             log.exception("decode step failed")
             for slot in slots:

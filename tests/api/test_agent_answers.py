@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from queues.records import Done, Token
-from tests.helpers.api import FakeTokenizer
+from queues.records import Done, Failed, Token
+from tests.helpers.api import FakeTokenizer, assert_error
 from tests.helpers.http import sse
 
 CHAT = "/v1/chat/completions"
@@ -158,3 +158,17 @@ def test_a_forced_call_carries_its_grammar_to_the_worker(http, worker):
     params = json.loads(worker.record(request_id)["params"])
     assert "get_weather" in params["grammar"] and "<tool_call>" in params["grammar"]
     assert worker.record(request_id)["tool_format"] == "hermes"
+
+
+def test_a_grammar_the_worker_failed_is_a_400_naming_it(http, worker):
+    """The worker ends a request whose grammar failed at run time with code grammar_error (only
+    that request: tests/workers/test_loop.py, tests/engine/test_grammar.py): the request's fault."""
+    body = {"messages": HI, "response_format": {"type": "json_object"}}
+    message = "the answer's grammar (response_format or the forced tool call) failed: the grammar allows no token here"
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(http.post, CHAT, json=body)
+        (request_id,) = worker.wait_for(1)
+        worker.publish(request_id, Failed(message, "grammar_error"))
+        response = future.result(10)
+    error = assert_error(response, 400, code="grammar_error")
+    assert error["message"] == message and error["type"] == "invalid_request_error"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from engine.errors import RowsFailed
 from engine.fake import FakeEngine
+from engine.grammar import GrammarError
 from queues.claims import Claims
 from queues.keys import Keys
 from tests.helpers.queue import distinct_prompt
@@ -222,3 +224,40 @@ def test_several_tokens_a_step_stream_as_one_step_each(redis_client, submit, eng
     events = stream(redis_client, "stopped")
     assert "".join(e.get("text", "") for e in events) == full[: full.index(" " + fourth)]
     assert events[-1]["finish_reason"] == "stop" and events[-1]["completion_tokens"] == "4"
+
+
+class GrammarDeadEnd(FakeEngine):
+    """A request whose grammar is "dead end" fails in its second decode step (its grammar left no
+    token), as the real engine reports it: the other rows' tokens beside the failure."""
+
+    def begin(self, slot, params, keep=0):  # noqa: ANN001
+        super().begin(slot, params, keep)
+        self._steps = getattr(self, "_steps", {}) | {slot: 0}
+
+    def decode(self, slots, tokens):  # noqa: ANN001
+        doomed = [s for s in slots if self._params[s].grammar == "dead end" and self._steps[s] == 1]
+        for slot in slots:
+            self._steps[slot] += 1
+        if not doomed:
+            return super().decode(slots, tokens)
+        kept = [(s, t) for s, t in zip(slots, tokens) if s not in doomed]
+        out = super().decode([s for s, _ in kept], [t for _, t in kept]) if kept else []
+        raise RowsFailed({s: new for (s, _), new in zip(kept, out)},
+                         {s: GrammarError("the grammar allows no token here") for s in doomed})
+
+
+def test_a_grammar_that_fails_ends_only_its_own_request(redis_client, submit):
+    prompt = distinct_prompt("beside", 6)
+    submit("solo", prompt=prompt, max_tokens=6)
+    run_until_idle(make_worker(redis_client, worker_id="ref"))
+    submit("doomed", prompt_len=5, max_tokens=6, grammar="dead end")
+    submit("beside", prompt=prompt, max_tokens=6)
+    worker = make_worker(redis_client, engine_type=GrammarDeadEnd)
+    run_until_idle(worker)
+    events = stream(redis_client, "doomed")
+    assert [e["type"] for e in events] == ["token", "token", "error"]  # the read's token, one step's, the end
+    assert events[-1]["code"] == "grammar_error" and "allows no token" in events[-1]["message"]
+    assert redis_client.hget(K.req("doomed"), "status") == "failed"
+    assert stream(redis_client, "beside") == stream(redis_client, "solo")  # untouched, token for token
+    assert redis_client.hget(K.req("beside"), "status") == "finished"
+    assert all(s.is_free for s in worker.slots) and redis_client.zcard(K.running) == 0
