@@ -172,8 +172,10 @@ def _hf_name(ours: str) -> str:
 
 
 def test_the_file_view_gives_what_gguf_reader_reads(hf_model, tmp_path, monkeypatch):
-    # engine.gguf_file adapts gguf's GGUFReader to the loader (torch-order shapes, raw bytes):
-    # same metadata, same shapes, same tensor bytes, on a file with every value kind the writer emits.
+    # engine.gguf_file reads the header with transformers' struct reader: gguf's reference
+    # GGUFReader must see the same metadata, shapes (torch order) and tensor bytes, on a file with
+    # every value kind the writer emits and a block type transformers cannot dequantize (Q5_0).
+    import engine.gguf_file
     from engine.gguf_file import GGUFFile
 
     path = tmp_path / "tiny-mixed.gguf"
@@ -184,24 +186,26 @@ def test_the_file_view_gives_what_gguf_reader_reads(hf_model, tmp_path, monkeypa
         writer.add_add_bos_token(True)
         writer.add_eos_token_id(2)
         writer.add_chat_template("{{ messages }}")
+        writer.add_array("test.floats", [0.25, -1.5])
+        writer.add_float32("test.float", 0.125)
+        writer.add_int64("test.big", -(2**40))
 
-    write_gguf(path, gguf_tensors(hf_model), lambda name, w: Q.Q4_1 if w.ndim == 2 else Q.F32, metadata)
+    def qtype(name, w):
+        return Q.F32 if w.ndim < 2 else Q.Q5_0 if name.endswith("ffn_up.weight") else Q.Q4_1
+
+    write_gguf(path, gguf_tensors(hf_model), qtype, metadata)
     reader = GGUFReader(path)
     # read straight, then through the index it writes to the cache folder, then from that index alone
-    # (gguf's reader must not be opened then, unless a large field such as the vocabulary is asked for)
+    # (the header must not be read again then, unless a large field such as the vocabulary is asked for)
     straight, indexing = GGUFFile(path), GGUFFile(path, tmp_path / "cache")
     assert len(list((tmp_path / "cache").glob("gguf-index-*.json"))) == 1
     opened = []
-    import engine.gguf_file
-
-    class Watched(GGUFReader):
-        def __init__(self, *args, **kwargs) -> None:
-            opened.append(args)
-            super().__init__(*args, **kwargs)
-
-    monkeypatch.setattr(engine.gguf_file, "GGUFReader", Watched)
+    for name in ("_index", "_large_field"):
+        real = getattr(engine.gguf_file, name)
+        monkeypatch.setattr(engine.gguf_file, name, lambda *args, real=real, name=name: opened.append(name) or real(*args))
     indexed = GGUFFile(path, tmp_path / "cache")
     assert opened == []
+    assert {t.tensor_type for t in reader.tensors} >= {Q.Q5_0, Q.Q4_1, Q.F32}
     for ours in (straight, indexing, indexed):
         for key, field in reader.fields.items():
             if key.startswith("GGUF."):
@@ -218,6 +222,6 @@ def test_the_file_view_gives_what_gguf_reader_reads(hf_model, tmp_path, monkeypa
     monkeypatch.setattr(engine.gguf_file, "LARGE", 5)
     GGUFFile(path, tmp_path / "cache-large")
     lean = GGUFFile(path, tmp_path / "cache-large")
-    assert len(opened) == 1 and "tokenizer.ggml.tokens" in lean.fields
+    assert opened == ["_index"] and "tokenizer.ggml.tokens" in lean.fields
     assert lean.fields["tokenizer.ggml.tokens"] == reader.fields["tokenizer.ggml.tokens"].contents()
-    assert len(opened) == 2
+    assert opened == ["_index", "_large_field"]

@@ -85,3 +85,49 @@ def test_the_api_reads_the_tokenizer_the_worker_converted(smollm2, converted, mo
     tokenizer, name, _defaults = load_model_facts(ApiSettings(data_dir=cache.parent), None)
     assert opened == [None]  # the saved folder, not a conversion from the GGUF
     assert name == "SmolLM2-135M-Instruct" and tokenizer.encode_chat(MESSAGES) == first.encode_chat(MESSAGES)
+
+
+def _tokenizer_fields_as(arch: str, source, path) -> None:
+    """A GGUF holding only SmolLM2's tokenizer metadata, under another architecture's name."""
+    from gguf import GGUFValueType, GGUFWriter
+
+    writer = GGUFWriter(path, arch)
+    for key, value in source.file.fields.items():
+        if key.startswith("tokenizer."):
+            if isinstance(value, list):
+                kind = GGUFValueType.STRING if isinstance(value[0], str) else GGUFValueType.INT32
+                writer.add_array(key, value) if kind == GGUFValueType.STRING else writer.add_array(key, [int(v) for v in value])
+            elif isinstance(value, str):
+                writer.add_string(key, value)
+            elif isinstance(value, bool):
+                writer.add_bool(key, value)
+            else:
+                writer.add_uint32(key, int(value))
+    writer.add_block_count(1)
+    writer.add_context_length(512)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3moe", "gemma3"])  # one per tokenizer class and rename
+def test_a_gguf_converts_to_the_tokenizer_autotokenizer_builds(smollm2, arch, tmp_path):
+    # The conversion skips AutoTokenizer's config step (9 s of a fresh start, issue 24): the class
+    # it picks by the file's architecture and the ids it gives must be AutoTokenizer's own.
+    from transformers import AutoTokenizer
+
+    from engine.gguf_loader import _SUPPORTED
+    from engine.tokenizer import _gguf_tokenizer
+
+    assert arch in _SUPPORTED
+    path = tmp_path / f"{arch}-tokenizer.gguf"
+    _tokenizer_fields_as(arch, smollm2.gguf, path)
+    ours = _gguf_tokenizer(path, None)
+    reference = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    assert type(ours) is type(reference)
+    assert ours.special_tokens_map == reference.special_tokens_map and len(ours) == len(reference)
+    for text in TEXTS:
+        assert ours.encode(text) == reference.encode(text), text
+        assert ours.decode(ours.encode(text)) == reference.decode(reference.encode(text))
+    assert ours.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False) == \
+        reference.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
