@@ -12,7 +12,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from contextlib import aclosing, asynccontextmanager
-from dataclasses import dataclass, field
 
 import anyio
 from fastapi import Request
@@ -28,9 +27,11 @@ from api.queue_timeout import QueueTimeout, resolve_queue_timeout
 from api.settings import ApiSettings
 from queues.connect import UNAVAILABLE
 from queues.intake import Intake
-from queues.records import Done, Event, Failed, QueuedRequest, Scored, Token
+from queues.records import Done, Event, Failed, QueuedRequest, Token
 from queues.scripts import QueueError, QueueRefused
-from shapes.answers import Answer, Endpoint, Job, Shape
+from shapes import choices
+from shapes.answers import Answer, Endpoint, Job, Shape, Wording
+from shapes.choices import Choices
 from shapes.errors import ApiError, ErrorBody, failure
 from shapes.fields import IGNORED_HEADER, header_value
 from shapes.parsing import Reading
@@ -96,7 +97,7 @@ async def answer(
     the body's fields that are not OpenAI's, named in a header (shapes/fields.py)."""
     settings = services.settings
     timeout = resolve_queue_timeout(body.queue_timeout, request.headers.get(QUEUE_TIMEOUT_HEADER), key)
-    job = Job(queued.id, int(time.time()), services.model_name, queued.priority, body.include_usage, reading)
+    job = Job(queued.id, int(time.time()), services.model_name, queued.priority, body.include_usage, reading, queued.n)
     detach = wants_detach(request, body)
     # what a reader by id needs to word the answer as this endpoint did (api/routes/requests.py)
     fields = {"endpoint": endpoint.path, "created": str(job.created), "include_usage": str(int(job.include_usage)),
@@ -128,11 +129,11 @@ async def answer(
                                  priority=job.priority, status="waiting")
         return JSONResponse(accepted.model_dump(mode="json"), status_code=202, headers=headers)
     try:
-        result = await collect(request, services, queued.id, deadline_ms)
+        result = await collect(request, services, queued.id, deadline_ms, job.n)
     except ApiError as error:  # accepted, then failed (e.g. 408): the client still learns its id
         error.headers = {**headers, **error.headers}
         raise
-    return JSONResponse(endpoint.shape.whole(job, result).model_dump(mode="json"), headers=headers)
+    return JSONResponse(choices.whole(endpoint.shape, job, result).model_dump(mode="json"), headers=headers)
 
 
 async def enqueue(intake: Intake, queued: QueuedRequest, settings: ApiSettings, fields: dict[str, str],
@@ -173,10 +174,10 @@ async def _cancel_unless_finished(services: Services, request_id: str, enabled: 
 
 async def _follow(
     request: Request, services: Services, request_id: str, progress: _Progress, deadline_ms: int | None = None,
-    after: str = "0-0",
+    after: str = "0-0", answers: int = 1,
 ) -> AsyncIterator[list[tuple[str | None, Event]]]:
     """Batches of output events (empty when none came within read_block_ms) up to and including
-    the last one (Done or Failed). Stops early, unfinished, when the client has gone. Redis
+    the last one (the `answers`-th Done after `after`, or a Failed). Stops early, unfinished, when the client has gone. Redis
     going away is waited out for redis_wait_s (the stream is in Redis: nothing is lost); past
     that the answer ends with an `unavailable` error event (its entry id None: not from Redis).
     Past its queue deadline with nothing read yet, it asks Redis once to expire the request
@@ -185,6 +186,7 @@ async def _follow(
     settings = services.settings
     down_since: float | None = None
     checked = time.monotonic()
+    ended = 0
     async with services.reader.follow(request_id, after) as follower:
         while True:
             if deadline_ms is not None and after == "0-0" and services.intake.clock() >= deadline_ms:
@@ -208,7 +210,9 @@ async def _follow(
                     batch = [(None, Failed(f"The queue (Redis) was unreachable for {settings.redis_wait_s:g} s; "
                                            "the request was cancelled. Retry it.", "unavailable"))]
             for i, (entry_id, event) in enumerate(batch):
-                if isinstance(event, (Done, Failed)):
+                if isinstance(event, Done):
+                    ended += 1
+                if isinstance(event, Failed) or ended >= answers:
                     progress.finished = entry_id is not None  # an end Redis holds; one given up on still cancels
                     yield batch[: i + 1]
                     return
@@ -221,10 +225,21 @@ async def _follow(
                     return
 
 
-async def collect(request: Request, services: Services, request_id: str, deadline_ms: int | None = None) -> Answer:
-    parts = Collected()
+async def _ended_before(services: Services, request_id: str, after: str) -> tuple[int, int]:
+    """The answers whose Done is at or before entry `after`, and their tokens (a re-attach of a
+    request of n; none from the start)."""
+    if after == "0-0":
+        return 0, 0
+    dones = [event for entry_id, event in await services.intake.events(request_id)
+             if isinstance(event, Done) and _entry(entry_id) <= _entry(after)]
+    return len(dones), sum(d.completion_tokens for d in dones)
+
+
+async def collect(request: Request, services: Services, request_id: str, deadline_ms: int | None = None,
+                  n: int = 1) -> list[Answer]:
+    parts = Choices(n)
     async with _cancel_unless_finished(services, request_id) as progress:
-        async with aclosing(_follow(request, services, request_id, progress, deadline_ms)) as batches:
+        async with aclosing(_follow(request, services, request_id, progress, deadline_ms, answers=n)) as batches:
             async for batch in batches:
                 found = assemble(parts, (event for _entry_id, event in batch))
                 if found is not None:
@@ -232,32 +247,14 @@ async def collect(request: Request, services: Services, request_id: str, deadlin
     raise ApiError(499, "The client closed the request.", code="client_closed")
 
 
-@dataclass
-class Collected:
-    """What an answer's token events held so far: text pieces and logprobs (the echoed prompt's first)."""
-
-    text: list[str] = field(default_factory=list)
-    logprobs: list[Scored] = field(default_factory=list)
-
-    def add(self, event: Token) -> None:
-        self.text.append(event.text)
-        self.logprobs += (event.prompt_logprobs or []) + event.logprobs
-
-    def answer(self, done: Done) -> Answer:
-        return Answer("".join(self.text), done.finish_reason, Usage.of(done.prompt_tokens, done.completion_tokens),
-                      self.logprobs or None)
-
-
-def assemble(parts: Collected, events: Iterable[Event]) -> Answer | None:
-    """Adds the events' text and logprobs to `parts`; the whole answer at the end event (None
-    before it). Raises the request's failure (ApiError) at an error event."""
+def assemble(parts: Choices, events: Iterable[Event]) -> list[Answer] | None:
+    """Adds the events' text and logprobs to `parts`; the whole answers once each has ended (None
+    before). Raises the request's failure (ApiError) at an error event."""
     for event in events:
-        if isinstance(event, Token):
-            parts.add(event)
-        elif isinstance(event, Done):
-            return parts.answer(event)
-        else:
+        if isinstance(event, Failed):
             raise failure(event)
+        if parts.add(event):
+            return parts.answers()
     return None
 
 
@@ -268,7 +265,8 @@ async def stream_events(request: Request, services: Services, job: Job, shape: S
     so a client can resume), the finish chunk, the usage chunk when asked, then [DONE]. From
     `after` (a re-attach) it starts with the first event after that entry; the opening chunk,
     which has no id, comes only with the whole stream."""
-    wording = shape.wording(job)
+    wordings: dict[int, Wording] = {}  # one per answer: each holds its own split state
+    offsets: dict[int, int] = {}  # characters of token text so far, per answer (completions' text_offset)
     # A split stream (tool calls, thinking) holds state from the answer's start: a re-attach reads
     # it all again, and sends only the chunks of the entries after `after`.
     replay_until = _entry(after) if not job.reading.is_plain and after != "0-0" else None
@@ -276,10 +274,16 @@ async def stream_events(request: Request, services: Services, job: Job, shape: S
         after = "0-0"
     async with _cancel_unless_finished(services, job.id, cancel_on_leave) as progress:
         opening = shape.opening(job) if after == "0-0" and replay_until is None else None
-        yield _sse(opening) if opening is not None else b": accepted\n\n"
+        if opening is None:
+            yield b": accepted\n\n"
+        else:  # each answer's role chunk, in one write
+            yield b"".join(_sse(chunk) for i in range(job.n)
+                           for chunk in choices.indexed([opening.model_copy(deep=True)], i))
         quiet_since = time.monotonic()
-        offset = 0  # characters of token text so far (completions' text_offset)
-        async with aclosing(_follow(request, services, job.id, progress, deadline_ms, after)) as batches:
+        # answers that ended before `after` (a re-attach of a request of n): their Dones are not read again
+        ended, completion = await _ended_before(services, job.id, after) if job.n > 1 else (0, 0)
+        async with aclosing(_follow(request, services, job.id, progress, deadline_ms, after,
+                                    job.n - ended)) as batches:
             async for batch in batches:
                 if not batch:
                     if time.monotonic() - quiet_since >= KEEPALIVE_S:
@@ -289,17 +293,25 @@ async def stream_events(request: Request, services: Services, job: Job, shape: S
                 quiet_since = time.monotonic()
                 for entry_id, event in batch:
                     sent = replay_until is None or entry_id is None or _entry(entry_id) > replay_until
+                    if isinstance(event, (Token, Done)) and event.choice not in wordings:
+                        wordings[event.choice], offsets[event.choice] = shape.wording(job), 0
                     if isinstance(event, Token):
                         logprobs = (event.prompt_logprobs or []) + event.logprobs
+                        wording, offset = wordings[event.choice], offsets[event.choice]
                         chunks = wording.text(event.text, logprobs, offset) if event.text or logprobs else []
-                        offset += sum(len(e.token) for e in logprobs)
-                        for chunk in chunks if sent else ():
+                        offsets[event.choice] += sum(len(e.token) for e in logprobs)
+                        for chunk in choices.indexed(chunks, event.choice) if sent else ():
                             yield _sse(chunk, entry_id)
                     elif isinstance(event, Done):
-                        for chunk in wording.end(event.finish_reason):
+                        end = choices.indexed(wordings[event.choice].end(event.finish_reason), event.choice)
+                        for chunk in end if sent else ():  # a replayed answer's end the client has
                             yield _sse(chunk, entry_id)
+                        ended += 1
+                        completion += event.completion_tokens
+                        if ended < job.n:
+                            continue
                         if job.include_usage:
-                            yield _sse(shape.usage_chunk(job, Usage.of(event.prompt_tokens, event.completion_tokens)))
+                            yield _sse(shape.usage_chunk(job, Usage.of(event.prompt_tokens, completion)))
                         yield format_sse_event(data_str="[DONE]")
                     else:
                         error = failure(event)

@@ -40,8 +40,8 @@ class Services:
         return self.rules.model_name
 
     async def rules_now(self) -> Rules:
-        """The rules with the context the workers serve now."""
-        return replace(self.rules, ctx=await self.fit.ctx())
+        """The rules with the context and the slots the workers serve now."""
+        return replace(self.rules, ctx=await self.fit.ctx(), slots=await self.fit.slots())
 
 
 # The dependencies are async although they wait for nothing: FastAPI runs a plain `def` dependency

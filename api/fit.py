@@ -1,6 +1,6 @@
 """What fits: the API plans a request's answer length against the context the workers publish
 (their `ctx` field) as well as its own `--ctx`, the smaller of the two, so it never accepts what
-a worker cannot hold. Read at most every `ttl_ms` (not once per request); `--ctx` alone until a
+a worker cannot hold; and its `n` against the most slots one worker has (`slots_total`). Read at most every `ttl_ms` (not once per request); `--ctx` alone until a
 live worker has said."""
 
 from __future__ import annotations
@@ -22,12 +22,22 @@ class Fit:
         self.clock = clock
         self.ttl_ms = ttl_ms
         self._ctx = fallback
+        self._slots: int | None = None
         self._read_ms: int | None = None
 
     async def ctx(self) -> int:
+        await self._refresh()
+        return self._ctx
+
+    async def slots(self) -> int | None:
+        """The most slots one live worker has (n answers take n of one worker's); None until one has said."""
+        await self._refresh()
+        return self._slots
+
+    async def _refresh(self) -> None:
         now = self.clock()
         if self._read_ms is None or now - self._read_ms >= self.ttl_ms:
             published = await membership.live_ctx(self.client, self.model, now, self.live_within_ms)
             self._ctx = min(published or self.fallback, self.fallback)
+            self._slots = await membership.live_slots(self.client, self.model, now, self.live_within_ms)
             self._read_ms = now
-        return self._ctx

@@ -15,9 +15,11 @@ from fastapi.responses import Response
 from fastapi.sse import EventSourceResponse, format_sse_event
 
 from api.api_keys import ApiKey
-from api.completions import Collected, assemble, stream_events
+from api.completions import assemble, stream_events
 from api.deps import Services
 from queues.lifecycle import FINAL
+from shapes import choices
+from shapes.choices import Choices
 from shapes.answers import ENDPOINTS, Endpoint, Job
 from shapes.errors import ApiError
 from shapes.parsing import Reading
@@ -40,7 +42,7 @@ async def find(services: Services, request_id: str, key: ApiKey | None) -> tuple
 def job_of(services: Services, record: dict[str, str]) -> Job:
     """The request as its answer refers to it: the same id, created and usage choice as first sent."""
     return Job(record["id"], int(record["created"]), services.model_name, int(record["priority"]),
-               record.get("include_usage") == "1", Reading.of(record))
+               record.get("include_usage") == "1", Reading.of(record), int(record.get("n") or 1))
 
 
 async def lookup(services: Services, request_id: str, key: ApiKey | None) -> RequestObject:
@@ -48,13 +50,14 @@ async def lookup(services: Services, request_id: str, key: ApiKey | None) -> Req
     found = RequestObject(id=request_id, endpoint=endpoint.path, model=services.model_name,
                           created=int(record["created"]), priority=int(record["priority"]), status=record["status"])
     if found.status in FINAL:  # RequestStatus is a str enum: its values are members
+        job = job_of(services, record)
         try:
-            answer = assemble(Collected(), (event for _entry_id, event in await services.intake.events(request_id)))
+            answers = assemble(Choices(job.n), (event for _entry_id, event in await services.intake.events(request_id)))
         except ApiError as error:
             found.error = error.detail.model_dump()
         else:
-            if answer is not None:
-                found.response = endpoint.shape.whole(job_of(services, record), answer)
+            if answers is not None:
+                found.response = choices.whole(endpoint.shape, job, answers)
     return found
 
 

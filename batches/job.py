@@ -30,7 +30,8 @@ from queues.connect import connect, connect_async
 from queues.files import FileStore
 from queues.intake import Intake
 from queues.lifecycle import RequestStatus
-from queues.records import Done, Failed, QueuedRequest, Scored, Token
+from queues.records import Done, Failed, QueuedRequest, Token
+from shapes.choices import Choices
 from queues.scripts import QueueError, QueueRefused
 
 log = logging.getLogger("strata.batch")
@@ -46,9 +47,8 @@ class Flight:
     custom_id: str
     rid: str
     after: str = "0-0"
-    parts: list[str] = field(default_factory=list)
     reading: dict[str, str] = field(default_factory=dict)  # how its answer splits (shapes.answers.Job)
-    logprobs: list[Scored] = field(default_factory=list)
+    answers: Choices = field(default_factory=Choices)  # its n answers' events so far
 
 
 class BatchRun:
@@ -151,21 +151,18 @@ class BatchRun:
                     return  # shed (the queue is full at this priority): the line waits for a later turn
                 # DUPLICATE: queued by an earlier run of this job; follow its stream from the start
             todo.popleft()
-            inflight[rid] = Flight(number, line["custom_id"], rid, reading=line.get("reading", {}))
+            inflight[rid] = Flight(number, line["custom_id"], rid, reading=line.get("reading", {}),
+                                   answers=Choices(int(line["request"].get("n", 1))))
 
     def _take(self, flight: Flight, entries: list, stopping: BatchStatus | None) -> bool:
         """Read a line's events; True when it ended (its result is recorded)."""
         for entry_id, event in entries:
             flight.after = entry_id
-            if isinstance(event, Token):
-                flight.parts.append(event.text)
-                flight.logprobs += (event.prompt_logprobs or []) + event.logprobs
-            elif isinstance(event, Done):
-                body = results.answer_body(
-                    self.endpoint, flight.rid, self.model, int(self._now()), "".join(flight.parts),
-                    event.finish_reason, event.prompt_tokens, event.completion_tokens, flight.reading,
-                    flight.logprobs or None,
-                )
+            if isinstance(event, (Token, Done)):
+                if not flight.answers.add(event):
+                    continue
+                body = results.answer_body(self.endpoint, flight.rid, self.model, int(self._now()),
+                                           flight.answers.answers(), flight.reading)
                 entry = results.response_entry(self.batch_id, flight.line, flight.custom_id, 200, body)
                 self.store.record(self.batch_id, flight.line, entry, "completed")
                 return True

@@ -5,11 +5,11 @@ very body the endpoint answers for the same request."""
 from __future__ import annotations
 
 from queues.batches import request_id
-from queues.records import Failed, Scored
+from queues.records import Failed
+from shapes import choices
 from shapes.answers import ENDPOINTS, Answer, Job
 from shapes.errors import failure
 from shapes.parsing import Reading
-from shapes.responses import Usage
 
 
 def entry_id(batch_id: str, line: int) -> str:
@@ -30,14 +30,12 @@ def unrun_entry(batch_id: str, line: int, custom_id: str, code: str, message: st
             "error": {"code": code, "message": message}}
 
 
-def answer_body(endpoint: str, rid: str, model: str, created: int, text: str, finish_reason: str,
-                prompt_tokens: int, completion_tokens: int, reading: dict[str, str] | None = None,
-                logprobs: list[Scored] | None = None) -> dict:
-    """The body the endpoint answers for a whole (non-streamed) request. reading: the line's
-    `Job.record_fields` (tool calls and thinking split as the endpoint would)."""
-    job = Job(rid, created, model, 0, False, Reading.of(reading or {}))
-    answer = Answer(text, finish_reason, Usage.of(prompt_tokens, completion_tokens), logprobs)
-    return ENDPOINTS[endpoint].shape.whole(job, answer).model_dump(mode="json")
+def answer_body(endpoint: str, rid: str, model: str, created: int, answers: list[Answer],
+                reading: dict[str, str] | None = None) -> dict:
+    """The body the endpoint answers for a whole (non-streamed) request: one choice per answer.
+    reading: the line's `Job.record_fields` (tool calls and thinking split as the endpoint would)."""
+    job = Job(rid, created, model, 0, False, Reading.of(reading or {}), len(answers))
+    return choices.whole(ENDPOINTS[endpoint].shape, job, answers).model_dump(mode="json")
 
 
 def failure_body(event: Failed) -> tuple[int, dict]:

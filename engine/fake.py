@@ -33,7 +33,7 @@ class VirtualClock:
 class Call:
     """One engine call, as a test reads it back."""
 
-    kind: str  # "read", "replay" (a resumed request's generated tokens) or "decode"
+    kind: str  # "read", "replay" (a resumed request's generated tokens), "fork" (n answers) or "decode"
     slots: tuple[int, ...]
     tokens: int  # prompt tokens read, or rows decoded
     at_ms: int
@@ -91,6 +91,14 @@ class FakeEngine:
         self._cache[slot].extend(tokens)
         self.calls.append(Call("read", (slot,), len(tokens), self.clock.now_ms))
         return self._next(slot) if sample else None
+
+    def fork(self, slot: int, into: Sequence[int]) -> list[int]:
+        """The slot's cache copied into each of `into`, no time charged (a copy, no model pass);
+        each first token is its own: it depends on the seed."""
+        for target in into:
+            self._cache[target] = list(self._cache[slot])
+        self.calls.append(Call("fork", (slot, *into), 0, self.clock.now_ms))
+        return [self._next(target) for target in into]
 
     def replay(self, slot: int, tokens: Sequence[int], sample: bool) -> int | None:
         """A resumed request's generated tokens, fed as the real engine does: decode steps of up

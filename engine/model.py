@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -339,6 +339,22 @@ class Transformer(nn.Module):
             cos, sin = tables(cfg.head_dim, cfg.rope_local_theta, RopeScaling(), ctx + 1, ctx)
             self.cos_local, self.sin_local = cos.to(self.device), sin.to(self.device)
         self.num_slots, self.ctx = num_slots, ctx
+
+    def copy_slot(self, source: int, targets: Sequence[int], length: int) -> None:
+        """Each layer's state of `source` into every slot of `targets`: its first `length`
+        positions where a buffer follows the context, the whole slot's where it does not (a
+        recurrent state). Sibling answers of one request (`n`) start from one read this way."""
+        with torch.inference_mode():
+            for block in self.layers:
+                for name, dims in type(block.mixer).STATE.items():
+                    buffer = getattr(block.mixer, name)
+                    index = [slice(None)] * (buffer.dim() - 1)
+                    for dim, role in dims.items():
+                        if role == "length":
+                            index[dim - 1] = slice(0, length)
+                    part = buffer[(source, *index)]
+                    for target in targets:
+                        buffer[(target, *index)] = part
 
     def kv_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for block in self.layers for t in block.state())

@@ -72,6 +72,11 @@ class Engine(Protocol):
         prompt token's entries do not depend on the chunking, given reads on `prompt_block` edges).
         With sample=True (the prompt's last chunk), return the first generated token."""
 
+    def fork(self, slot: int, into: Sequence[int]) -> list[int]:
+        """The slot's read just ended with a sampled token: its cache is copied into each slot of
+        `into` (each begun with its own params) and each one's first token is drawn from the same
+        logits under its own sampler. The sibling answers of a request with n > 1."""
+
     def replay(self, slot: int, tokens: Sequence[int], sample: bool) -> int | None:
         """Append tokens the slot's request generated before (a resumed request) the way decode
         steps fed them, so their cache entries and the next token are the undisturbed run's.

@@ -53,6 +53,9 @@ class TorchEngine:
         # last read position's logits, which score the first token of the next chunk
         self._prompt_scores: list[list[TokenLogprob]] = [[] for _ in range(self.num_slots)]
         self._carry: list[torch.Tensor | None] = [None] * self.num_slots
+        # the logits a read's first answer token was drawn from: its sibling answers' first tokens
+        # are drawn from them too (fork)
+        self._drawn_from: list[torch.Tensor | None] = [None] * self.num_slots
 
     @property
     def prompt_lookup(self) -> bool:
@@ -156,7 +159,7 @@ class TorchEngine:
         self._take_compiled()
         self._eager[slot] = self.building is not None
         sampler.observe(self._held[slot])
-        self._prompt_scores[slot], self._carry[slot] = [], None
+        self._prompt_scores[slot], self._carry[slot], self._drawn_from[slot] = [], None, None
 
     def _constraint(self, params: SamplingParams) -> Constraint | None:
         """The row state of the request's grammar, compiled on the grammar thread (engine/grammar.py)."""
@@ -238,6 +241,7 @@ class TorchEngine:
         self._fed(slot, list(tokens))
         if logits is None:
             return None
+        self._drawn_from[slot] = logits
         return self._sampled_one(slot, logits)
 
     def _sampled_one(self, slot: int, logits: torch.Tensor) -> int:
@@ -247,6 +251,26 @@ class TorchEngine:
         if error is not None:
             raise error
         return token
+
+    def fork(self, slot: int, into: Sequence[int]) -> list[int]:
+        """The slot's read just ended with a sampled token: copy its cache into each slot of
+        `into` (begun with their own params) and draw each one's first token from the same
+        logits under its own sampler: n answers from one read."""
+        logits = self._drawn_from[slot]
+        if logits is None:
+            raise ValueError(f"slot {slot}: fork() follows a read that sampled")
+        for target in into:
+            self._check_slot(target)
+            if target == slot:
+                raise ValueError("fork() into the slot itself")
+        length = self._positions[slot]
+        self.model.copy_slot(slot, list(into), length)
+        tokens = []
+        for target in into:
+            self.truncate(target, 0)
+            self._fed(target, list(self._held[slot][:length]))
+            tokens.append(self._sampled_one(target, logits))
+        return tokens
 
     def _score_prompt(self, slot: int, tokens: list[int], h: torch.Tensor, top: int) -> torch.Tensor:
         """h [T, dim]: this chunk's final-normed rows. Row i's logits score token i + 1; the

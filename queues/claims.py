@@ -29,11 +29,12 @@ class Waiting:
     id: str
     priority: int
     seq: int  # arrival number
+    n: int = 1  # the slots it takes: one per answer (QueuedRequest.n)
 
     @classmethod
-    def of(cls, member: str, priority: str | bytes | None) -> "Waiting":
+    def of(cls, member: str, priority: str | bytes | None, n: str | bytes | None = None) -> "Waiting":
         seq, request_id = Member.parse(member)
-        return cls(member, request_id, int(priority or 0), seq)
+        return cls(member, request_id, int(priority or 0), seq, int(n or 1))
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class Held:
     claim_seq: int
     priority: int
     generated: int  # tokens produced so far, earlier attempts included
-    tokens: list[Token] = field(default_factory=list)  # this step's events
+    tokens: list[Token | Done] = field(default_factory=list)  # this step's events (Done: one of n answers ended)
     slot: int | None = None  # set on the step it was claimed: where it went
     first_token: bool = False  # its read ended this step
     gave_way_to: str | None = None  # its read gave way this step
@@ -102,8 +103,8 @@ class Claims:
             return []
         pipe = self.client.pipeline(transaction=False)
         for member in members:
-            pipe.hget(self.keys.req(Member.parse(member).id), "priority")
-        return [Waiting.of(member, priority) for member, priority in zip(members, pipe.execute())]
+            pipe.hmget(self.keys.req(Member.parse(member).id), "priority", "n")
+        return [Waiting.of(member, *fields) for member, fields in zip(members, pipe.execute())]
 
     def claim(self, waiting: Waiting, now_ms: int) -> Claimed | None:
         """None when another worker took it first, or when its queue deadline had passed (it
@@ -130,8 +131,7 @@ class Claims:
         if not held:
             return Verdict(frozenset(), frozenset())
         entries = [scripts.Reported(h.id, h.claim_seq, h.generated, h.slot, h.first_token, h.gave_way_to, h.priority,
-                                    [(f["text"], f["ids"], f.get("logprobs", ""), f.get("prompt_logprobs", ""))
-                                     for f in map(event_fields, h.tokens)]) for h in held]
+                                    [event_fields(e) for e in h.tokens]) for h in held]
         results = [ReportResult(int(r)) for r in scripts.run(self._scripts, scripts.report(
             self.keys, self.worker_id, now_ms, now_ms + self.lease_ms, entries))]
         return Verdict(frozenset(h.id for h, r in zip(held, results) if r is ReportResult.LOST),

@@ -128,3 +128,17 @@ async def live_ctx(client: aioredis.Redis, model: str, now_ms: int, within_ms: i
         pipe.hget(k.worker(text(wid)), "ctx")
     found = [int(c) for c in await pipe.execute() if c and text(c).isdigit() and int(c) > 0]
     return min(found, default=None)
+
+
+async def live_slots(client: aioredis.Redis, model: str, now_ms: int, within_ms: int) -> int | None:
+    """The most slots a live worker of `model` publishes; None when no live worker has said. A
+    request of n answers takes n slots of one worker at once: more than this can never start."""
+    k = Keys(model)
+    ids = await client.zrangebyscore(k.workers, now_ms - within_ms, "+inf")
+    if not ids:
+        return None
+    pipe = client.pipeline(transaction=False)
+    for wid in ids:
+        pipe.hget(k.worker(text(wid)), "slots_total")
+    found = [int(c) for c in await pipe.execute() if c and text(c).isdigit() and int(c) > 0]
+    return max(found, default=None)

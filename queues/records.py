@@ -33,6 +33,14 @@ class QueuedRequest:
     logprobs: int | None = None  # each answer token's logprob and this many likeliest (None: none)
     echo: bool = False  # the answer starts with the prompt's text
     prompt_logprobs: int | None = None  # with echo: the prompt tokens' logprobs too, None: none
+    n: int = 1  # answers (choices) from one read of the prompt, each in a slot of its own (docs/api.md, "n")
+
+    def choice_seed(self, choice: int) -> int | None:
+        """Answer `choice` of n draws with seed + choice (wrapped into the seeds' range), so each
+        answer is the one a single request with that seed gives; no seed, no seed for any."""
+        if self.seed is None or choice == 0:
+            return self.seed
+        return (self.seed + choice + 2**63) % (2**64 + 2**63) - 2**63
 
     def params_json(self) -> str:
         # not asdict(): it deep-copies the prompt, a tenth of a millisecond per enqueue
@@ -75,6 +83,7 @@ class Token:
     logprobs: list[Scored] = field(default_factory=list)  # one per id, when the request asked
     # echo: the event of the prompt's text, with its tokens' logprobs when asked ([] when not)
     prompt_logprobs: list[Scored] | None = None
+    choice: int = 0  # which of the request's n answers it belongs to
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,7 @@ class Done:
     finish_reason: str  # "stop" | "length"
     prompt_tokens: int
     completion_tokens: int
+    choice: int = 0  # the answer it ends: a request of n answers ends at its n-th Done, one per choice
 
 
 @dataclass(frozen=True)
@@ -109,7 +119,15 @@ def events(entries: list) -> list[tuple[str, "Event"]]:
 
 
 def event_fields(event: Event) -> dict[str, str]:
-    """Flat string fields of one stream entry, readable in redis-cli (XRANGE)."""
+    """Flat string fields of one stream entry, readable in redis-cli (XRANGE). `choice` only
+    where it is not 0: a request of one answer reads as it always did."""
+    fields = _event_fields(event)
+    if getattr(event, "choice", 0):
+        fields["choice"] = str(event.choice)
+    return fields
+
+
+def _event_fields(event: Event) -> dict[str, str]:
     if isinstance(event, Token):
         fields = {"type": "token", "text": event.text, "ids": ",".join(map(str, event.token_ids))}
         if event.logprobs:
@@ -134,7 +152,9 @@ def parse_event(fields: dict[str, str]) -> Event:
         logprobs = [Scored.from_wire(x) for x in json.loads(fields["logprobs"])] if fields.get("logprobs") else []
         prompt = fields.get("prompt_logprobs")
         return Token(fields.get("text", ""), [int(i) for i in ids.split(",") if i], logprobs,
-                     None if prompt is None else [Scored.from_wire(x) for x in json.loads(prompt)])
+                     None if prompt is None else [Scored.from_wire(x) for x in json.loads(prompt)],
+                     int(fields.get("choice", 0)))
     if kind == "done":
-        return Done(fields["finish_reason"], int(fields["prompt_tokens"]), int(fields["completion_tokens"]))
+        return Done(fields["finish_reason"], int(fields["prompt_tokens"]), int(fields["completion_tokens"]),
+                    int(fields.get("choice", 0)))
     return Failed(fields.get("message", "unknown error"), fields.get("code", "engine_error"))

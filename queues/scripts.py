@@ -100,7 +100,7 @@ def enqueue(keys: Keys, request, now_ms: int, max_waiting: int, hard_limit: int,
                   prompt_tokens=len(request.prompt), params=request.params_json(), now=now_ms,
                   max_ahead=max_waiting, hard_limit=hard_limit,
                   queue_deadline="" if queue_timeout_ms is None else now_ms + queue_timeout_ms),
-        more_args=_pairs(fields or {}),
+        more_args=_pairs({**(fields or {}), **({"n": str(request.n)} if request.n > 1 else {})}),
     )
 
 
@@ -144,7 +144,7 @@ class Reported:
     first_token: bool
     gave_way_to: str | None
     priority: int
-    tokens: list[tuple[str, str, str, str]]  # (text, ids, logprobs, prompt_logprobs) of each token event
+    events: list[dict[str, str]]  # this step's stream entries, each its fields (queues/records.py `event_fields`)
 
 
 def report(keys: Keys, worker: str, now_ms: int, lease_deadline_ms: int, requests: Sequence[Reported]) -> Call:
@@ -153,9 +153,9 @@ def report(keys: Keys, worker: str, now_ms: int, lease_deadline_ms: int, request
     for r in requests:
         more_keys += [keys.req(r.id), keys.out(r.id)]
         more_args += [r.id, r.claim_seq, r.generated, _blank(r.slot), int(r.first_token), _blank(r.gave_way_to),
-                      r.priority, len(r.tokens)]
-        for token in r.tokens:
-            more_args += list(token)
+                      r.priority, len(r.events)]
+        for fields in r.events:
+            more_args += [len(fields), *_pairs(fields)]
     return Call("report", keys=dict(running=keys.running, metrics=keys.metrics),
                 args=dict(worker=worker, now=now_ms, lease_deadline=lease_deadline_ms, n=len(requests)),
                 more_keys=more_keys, more_args=more_args)

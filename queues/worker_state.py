@@ -14,6 +14,7 @@ class WorkerState:
     slots_busy: int = 0
     steps: int = 0
     give_ways: int = 0
+    prompt_tokens_read: int = 0  # prompt tokens this worker's reads fed the engine (n answers read theirs once)
     reading: str = ""  # the request whose prompt holds the lines now
     reading_priority: int | None = None
     reading_prompt_tokens: int = 0

@@ -27,6 +27,7 @@ class Job:
     priority: int
     include_usage: bool
     reading: Reading = Reading()  # how its text splits into thinking, content and tool calls
+    n: int = 1  # its answers (choices): the stream ends at the n-th Done (shapes/choices.py)
 
     @property
     def call_id_prefix(self) -> str:

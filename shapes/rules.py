@@ -17,6 +17,8 @@ from shapes.fields import IgnoredFields
 from shapes.parsing import THINK_CLOSE, Reading, ToolFormat, prompt_opens_thinking, thinks, tool_format
 from shapes.requests import ChatCompletionRequest, CompletionRequest, GenerationBody
 
+N_MAX = 16  # answers one request may ask for (`n`); each takes a slot
+
 # chat_template_kwargs that would change what the template is asked for, not how it words it
 RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "conversation", "tools", "documents", "tokenize",
                                       "add_generation_prompt", "continue_final_message", "return_dict",
@@ -40,6 +42,7 @@ class Rules:
     ignored: IgnoredFields = field(default_factory=IgnoredFields)  # shared by the copies rules_now makes
     # the model's sampling defaults (engine.generation_config): what a body that sets none gets
     defaults: dict[str, float] = field(default_factory=dict)
+    slots: int | None = None  # the most slots a live worker has: n answers take n of one worker's (None: unknown)
 
     def sampling(self, body: GenerationBody, name: str, fallback: Any) -> Any:
         """The body's value when it set one, else the model's default, else `fallback`."""
@@ -67,8 +70,8 @@ class Rules:
                 404, f"The model '{body.model}' does not exist; this server serves '{self.model_name}'.",
                 code="model_not_found", param="model",
             )
-        if body.n != 1:
-            raise ApiError(400, "Only n=1 is supported.", code="unsupported_value", param="n")
+        if not 1 <= body.n <= N_MAX:
+            raise ApiError(400, f"n must be from 1 to {N_MAX}, got {body.n}.", code="invalid_value", param="n")
         problem = body.tool_choice_problem() if isinstance(body, ChatCompletionRequest) else None
         if problem:
             raise ApiError(400, problem, code="invalid_value", param="tool_choice")
@@ -165,6 +168,9 @@ class Rules:
             # a model whose prompt opened its thinking is free until it ends; one that may open it (`maybe`)
             # is constrained at once: it answers without thinking
             after = THINK_CLOSE if grammar and self.reading(body, prompt).thinking == "open" else None
+        if self.slots is not None and body.n > self.slots:
+            raise ApiError(400, f"n={body.n} answers take {body.n} slots of one worker together; the workers "
+                           f"serving this model have at most {self.slots}.", code="invalid_value", param="n")
         echo = isinstance(body, CompletionRequest) and body.echo
         if max_tokens == 0 and not echo:
             raise ApiError(400, "max_tokens 0 generates nothing: it needs echo (prompt scoring).",
@@ -191,4 +197,5 @@ class Rules:
             logprobs=body.logprob_count(),
             echo=echo,
             prompt_logprobs=body.logprob_count() if echo else None,
+            n=body.n,
         )

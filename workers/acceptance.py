@@ -34,7 +34,8 @@ def accept(slot: Slot, tokens: Sequence[int], *, eos_token_ids: Collection[int],
         slot.last_token = token
         if token in eos_token_ids and not request.ignore_eos:
             return _end(slot, taken, "stop", slot.text.flush())
-        taken.events.append(Token(slot.text.push(token), [token], [logprobs[i]] if logprobs else []))
+        taken.events.append(Token(slot.text.push(token), [token], [logprobs[i]] if logprobs else [],
+                                  choice=slot.choice))
         if slot.text.stopped:
             return _end(slot, taken, "stop")
         if slot.generated >= request.max_tokens or context_full:
@@ -44,6 +45,6 @@ def accept(slot: Slot, tokens: Sequence[int], *, eos_token_ids: Collection[int],
 
 def _end(slot: Slot, taken: Accepted, reason: str, tail: str = "") -> Accepted:
     if tail:
-        taken.events.append(Token(tail, []))
-    taken.done = Done(reason, len(slot.request.prompt), slot.generated)
+        taken.events.append(Token(tail, [], choice=slot.choice))
+    taken.done = Done(reason, len(slot.request.prompt), slot.generated, slot.choice)
     return taken

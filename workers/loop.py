@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from engine.errors import RequestError, RowsFailed
@@ -18,7 +18,7 @@ from engine.protocol import Engine, SamplingParams
 from queues.claims import UNAVAILABLE, Claimed, Claims, Held, Verdict
 from queues.lifecycle import RequestStatus
 from queues.membership import Membership
-from queues.records import Done, Event, Failed, Token
+from queues.records import Done, Event, Failed, QueuedRequest, Token
 from queues.worker_state import WorkerState
 from workers import scheduler
 from workers.acceptance import accept
@@ -53,6 +53,10 @@ def engine_failure(error: Exception, doing: str = "engine error") -> Failed:
     if isinstance(error, RequestError):
         return Failed(str(error), error.code)
     return Failed(f"{doing}: {error}")
+
+
+class ResumeRefused(Exception):
+    """A claimed request that cannot go on from what its earlier attempt streamed."""
 
 
 class SlotFailed(Exception):
@@ -108,10 +112,13 @@ class Worker:
         self.slots = [Slot(i, min_priority=floor) for i, floor in enumerate(floors)]
         self.steps = 0
         self.give_ways = 0
+        self.prompt_tokens_read = 0  # through engine.read, since start (the worker hash's prompt_tokens_read)
         self.stopping = False
         self.current: Slot | None = None  # the read that holds the lines
         self.redis_up = True
         self._dropped: list[tuple[str, int]] = []  # claims let go while Redis was away: handed back once it is back
+        # tokens of the answers already ended of a request of n that still runs (their slots are free)
+        self._ended_tokens: dict[str, int] = {}
 
     # -- the loop -------------------------------------------------------------------------
     def run(self) -> None:
@@ -157,21 +164,31 @@ class Worker:
         """Give back every claim; the culprit's (everyone's when it is unknown) counts as lost, so
         a request that keeps breaking steps fails after max_attempts (requeue.lua) instead of
         taking worker after worker down."""
-        held = [s for s in self.slots if s.request]
-        suspects = [s for s in held if culprit is None or s is culprit]
+        held = self._claims_held()
+        suspects = held if culprit is None else [(culprit.request.id, culprit.claim_seq)] if culprit.request else []
         try:
             now = self.clock()
-            self.claims.give_back([(s.request.id, s.claim_seq) for s in suspects], now, lost=True)
-            self.claims.give_back([(s.request.id, s.claim_seq) for s in held if s not in suspects], now)
+            self.claims.give_back(suspects, now, lost=True)
+            self.claims.give_back([c for c in held if c not in suspects], now)
         except UNAVAILABLE:
             pass  # their leases run out instead
         self._release_all()
+
+    def _claims_held(self) -> list[tuple[str, int]]:
+        """(request id, claim_seq) of each request held, once however many answers' slots it holds."""
+        return list(dict.fromkeys((s.request.id, s.claim_seq) for s in self.slots if s.request))
+
+    def _siblings(self, slot: Slot) -> list[Slot]:
+        """The slots holding the answers of this slot's request (itself included)."""
+        return [s for s in self.slots if s.request is not None and s.request.id == slot.request.id
+                and s.claim_seq == slot.claim_seq]
 
     def _release_all(self) -> None:
         for slot in self.slots:
             if slot.request:
                 slot.release(self.steps)
         self.current = None
+        self._ended_tokens.clear()
 
     def _wait(self) -> None:
         """Nothing to do: block until an enqueue wakes us (or Redis is back)."""
@@ -191,7 +208,7 @@ class Worker:
         if not self.redis_up:
             return
         self.redis_up = False
-        self._dropped += [(s.request.id, s.claim_seq) for s in self.slots if s.request]
+        self._dropped += self._claims_held()
         log.warning("Redis unavailable (%s); dropping %d requests until it is back", error, len(self._dropped))
         self._release_all()
         self.upkeep.redis_lost()
@@ -199,7 +216,7 @@ class Worker:
     def stop(self) -> None:
         """Hand back whatever is still running; the next worker resumes it. With Redis gone the
         leases run out instead, to the same effect."""
-        active = [(s.request.id, s.claim_seq) for s in self.slots if s.request]
+        active = self._claims_held()
         try:
             back = self.claims.give_back(active, self.clock())
             self.membership.leave()
@@ -237,10 +254,15 @@ class Worker:
                 early = self.claims.report([out.held.pop(first.id)], self.clock())
         if decoding:
             self._decode(decoding, out)
+        freed = self._settle_answers(out)
         for slot in self.slots:
             if slot.request:
-                out.of(slot).generated = slot.generated
+                out.of(slot).generated = self._generated(slot)
         verdict = self.claims.report(list(out.held.values()), self.clock())
+        for slot in freed:
+            if slot.request:
+                self._ended_tokens[slot.request.id] = self._ended_tokens.get(slot.request.id, 0) + slot.generated
+                self._release(slot, list(slot.request.prompt[: self.engine.position(slot.index)]))
         verdict = Verdict(verdict.lost | early.lost, verdict.cancelled | early.cancelled)
         for slot in self.slots:
             if slot.request and slot.request.id in verdict.lost:
@@ -254,11 +276,32 @@ class Worker:
         self.upkeep.note_idle(scheduler.is_idle(self.slots), now)
         return bool(lines.read or decoding)
 
+    def _settle_answers(self, out: StepOutput) -> list[Slot]:
+        """A request of n answers ends with its last one. An answer that ends before it (its
+        siblings still decoding) goes out as its own Done in this step's report, and its slot is
+        freed after it (returned): the request's end is its last answer's."""
+        freed: list[Slot] = []
+        ended = []
+        for slot, event, status in out.ended:
+            if (status is RequestStatus.FINISHED and slot.request is not None
+                    and any(s is not slot and s not in freed for s in self._siblings(slot))):
+                out.of(slot).tokens.append(event)
+                freed.append(slot)
+            else:
+                ended.append((slot, event, status))
+        out.ended = ended
+        return freed
+
+    def _generated(self, slot: Slot) -> int:
+        """Tokens its request produced so far: all its answers', earlier attempts included."""
+        return sum(s.generated for s in self._siblings(slot)) + self._ended_tokens.get(slot.request.id, 0)
+
     def describe(self) -> WorkerState:
         """The worker hash an operator reads with HGETALL (workers/upkeep.py `describe`). Between
         steps: a compiled step built in the background may take over here (`decode_path`)."""
         return describe(self.slots, self.current, device=self.device, ctx=self.engine.ctx, steps=self.steps,
-                        give_ways=self.give_ways, decode_path=self.engine.decode_path())
+                        give_ways=self.give_ways, decode_path=self.engine.decode_path(),
+                        prompt_tokens_read=self.prompt_tokens_read)
 
     # -- the parts --------------------------------------------------------------------------
     def _admit(self, now: int, out: StepOutput) -> None:
@@ -274,11 +317,16 @@ class Worker:
                 return  # an idle worker takes it: nobody here gives way or waits for the lines
             claimed = self.claims.claim(pick, now)
             if claimed:
-                slot = scheduler.free_slot(self.slots, claimed.request.prompt, self.policy, claimed.request.priority)
-                if slot is None:  # cannot be: pick_waiting saw a free slot admit it, and no one else takes slots
-                    raise RuntimeError(f"no free slot for {claimed.request.id} (priority {claimed.request.priority})")
-                with blamed_on(slot):
-                    self._start(slot, claimed, out)
+                request = claimed.request
+                taken: list[Slot] = []
+                for _ in range(request.n):  # one slot per answer, the first (best cached prefix) reads
+                    slot = scheduler.free_slot(self.slots, request.prompt, self.policy, request.priority)
+                    if slot is None:  # cannot be: pick_waiting saw enough free slots admit it, and no one else takes slots
+                        raise RuntimeError(f"no free slot for {request.id} (priority {request.priority}, n {request.n})")
+                    slot.phase = Phase.AWAITING_READ  # taken: the next free_slot looks past it
+                    taken.append(slot)
+                with blamed_on(taken[0]):
+                    self._start(taken, claimed, out)
 
     def _give_way(self, parked: Slot, to: Slot, out: StepOutput) -> None:
         parked.yields += 1
@@ -291,22 +339,27 @@ class Worker:
 
     def _finish(self, slot: Slot, event: Event | None, status: RequestStatus) -> None:
         request = slot.request
-        if not self.claims.finish(request.id, slot.claim_seq, event, status, slot.generated, self.clock()):
+        siblings = self._siblings(slot)
+        if not self.claims.finish(request.id, slot.claim_seq, event, status, self._generated(slot), self.clock()):
             log.warning("%s: claim %d was lost before it ended (lease ran out); nothing written",
                         request.id, slot.claim_seq)
-            self._drop(slot)
+            for sibling in siblings:
+                self._drop(sibling)
             return
-        cached = None
-        if status is RequestStatus.FINISHED:  # a later prompt may keep the prompt's entries, not the
-            # answer's: those came from decode steps, and a prompt read cold would not match them
-            cached = list(request.prompt[: self.engine.position(slot.index)])
-        self._release(slot, cached)
+        self._ended_tokens.pop(request.id, None)
+        for sibling in siblings:  # the request's end is every answer's: a failure or cancel ends them all
+            cached = None
+            if status is RequestStatus.FINISHED:  # a later prompt may keep the prompt's entries, not the
+                # answer's: those came from decode steps, and a prompt read cold would not match them
+                cached = list(request.prompt[: self.engine.position(sibling.index)])
+            self._release(sibling, cached)
 
     def _drop(self, slot: Slot) -> None:
         """This worker lost the claim (it froze past its lease): another worker has the request
         or will. Free the slot at once and write nothing more about it."""
         log.warning("%s: lost claim %d (lease ran out); dropping it, writing nothing more",
                     slot.request.id, slot.claim_seq)
+        self._ended_tokens.pop(slot.request.id, None)
         self._release(slot)
 
     def _release(self, slot: Slot, cached: list[int] | None = None) -> None:
@@ -314,52 +367,68 @@ class Worker:
             self.current = None
         slot.release(self.steps, cached)
 
-    def _start(self, slot: Slot, claimed: Claimed, out: StepOutput) -> None:
+    def _start(self, slots: list[Slot], claimed: Claimed, out: StepOutput) -> None:
+        """The request into its slots: the first reads the prompt, the others (n > 1) wait for
+        that read and take a copy of its cache (`_fork`)."""
         request = claimed.request
         resumed = self.claims.resumed(request.id) if claimed.attempts > 1 else None
         done_ids = resumed.token_ids if resumed else []
-        slot.request = request
-        slot.claim_seq = claimed.claim_seq
-        slot.tokens = list(request.prompt) + done_ids
+        slot = slots[0]
+        for choice, each in enumerate(slots):
+            each.request = request
+            each.claim_seq = claimed.claim_seq
+            each.choice = choice
+            each.tokens = list(request.prompt) + done_ids
         # what the slot's cache already holds of the prompt, to the last whole block; prompt
         # scoring reads every position itself
         scoring = request.prompt_logprobs is not None
         block = getattr(self.engine, "prompt_block", 1)
         slot.read_pos = 0 if scoring else scheduler.shared_prefix(slot.cached, request.prompt) // block * block
-        slot.generated = len(done_ids)
+        for each in slots:
+            each.generated = len(done_ids)
         slot.phase = Phase.READING
         out.of(slot).slot = slot.index
         try:
-            slot.text = TextStream(self.decoder, request.stop, done_ids, resumed.text if resumed else "")
-            self.engine.begin(
-                slot.index,
-                SamplingParams(
-                    temperature=request.temperature,
-                    top_p=request.top_p,
-                    top_k=request.top_k,
-                    seed=request.seed,
-                    min_tokens=max(0, request.min_tokens - len(done_ids)),
-                    already_sampled=len(done_ids),  # a seeded stream goes on where it was
-                    min_p=request.min_p,
-                    presence_penalty=request.presence_penalty,
-                    frequency_penalty=request.frequency_penalty,
-                    repetition_penalty=request.repetition_penalty,
-                    logit_bias=tuple((int(t), float(b)) for t, b in request.logit_bias),
-                    grammar=request.grammar,
-                    grammar_after=request.grammar_after,
-                    grammar_done=tuple(done_ids) if request.grammar else (),
-                    logprobs=request.logprobs,
-                    prompt_logprobs=request.prompt_logprobs,
-                ),
-                keep=slot.read_pos,
-            )
+            if request.n > 1 and resumed and (resumed.token_ids or resumed.text):
+                # its answers went on from different places: resuming each is not done (docs/api.md, "n")
+                raise ResumeRefused("a request of n > 1 answers lost its worker after streaming part of them; "
+                                    "retry it")
+            for each in slots:
+                each.text = TextStream(self.decoder, request.stop, done_ids, resumed.text if resumed else "")
+                self.engine.begin(each.index, self._params(request, each.choice, done_ids),
+                                  keep=slot.read_pos if each is slot else 0)
         except Exception as error:  # noqa: BLE001 - one bad request must not take the worker down
             log.exception("could not start %s", request.id)
             out.held.pop(request.id, None)
-            self._finish(slot, engine_failure(error, "could not start the request"), RequestStatus.FAILED)
+            failed = (Failed(f"could not start the request: {error}", "worker_lost") if isinstance(error, ResumeRefused)
+                      else engine_failure(error, "could not start the request"))
+            self._finish(slot, failed, RequestStatus.FAILED)
             return
-        log.info("slot %d <- %s (priority %d, %d tokens, %d cached%s)", slot.index, request.id, request.priority,
-                 len(slot.tokens), slot.read_pos, f", resumed after {len(done_ids)}" if done_ids else "")
+        log.info("slot %d <- %s (priority %d, %d tokens, %d cached%s%s)", slot.index, request.id, request.priority,
+                 len(slot.tokens), slot.read_pos, f", resumed after {len(done_ids)}" if done_ids else "",
+                 f", answers {request.n} in slots {[s.index for s in slots]}" if request.n > 1 else "")
+
+    @staticmethod
+    def _params(request: QueuedRequest, choice: int, done_ids: list[int]) -> SamplingParams:
+        """Answer `choice`'s sampling: the request's, with its own seed (QueuedRequest.choice_seed)."""
+        return SamplingParams(
+            temperature=request.temperature,
+            top_p=request.top_p,
+            top_k=request.top_k,
+            seed=request.choice_seed(choice),
+            min_tokens=max(0, request.min_tokens - len(done_ids)),
+            already_sampled=len(done_ids),  # a seeded stream goes on where it was
+            min_p=request.min_p,
+            presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty,
+            repetition_penalty=request.repetition_penalty,
+            logit_bias=tuple((int(t), float(b)) for t, b in request.logit_bias),
+            grammar=request.grammar,
+            grammar_after=request.grammar_after,
+            grammar_done=tuple(done_ids) if request.grammar else (),
+            logprobs=request.logprobs,
+            prompt_logprobs=request.prompt_logprobs if choice == 0 else None,
+        )
 
     def _read_chunk(self, slot: Slot, out: StepOutput) -> None:
         if len(slot.tokens) >= self.engine.ctx:
@@ -369,9 +438,10 @@ class Worker:
         # Prompt tokens are read; a resumed request's generated tokens are replayed as the decode
         # steps fed them, so its answer goes on exactly as the undisturbed run's (docs/engine.md).
         prompt = len(slot.request.prompt)
-        feed = self.engine.read if slot.read_pos < prompt else self.engine.replay
+        is_prompt = slot.read_pos < prompt
+        feed = self.engine.read if is_prompt else self.engine.replay
         end = slot.read_pos + self.prefill_chunk
-        chunk = slot.tokens[slot.read_pos : min(end, prompt) if slot.read_pos < prompt else end]
+        chunk = slot.tokens[slot.read_pos : min(end, prompt) if is_prompt else end]
         last = slot.read_pos + len(chunk) == len(slot.tokens)
         request = slot.request
         answers = request.max_tokens > 0  # 0: prompt scoring only (echo)
@@ -382,19 +452,33 @@ class Worker:
             out.ended.append((slot, engine_failure(error), RequestStatus.FAILED))
             return
         slot.read_pos += len(chunk)
+        if is_prompt:
+            self.prompt_tokens_read += len(chunk)
         slot.gave_way_to = None  # back on the lines: its epoch is over
         if not last:
             return
-        slot.phase = Phase.DECODING
         out.of(slot).first_token = True
-        if request.echo and slot.generated == 0:  # a resumed answer sent it already
-            self._echo(slot, out)
-        if answers:
-            self._take(slot, [token], out)
-        else:
-            out.ended.append((slot, Done("length", len(request.prompt), 0), RequestStatus.FINISHED))
+        answers_of = [slot] + [s for s in self._siblings(slot) if s is not slot]
+        firsts = [token]
+        if answers and len(answers_of) > 1:  # n answers: the others start from a copy of this read
+            try:
+                firsts += self.engine.fork(slot.index, [s.index for s in answers_of[1:]])
+            except Exception as error:  # noqa: BLE001 - one bad request must not take the worker down
+                log.exception("fork failed for %s", request.id)
+                out.ended.append((slot, engine_failure(error), RequestStatus.FAILED))
+                return
+        echoed = self._echo(slot) if request.echo and slot.generated == 0 else None  # a resumed answer sent it already
+        for each, first in zip(answers_of, firsts):
+            each.phase = Phase.DECODING
+            each.read_pos = slot.read_pos
+            if echoed is not None:
+                out.of(each).tokens.append(replace(echoed, choice=each.choice))
+            if answers:
+                self._take(each, [first], out)
+            else:
+                out.ended.append((each, Done("length", len(request.prompt), 0, each.choice), RequestStatus.FINISHED))
 
-    def _echo(self, slot: Slot, out: StepOutput) -> None:
+    def _echo(self, slot: Slot) -> Token:
         """The prompt's text as the answer's start, with its tokens' logprobs when asked (the
         first has none: nothing comes before it), as one token event of no answer tokens."""
         prompt = slot.request.prompt
@@ -403,7 +487,7 @@ class Worker:
             entries = self.engine.prompt_logprobs(slot.index)[: len(prompt) - 1]
             shown = [scored(self.decoder, None, prompt[0])]
             shown += [scored(self.decoder, entry, entry.token) for entry in entries]
-        out.of(slot).tokens.append(Token(self.decoder.decode(prompt), [], prompt_logprobs=shown))
+        return Token(self.decoder.decode(prompt), [], prompt_logprobs=shown)
 
     def _decode(self, slots: list[Slot], out: StepOutput) -> None:
         try:

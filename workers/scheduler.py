@@ -89,8 +89,9 @@ def _tier(slot: Slot) -> float:
     return -math.inf if slot.min_priority is None else slot.min_priority
 
 
-def can_admit(slots: Sequence[Slot], priority: int) -> bool:
-    return any(s.is_free and s.admits(priority) for s in slots)
+def can_admit(slots: Sequence[Slot], priority: int, n: int = 1) -> bool:
+    """A request of n answers needs n free slots that take its priority, all at once."""
+    return sum(1 for s in slots if s.is_free and s.admits(priority)) >= n
 
 
 def free_slot(slots: Sequence[Slot], prompt: Sequence[int], policy: Policy, priority: int) -> Slot | None:
@@ -125,6 +126,9 @@ def shared_prefix(cached: Sequence[int], prompt: Sequence[int]) -> int:
 
 
 class Queued(Protocol):
+    """A waiting request as the scheduler sees it; one with an `n` takes that many slots (its
+    answers), one without takes one."""
+
     @property
     def priority(self) -> int: ...
 
@@ -137,9 +141,11 @@ def pick_waiting(slots: Sequence[Slot], waiting: Sequence[W], policy: Policy) ->
     None: nobody. The head, if a free slot admits it. When only reserved slots are free and the
     head is below them: without aging the head has the highest priority, so nobody behind
     qualifies either; with aging an older, lower request may lead a higher one that a reserved
-    slot admits, so the first of `waiting` that one admits."""
+    slot admits, so the first of `waiting` that one admits. A request of n answers takes n slots
+    together: until that many are free it waits at the head, and nobody behind it overtakes
+    (the slots that free up are kept for it, as a read that does not fit waits in the lines)."""
     for candidate in waiting:
-        if can_admit(slots, candidate.priority):
+        if can_admit(slots, candidate.priority, getattr(candidate, "n", 1)):
             return candidate
         if policy.aging_s is None:
             return None

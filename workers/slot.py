@@ -13,6 +13,9 @@ class Phase(enum.Enum):
     FREE = "free"
     READING = "reading"  # prompt being read into the KV cache, one chunk at a time
     DECODING = "decoding"
+    # a sibling answer of a request with n > 1: its slot is held while the first answer's slot
+    # reads the prompt, then takes a copy of that cache (engine fork) and decodes
+    AWAITING_READ = "awaiting_read"
 
 
 @dataclass
@@ -31,6 +34,7 @@ class Slot:
     last_used: int = 0  # step when it was last freed: least-recently-used order
     cached: list[int] = field(default_factory=list)  # the prompt a free slot's KV cache still holds
     min_priority: int | None = None  # reserved (--reserve): only requests of this priority or higher
+    choice: int = 0  # which of its request's n answers this slot holds
 
     @property
     def is_reserved(self) -> bool:
@@ -64,4 +68,5 @@ class Slot:
         self.text = None
         self.yields = 0
         self.gave_way_to = None
+        self.choice = 0
         self.last_used = step

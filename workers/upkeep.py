@@ -68,7 +68,7 @@ class Upkeep:
 
 
 def describe(slots: Sequence[Slot], current: Slot | None, *, device: str, ctx: int, steps: int,
-             give_ways: int, decode_path: DecodePath = DecodePath()) -> WorkerState:
+             give_ways: int, decode_path: DecodePath = DecodePath(), prompt_tokens_read: int = 0) -> WorkerState:
     """The worker hash an operator reads with HGETALL."""
     read = current if current and current.request else None
     return WorkerState(
@@ -78,6 +78,7 @@ def describe(slots: Sequence[Slot], current: Slot | None, *, device: str, ctx: i
         slots_busy=sum(not s.is_free for s in slots),
         steps=steps,
         give_ways=give_ways,
+        prompt_tokens_read=prompt_tokens_read,
         reading=read.request.id if read else "",
         reading_priority=read.priority if read else None,
         reading_prompt_tokens=len(read.tokens) if read else 0,

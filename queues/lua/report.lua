@@ -7,11 +7,12 @@ whether its client asked to cancel. A claim the worker lost (its lease ran out w
 frozen; the request went back to the queue and perhaps to another worker, or ended) gets
 nothing written.
 KEYS: running zset, metrics hash; then per request: its hash and its output stream
-ARGV: worker id, now (ms), lease deadline (ms), number of requests n; then per request (8 + 4m
-  entries, queues/scripts.py `report`): id, claim_seq, tokens generated so far, slot ('' unless
-  claimed this step), first token now (1|0), gave way to (a request id, '' for none), priority,
-  number of token events m, then m quadruples text, ids, logprobs, prompt_logprobs (JSON, '' for
-  none: the stream entry then has no such field; queues/records.py `event_fields`)
+ARGV: worker id, now (ms), lease deadline (ms), number of requests n; then per request
+  (queues/scripts.py `report`): id, claim_seq, tokens generated so far, slot ('' unless claimed
+  this step), first token now (1|0), gave way to (a request id, '' for none), priority, number of
+  events m, then m events, each its number of fields k and k name, value pairs: the stream
+  entry as it is written (queues/records.py `event_fields`: a token event, or the done event
+  of one of a request's n answers that is not its last)
 Returns one result (ReportResult) per request, in order: LOST (the worker drops it and writes
 nothing more), HELD, CANCEL_ASKED (held, and its client asked to cancel).
 Metrics: give_ways:<priority> +1 per give-way (queues/metrics.py). ]]
@@ -26,21 +27,18 @@ for i = 1, tonumber(n) do
   local req, out = KEYS[1 + 2 * i], KEYS[2 + 2 * i]
   local id, claim_seq, generated, slot, first, gave_way_to, priority, m = unpack(ARGV, a, a + 7)
   m = tonumber(m)
-  if owns(req, worker, claim_seq) then
-    for j = 0, m - 1 do
-      local at = a + 8 + 4 * j
-      local text, ids, logprobs, prompt_logprobs = unpack(ARGV, at, at + 3)
-      local entry = {'type', 'token', 'text', text, 'ids', ids}
-      if logprobs ~= '' then
-        table.insert(entry, 'logprobs')
-        table.insert(entry, logprobs)
-      end
-      if prompt_logprobs ~= '' then
-        table.insert(entry, 'prompt_logprobs')
-        table.insert(entry, prompt_logprobs)
-      end
-      redis.call('XADD', out, '*', unpack(entry))
+  local held = owns(req, worker, claim_seq)
+  local at = a + 8
+  for j = 1, m do
+    local k = tonumber(ARGV[at])
+    if held then
+      redis.call('XADD', out, '*', unpack(ARGV, at + 1, at + 2 * k))
     end
+    at = at + 1 + 2 * k
+  end
+  if not held then
+    results[i] = LOST
+  else
     redis.call('HSET', req, 'completion_tokens', generated)
     if slot ~= '' then
       redis.call('HSET', req, 'slot', slot)
@@ -59,9 +57,7 @@ for i = 1, tonumber(n) do
     else
       results[i] = HELD
     end
-  else
-    results[i] = LOST
   end
-  a = a + 8 + 4 * m
+  a = at
 end
 return results

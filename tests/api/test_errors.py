@@ -50,8 +50,10 @@ def test_prompt_longer_than_ctx_is_400(http, worker):
     assert_still_serves(http, worker)
 
 
-def test_n_other_than_one_is_400(http, worker):
-    assert_error(http.post(CHAT, json={"messages": HI, "n": 2}), 400, param="n")
+def test_n_outside_1_to_16_is_400(http, worker):
+    for n in (0, -1, 17):
+        assert_error(http.post(CHAT, json={"messages": HI, "n": n}), 400, code="invalid_value", param="n")
+    assert_error(http.post("/v1/completions", json={"prompt": "hi", "n": 2, "best_of": 3}), 400, param="best_of")
     assert_still_serves(http, worker)
 
 

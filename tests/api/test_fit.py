@@ -52,3 +52,15 @@ def test_the_api_ctx_stays_a_cap_beside_larger_workers(start_api, redis_client, 
     base = start_api(ctx=64)
     r = ask(base, "x" * 70)
     assert r.status_code == 400 and "context is 64 tokens" in r.json()["error"]["message"]
+
+
+def test_n_above_the_largest_live_worker_slots_is_refused(start_api, redis_client, worker):
+    now = int(time.time() * 1000)
+    Membership(redis_client, MODEL, "small").heartbeat(WorkerState(ctx=256, slots_total=2), now, ttl_s=30)
+    Membership(redis_client, MODEL, "big").heartbeat(WorkerState(ctx=256, slots_total=4), now, ttl_s=30)
+    base = start_api(ctx=256)
+    r = httpx.post(f"{base}/v1/completions", json={"prompt": "hi", "n": 5, "max_tokens": 2}, timeout=10)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "n" and "at most 4" in error["message"]
+    assert worker.waiting() == []

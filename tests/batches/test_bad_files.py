@@ -69,7 +69,7 @@ BAD_BODIES = {
     "surrogate": {"messages": [{"role": "user", "content": "\ud800"}]},
     "tiny-top-p": {"messages": [{"role": "user", "content": "hi"}], "top_p": 1e-300},
     "wrong-model": {"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]},
-    "n2": {"messages": [{"role": "user", "content": "hi"}], "n": 2},
+    "n17": {"messages": [{"role": "user", "content": "hi"}], "n": 17},
     "too-long": {"messages": [{"role": "user", "content": "x" * 600}]},
     "not-an-object": "hello",
 }

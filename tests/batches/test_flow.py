@@ -86,3 +86,19 @@ def test_completions_endpoint_and_list(start_stack):
     assert out_file["purpose"] == "batch_output" and out_file["bytes"] > 0
     assert json.loads(stack.http.delete(f"/v1/files/{batch['input_file_id']}").text)["deleted"] is True
     assert stack.http.get(f"/v1/files/{batch['input_file_id']}").status_code == 404
+
+
+def test_a_line_with_n_answers_gets_one_choice_per_answer(start_stack):
+    stack = start_stack(slots=2, step_s=0.005, batch_inflight=2)
+    lines = chat_lines(2, max_tokens=3)
+    for line in lines:
+        line["body"].update(n=2, seed=9)
+    done = stack.wait_final(stack.submit(lines)["id"])
+    assert done["request_counts"] == {"total": 2, "completed": 2, "failed": 0}, done
+    for entry in stack.content(done["output_file_id"]):
+        body = entry["response"]["body"]
+        choices = body["choices"]
+        assert [c["index"] for c in choices] == [0, 1]
+        assert all(c["message"]["content"].count(" t") == 3 for c in choices)
+        assert choices[0]["message"]["content"] != choices[1]["message"]["content"]  # seeds 9 and 10
+        assert body["usage"]["completion_tokens"] == 6

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.e2e.conftest import Stack, default_engine_stack
+from tests.e2e.conftest import MODEL, Stack, default_engine_stack, wait_until
 
 pytestmark = pytest.mark.smollm2
 
@@ -147,3 +147,34 @@ def test_a_prompt_given_as_token_ids_answers_as_its_text_does(stack: Stack):
     for bad in ([ids, ids], [10**9], [[]]):
         response = httpx.post(f"{stack.base_url}/v1/completions", timeout=30, json={"prompt": bad})
         assert response.status_code == 400, (bad, response.text)
+
+
+# ---- n answers ---------------------------------------------------------------------------------
+
+
+def _worker_hash(stack: Stack) -> dict[str, str]:
+    (wid,) = stack.redis.zrange(stack.keys.workers, 0, -1)
+    return stack.redis.hgetall(stack.keys.worker(wid))
+
+
+def test_n_answers_read_the_prompt_once_and_each_is_the_single_request_of_its_seed(stack: Stack):
+    """The openai client, n=2 (the worker's two slots), seed 21, temperature 1: answer i is the
+    answer of a single request with seed 21 + i; the worker read the prompt's tokens once."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{stack.base_url}/v1", api_key="none", max_retries=0, timeout=120)
+    messages = [{"role": "user", "content": "Name a colour and a fruit, n-test."}]  # no slot holds it yet
+    before = int(_worker_hash(stack).get("prompt_tokens_read", 0))
+    both = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, seed=21, n=2,
+                                          temperature=1.0, logprobs=True)
+    assert [c.index for c in both.choices] == [0, 1]
+    answers = [c.message.content for c in both.choices]
+    assert answers[0] != answers[1]
+    assert both.usage.completion_tokens == sum(len(c.logprobs.content) for c in both.choices)
+    beat = _worker_hash(stack)["heartbeat_ms"]
+    wait_until(lambda: _worker_hash(stack)["heartbeat_ms"] != beat, "the worker's next heartbeat", 30)
+    assert int(_worker_hash(stack)["prompt_tokens_read"]) - before == both.usage.prompt_tokens
+    for i in range(2):
+        single = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, seed=21 + i,
+                                                temperature=1.0)
+        assert single.choices[0].message.content == answers[i]

@@ -114,3 +114,46 @@ def test_a_stream_on_one_replica_is_cancelled_through_the_other_and_both_count_i
                "the same metrics from both replicas", 10)
     ended = metric_lines(a, "strata_requests_ended")
     assert any('status="cancelled"' in line and line.endswith(" 1.0") for line in ended), ended
+
+
+def test_n_answers_through_the_openai_client_whole_and_streamed(served):
+    """n=2 (both slots), seed 5: answer i is the fake engine's with seed 5 + i, under index i,
+    chat and completions alike, whole and streamed; the prompt counts once in usage; n above
+    the worker's slots is a 400 naming n."""
+    from openai import BadRequestError, OpenAI
+
+    client = OpenAI(base_url=f"{served}/v1", api_key="none", max_retries=0, timeout=30)
+    tokenizer = Tokenizer.from_model_path(default_model_path())
+    chat_prompt, text_prompt = tokenizer.encode_chat(MESSAGES), tokenizer.encode("Once upon")
+    expected = {kind: [fake_answer(p, 4, seed=5 + i) for i in range(2)]
+                for kind, p in (("chat", chat_prompt), ("text", text_prompt))}
+    assert expected["chat"][0] != expected["chat"][1]
+
+    chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, seed=5, n=2)
+    assert [(c.index, c.message.content, c.finish_reason) for c in chat.choices] == \
+        [(i, expected["chat"][i], "length") for i in range(2)]
+    assert (chat.usage.prompt_tokens, chat.usage.completion_tokens) == (len(chat_prompt), 8)
+    text = client.completions.create(model=MODEL, prompt="Once upon", max_tokens=4, seed=5, n=2, logprobs=1)
+    assert [(c.index, c.text) for c in text.choices] == [(i, expected["text"][i]) for i in range(2)]
+    assert all(len(c.logprobs.tokens) == 4 for c in text.choices)
+
+    streamed: dict[int, list[str]] = {0: [], 1: []}
+    finished: dict[int, str] = {}
+    for chunk in client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, seed=5, n=2,
+                                                stream=True, stream_options={"include_usage": True}):
+        for choice in chunk.choices:
+            streamed[choice.index].append(choice.delta.content or "")
+            if choice.finish_reason:
+                finished[choice.index] = choice.finish_reason
+        if chunk.usage:
+            assert (chunk.usage.prompt_tokens, chunk.usage.completion_tokens) == (len(chat_prompt), 8)
+    assert ["".join(streamed[i]) for i in range(2)] == expected["chat"] and finished == {0: "length", 1: "length"}
+    pieces: dict[int, list[str]] = {0: [], 1: []}
+    for chunk in client.completions.create(model=MODEL, prompt="Once upon", max_tokens=4, seed=5, n=2, stream=True):
+        for choice in chunk.choices:
+            pieces[choice.index].append(choice.text)
+    assert ["".join(pieces[i]) for i in range(2)] == expected["text"]
+
+    with pytest.raises(BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, n=3)
+    assert refused.value.body["param"] == "n"
