@@ -38,6 +38,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Sequence
 from pathlib import Path
 
 import httpx
@@ -183,11 +184,12 @@ class TimedClaims(Claims):
         super().__init__(*args, **kwargs)
         self.sink = sink
 
-    def claim(self, waiting: Waiting, now_ms: int) -> Claimed | None:
+    def claim_many(self, waiting: Sequence[Waiting], now_ms: int) -> list[Claimed | None]:
         began = time.monotonic_ns()
-        claimed = super().claim(waiting, now_ms)
-        if claimed:
-            self.sink.put((claimed.request.id, began, time.monotonic_ns()))
+        claimed = super().claim_many(waiting, now_ms)
+        for each in claimed:
+            if each:
+                self.sink.put((each.request.id, began, time.monotonic_ns()))
         return claimed
 
 

@@ -18,7 +18,7 @@ from queues.lifecycle import RequestStatus
 from queues.records import Done, Event, QueuedRequest, Token, event_fields, events, text
 from queues.scripts import ClaimResult, ExpireResult, FinishResult, ReportResult, RequeueResult
 
-__all__ = ["UNAVAILABLE", "Claimed", "Claims", "Held", "Resumed", "Verdict", "Waiting"]
+__all__ = ["UNAVAILABLE", "Claimed", "Claims", "Ending", "Held", "Resumed", "Verdict", "Waiting"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,25 @@ class Held:
 
 
 @dataclass(frozen=True)
+class Ending:
+    """A request that ended in a step, for finish: its last stream entry (None: cancelled)."""
+
+    id: str
+    claim_seq: int
+    event: Event | None
+    status: RequestStatus
+    completion_tokens: int
+
+
+def _claimed(reply: list) -> Claimed | None:
+    if ClaimResult(int(reply[0])) is not ClaimResult.CLAIMED:
+        return None
+    flat = reply[1]
+    fields = {text(flat[i]): text(flat[i + 1]) for i in range(0, len(flat), 2)}
+    return Claimed(QueuedRequest.from_hash(fields), int(fields["attempts"]), int(fields["claim_seq"]))
+
+
+@dataclass(frozen=True)
 class Verdict:
     """report's answer: claims this worker lost (drop them, write nothing more) and requests whose
     client asked to cancel."""
@@ -109,13 +128,14 @@ class Claims:
     def claim(self, waiting: Waiting, now_ms: int) -> Claimed | None:
         """None when another worker took it first, or when its queue deadline had passed (it
         expired instead: no worker ever claims it)."""
-        reply = scripts.run(self._scripts, scripts.claim(
-            self.keys, waiting.member, waiting.id, self.worker_id, now_ms, now_ms + self.lease_ms, self.retention_s))
-        if ClaimResult(int(reply[0])) is not ClaimResult.CLAIMED:
-            return None
-        flat = reply[1]
-        fields = {text(flat[i]): text(flat[i + 1]) for i in range(0, len(flat), 2)}
-        return Claimed(QueuedRequest.from_hash(fields), int(fields["attempts"]), int(fields["claim_seq"]))
+        return self.claim_many([waiting], now_ms)[0]
+
+    def claim_many(self, waiting: Sequence[Waiting], now_ms: int) -> list[Claimed | None]:
+        """claim() of each, in order, in one round trip (a step's admissions)."""
+        replies = scripts.run_all(self.client, self._scripts, [scripts.claim(
+            self.keys, w.member, w.id, self.worker_id, now_ms, now_ms + self.lease_ms, self.retention_s)
+            for w in waiting])
+        return [_claimed(reply) for reply in replies]
 
     def resumed(self, request_id: str) -> Resumed:
         ids: list[int] = []
@@ -128,28 +148,46 @@ class Claims:
 
     def report(self, held: Sequence[Held], now_ms: int) -> Verdict:
         """One round trip per step (report.lua), fenced per request."""
-        if not held:
-            return Verdict(frozenset(), frozenset())
-        entries = [scripts.Reported(h.id, h.claim_seq, h.generated, h.slot, h.first_token, h.gave_way_to, h.priority,
-                                    [event_fields(e) for e in h.tokens]) for h in held]
-        results = [ReportResult(int(r)) for r in scripts.run(self._scripts, scripts.report(
-            self.keys, self.worker_id, now_ms, now_ms + self.lease_ms, entries))]
-        return Verdict(frozenset(h.id for h, r in zip(held, results) if r is ReportResult.LOST),
-                       frozenset(h.id for h, r in zip(held, results) if r is ReportResult.CANCEL_ASKED))
+        return self.report_and_finish(held, [], now_ms)[0]
+
+    def report_and_finish(self, held: Sequence[Held], ends: Sequence[Ending], now_ms: int,
+                          ) -> tuple[Verdict, list[bool]]:
+        """A step's report, then the requests that ended in it, in one round trip: the verdict,
+        and for each ending whether it ended (False: this worker no longer held that claim, so
+        nothing was written; see finish)."""
+        calls = []
+        if held:
+            entries = [scripts.Reported(h.id, h.claim_seq, h.generated, h.slot, h.first_token, h.gave_way_to,
+                                        h.priority, [event_fields(e) for e in h.tokens]) for h in held]
+            calls.append(scripts.report(self.keys, self.worker_id, now_ms, now_ms + self.lease_ms, entries))
+        calls += [self._finish_call(end, now_ms) for end in ends]
+        if not calls:
+            return Verdict(frozenset(), frozenset()), []
+        replies = scripts.run_all(self.client, self._scripts, calls)
+        verdict = Verdict(frozenset(), frozenset())
+        if held:
+            results = [ReportResult(int(r)) for r in replies.pop(0)]
+            verdict = Verdict(frozenset(h.id for h, r in zip(held, results) if r is ReportResult.LOST),
+                              frozenset(h.id for h, r in zip(held, results) if r is ReportResult.CANCEL_ASKED))
+        return verdict, [FinishResult(int(r)) is FinishResult.ENDED for r in replies]
 
     def finish(self, request_id: str, claim_seq: int, event: Event | None, status: RequestStatus,
                completion_tokens: int, now_ms: int) -> bool:
         """End a request: `event` is its last stream entry (None for a cancel: finish.lua writes
         the cancel event). False when this worker no longer holds that claim: nothing was
         written. Counted in the model's metrics hash in the same script (queues/metrics.py)."""
+        return self.report_and_finish([], [Ending(request_id, claim_seq, event, status, completion_tokens)],
+                                      now_ms)[1][0]
+
+    def _finish_call(self, end: Ending, now_ms: int) -> scripts.Call:
+        event = end.event
         if event is None:
             reason = RequestStatus.CANCELLED.value
         else:
             reason = event.finish_reason if isinstance(event, Done) else event.code
-        result = scripts.run(self._scripts, scripts.finish(
-            self.keys, request_id, self.worker_id, claim_seq, status.value, now_ms, self.retention_s,
-            completion_tokens, reason, metrics.bounds_arg(), None if event is None else event_fields(event)))
-        return FinishResult(int(result)) is FinishResult.ENDED
+        return scripts.finish(self.keys, end.id, self.worker_id, end.claim_seq, end.status.value, now_ms,
+                              self.retention_s, end.completion_tokens, reason, metrics.bounds_arg(),
+                              None if event is None else event_fields(event))
 
     def _requeue(self, request_id: str, now_ms: int, owner: str | None = None, claim_seq: int | None = None,
                  lost: bool = True) -> RequeueResult:

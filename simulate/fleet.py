@@ -24,7 +24,7 @@ import redis
 
 from engine.cost_profile import CostProfile
 from engine.fake import FakeEngine
-from queues.claims import Claimed, Claims, Held, Verdict, Waiting
+from queues.claims import Claimed, Claims, Ending, Held, Verdict, Waiting
 from queues.membership import Membership
 from queues.records import QueuedRequest
 from queues.replay import Replay
@@ -65,20 +65,17 @@ class WatchedClaims(Claims):
         self.exact = exact
         self.queue = queue
 
-    def claim(self, waiting: Waiting, now_ms: int) -> Claimed | None:
-        claimed = super().claim(waiting, now_ms)
-        if claimed is None:
-            self.ended.add(waiting.id)
+    def claim_many(self, waiting: Sequence[Waiting], now_ms: int) -> list[Claimed | None]:
+        claimed = super().claim_many(waiting, now_ms)
+        self.ended.update(w.id for w, c in zip(waiting, claimed) if c is None)
         return claimed
 
-    def finish(self, request_id: str, *args, **kwargs) -> bool:  # noqa: ANN002, ANN003
-        self.ended.add(request_id)
-        return super().finish(request_id, *args, **kwargs)
-
-    def report(self, held: Sequence[Held], now_ms: int) -> Verdict:
+    def report_and_finish(self, held: Sequence[Held], ends: Sequence[Ending], now_ms: int,
+                          ) -> tuple[Verdict, list[bool]]:
+        self.ended.update(end.id for end in ends)
         if not self.exact:
             held = [h for h in held if h.slot is not None or h.first_token or h.gave_way_to]
-        return super().report(held, now_ms)
+        return super().report_and_finish(held, ends, now_ms)
 
     def head(self, count: int = 1) -> list[Waiting]:
         if self.queue.known_empty and not self.exact:

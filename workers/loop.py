@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 from engine.errors import RequestError, RowsFailed
 from engine.protocol import Engine, SamplingParams
-from queues.claims import UNAVAILABLE, Claimed, Claims, Held, Verdict
+from queues.claims import UNAVAILABLE, Claimed, Claims, Ending, Held, Verdict
 from queues.lifecycle import RequestStatus
 from queues.membership import Membership
 from queues.records import Done, Event, Failed, QueuedRequest, Token
@@ -247,34 +247,65 @@ class Worker:
         decoding = scheduler.decoding(self.slots)  # before the read, so a slot never gets two tokens in one step
         early = Verdict(frozenset(), frozenset())
         if lines.read:
-            with blamed_on(lines.read):
-                self._read_chunk(lines.read, out)
-            first = out.held.get(lines.read.request.id) if lines.read.request else None
-            if scheduler.first_token_early(bool(first and first.first_token), decoding):
-                early = self.claims.report([out.held.pop(first.id)], self.clock())
+            read = self._read(lines.read, out)
+            firsts = [out.held.pop(slot.request.id) for slot in read
+                      if slot.request and slot.request.id in out.held and out.held[slot.request.id].first_token]
+            if firsts and scheduler.first_token_early(True, decoding):
+                early = self.claims.report(firsts, self.clock())
+            else:
+                out.held.update((h.id, h) for h in firsts)
         if decoding:
             self._decode(decoding, out)
         freed = self._settle_answers(out)
         for slot in self.slots:
             if slot.request:
                 out.of(slot).generated = self._generated(slot)
-        verdict = self.claims.report(list(out.held.values()), self.clock())
+        # the step's writes, tokens and ends, in one round trip (queues/claims.py report_and_finish)
+        ends = self._endings(out.ended)
+        verdict, ended = self.claims.report_and_finish(
+            list(out.held.values()),
+            [Ending(s.request.id, s.claim_seq, event, status, self._generated(s)) for s, event, status in ends],
+            self.clock())
         for slot in freed:
             if slot.request:
                 self._ended_tokens[slot.request.id] = self._ended_tokens.get(slot.request.id, 0) + slot.generated
                 self._release(slot, list(slot.request.prompt[: self.engine.position(slot.index)]))
+        for (slot, _event, status), done in zip(ends, ended):
+            if slot.request:
+                self._settle(slot, status, done)
         verdict = Verdict(verdict.lost | early.lost, verdict.cancelled | early.cancelled)
         for slot in self.slots:
             if slot.request and slot.request.id in verdict.lost:
                 self._drop(slot)
-        for slot, event, status in out.ended:
-            if slot.request:  # not dropped above
-                self._finish(slot, event, status)
         for slot in self.slots:
             if slot.request and slot.request.id in verdict.cancelled:
                 self._finish(slot, None, RequestStatus.CANCELLED)
         self.upkeep.note_idle(scheduler.is_idle(self.slots), now)
         return bool(lines.read or decoding)
+
+    def _read(self, first: Slot, out: StepOutput) -> list[Slot]:
+        """The lines this step: a chunk of the read that holds them, then, while what is left of
+        the chunk's token budget holds the whole of the next read in line (scheduler.next_read's
+        order: rules 3 and 6), that read too, start to end. A read that does not fit whole waits
+        for the next step, where the give-way rules govern it as ever. Returns the slots read."""
+        read, budget, slot = [], self.prefill_chunk, first
+        while slot is not None:
+            with blamed_on(slot):
+                budget -= self._read_chunk(slot, out, budget)
+            read.append(slot)
+            if slot.phase is Phase.READING:
+                break  # still reading, or its read failed: the lines were its for this step
+            slot = scheduler.short_read(self.slots, self.policy, budget)
+        return read
+
+    @staticmethod
+    def _endings(ended: list[tuple[Slot, Event, RequestStatus]]) -> list[tuple[Slot, Event, RequestStatus]]:
+        """The requests that ended this step, each once (two answers of one may fail in one step)."""
+        seen: dict[tuple[str, int], tuple[Slot, Event, RequestStatus]] = {}
+        for slot, event, status in ended:
+            if slot.request is not None:
+                seen.setdefault((slot.request.id, slot.claim_seq), (slot, event, status))
+        return list(seen.values())
 
     def _settle_answers(self, out: StepOutput) -> list[Slot]:
         """A request of n answers ends with its last one. An answer that ends before it (its
@@ -305,28 +336,39 @@ class Worker:
 
     # -- the parts --------------------------------------------------------------------------
     def _admit(self, now: int, out: StepOutput) -> None:
+        """Fill the free slots from the head of the queue: the step's picks (scheduler.pick_many)
+        claimed in one round trip; again while a claim went to another worker first."""
         while not self.stopping and any(s.is_free for s in self.slots):
-            head = self.claims.head()
-            pick = scheduler.pick_waiting(self.slots, head, self.policy)
-            if pick is None and scheduler.look_further(head, self.policy):
-                pick = scheduler.pick_waiting(self.slots, self.claims.head(scheduler.RESERVED_LOOKAHEAD), self.policy)
-            if pick is None:
+            head = self.claims.head(sum(s.is_free for s in self.slots))
+            picks = scheduler.pick_many(self.slots, head, self.policy)
+            if not picks and scheduler.look_further(head, self.policy):
+                picks = scheduler.pick_many(self.slots, self.claims.head(scheduler.RESERVED_LOOKAHEAD), self.policy)
+            if not picks:
                 return
-            lines_busy = not scheduler.lines_free(self.slots)  # only then is another worker asked about (a round trip)
-            if not scheduler.admit_here(lines_busy, lines_busy and self.upkeep.idle_elsewhere(now)):
+            lines_busy = not scheduler.lines_free(self.slots)
+            # another worker is asked about (a round trip) only when a pick would wait for the lines here
+            idle = (lines_busy or len(picks) > 1) and self.upkeep.idle_elsewhere(now)
+            picks = [p for i, p in enumerate(picks) if scheduler.admit_here(lines_busy or i > 0, idle)]
+            if not picks:
                 return  # an idle worker takes it: nobody here gives way or waits for the lines
-            claimed = self.claims.claim(pick, now)
-            if claimed:
-                request = claimed.request
-                taken: list[Slot] = []
-                for _ in range(request.n):  # one slot per answer, the first (best cached prefix) reads
-                    slot = scheduler.free_slot(self.slots, request.prompt, self.policy, request.priority)
-                    if slot is None:  # cannot be: pick_waiting saw enough free slots admit it, and no one else takes slots
-                        raise RuntimeError(f"no free slot for {request.id} (priority {request.priority}, n {request.n})")
-                    slot.phase = Phase.AWAITING_READ  # taken: the next free_slot looks past it
-                    taken.append(slot)
-                with blamed_on(taken[0]):
-                    self._start(taken, claimed, out)
+            claimed = self.claims.claim_many(picks, now)
+            for each in claimed:
+                if each is not None:
+                    self._take_slots(each, out)
+            if all(each is not None for each in claimed):
+                return
+
+    def _take_slots(self, claimed: Claimed, out: StepOutput) -> None:
+        request = claimed.request
+        taken: list[Slot] = []
+        for _ in range(request.n):  # one slot per answer, the first (best cached prefix) reads
+            slot = scheduler.free_slot(self.slots, request.prompt, self.policy, request.priority)
+            if slot is None:  # cannot be: pick_many counted its slots free, and no one else takes slots
+                raise RuntimeError(f"no free slot for {request.id} (priority {request.priority}, n {request.n})")
+            slot.phase = Phase.AWAITING_READ  # taken: the next free_slot looks past it
+            taken.append(slot)
+        with blamed_on(taken[0]):
+            self._start(taken, claimed, out)
 
     def _give_way(self, parked: Slot, to: Slot, out: StepOutput) -> None:
         parked.yields += 1
@@ -338,9 +380,15 @@ class Worker:
                  to.request.id, to.priority, len(to.tokens))
 
     def _finish(self, slot: Slot, event: Event | None, status: RequestStatus) -> None:
+        done = self.claims.finish(slot.request.id, slot.claim_seq, event, status, self._generated(slot), self.clock())
+        self._settle(slot, status, done)
+
+    def _settle(self, slot: Slot, status: RequestStatus, done: bool) -> None:
+        """After finish: free the slots of the request's answers (`done`: it ended; else this
+        worker had lost the claim and writes nothing more)."""
         request = slot.request
         siblings = self._siblings(slot)
-        if not self.claims.finish(request.id, slot.claim_seq, event, status, self._generated(slot), self.clock()):
+        if not done:
             log.warning("%s: claim %d was lost before it ended (lease ran out); nothing written",
                         request.id, slot.claim_seq)
             for sibling in siblings:
@@ -430,17 +478,18 @@ class Worker:
             prompt_logprobs=request.prompt_logprobs if choice == 0 else None,
         )
 
-    def _read_chunk(self, slot: Slot, out: StepOutput) -> None:
+    def _read_chunk(self, slot: Slot, out: StepOutput, budget: int) -> int:
+        """Up to `budget` tokens of the slot's read; returns how many were read."""
         if len(slot.tokens) >= self.engine.ctx:
             out.ended.append((slot, Failed("prompt does not fit the context", "context_length_exceeded"),
                               RequestStatus.FAILED))
-            return
+            return 0
         # Prompt tokens are read; a resumed request's generated tokens are replayed as the decode
         # steps fed them, so its answer goes on exactly as the undisturbed run's (docs/engine.md).
         prompt = len(slot.request.prompt)
         is_prompt = slot.read_pos < prompt
         feed = self.engine.read if is_prompt else self.engine.replay
-        end = slot.read_pos + self.prefill_chunk
+        end = slot.read_pos + budget
         chunk = slot.tokens[slot.read_pos : min(end, prompt) if is_prompt else end]
         last = slot.read_pos + len(chunk) == len(slot.tokens)
         request = slot.request
@@ -450,13 +499,13 @@ class Worker:
         except Exception as error:  # noqa: BLE001 - one bad request must not take the worker down
             log.exception("read failed for %s", slot.request.id)
             out.ended.append((slot, engine_failure(error), RequestStatus.FAILED))
-            return
+            return 0
         slot.read_pos += len(chunk)
         if is_prompt:
             self.prompt_tokens_read += len(chunk)
         slot.gave_way_to = None  # back on the lines: its epoch is over
         if not last:
-            return
+            return len(chunk)
         out.of(slot).first_token = True
         answers_of = [slot] + [s for s in self._siblings(slot) if s is not slot]
         firsts = [token]
@@ -466,7 +515,7 @@ class Worker:
             except Exception as error:  # noqa: BLE001 - one bad request must not take the worker down
                 log.exception("fork failed for %s", request.id)
                 out.ended.append((slot, engine_failure(error), RequestStatus.FAILED))
-                return
+                return len(chunk)
         echoed = self._echo(slot) if request.echo and slot.generated == 0 else None  # a resumed answer sent it already
         for each, first in zip(answers_of, firsts):
             each.phase = Phase.DECODING
@@ -477,6 +526,7 @@ class Worker:
                 self._take(each, [first], out)
             else:
                 out.ended.append((each, Done("length", len(request.prompt), 0, each.choice), RequestStatus.FINISHED))
+        return len(chunk)
 
     def _echo(self, slot: Slot) -> Token:
         """The prompt's text as the answer's start, with its tokens' logprobs when asked (the

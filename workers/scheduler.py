@@ -152,6 +152,26 @@ def pick_waiting(slots: Sequence[Slot], waiting: Sequence[W], policy: Policy) ->
     return None
 
 
+def pick_many(slots: Sequence[Slot], waiting: Sequence[W], policy: Policy) -> list[W]:
+    """The waiting requests the free slots take now, in service order: pick_waiting again and
+    again, each pick's slots counted as taken (its n, in the lowest tier it may use, as
+    allowed_slots gives them), until one does not fit (it then waits at the head: nobody behind
+    it is taken) or the slots run out. One step's admissions, claimed in one round trip."""
+    free = [s for s in slots if s.is_free]
+    taken: list[W] = []
+    for candidate in waiting:
+        n = getattr(candidate, "n", 1)
+        fits = sorted((s for s in free if s.admits(candidate.priority)), key=lambda s: (_tier(s), s.index))
+        if len(fits) < n:
+            if policy.aging_s is None:
+                break
+            continue
+        taken.append(candidate)
+        for slot in fits[:n]:
+            free.remove(slot)
+    return taken
+
+
 def look_further(head: Sequence[Queued], policy: Policy) -> bool:
     """pick_waiting found nobody in `head`: is it worth reading RESERVED_LOOKAHEAD of the queue?
     Only with aging (see pick_waiting), and only when the queue has more than was read."""
@@ -194,6 +214,19 @@ def next_read(slots: Sequence[Slot], current: Slot | None, policy: Policy) -> Li
         return Lines(best, gave_way=current) if best else Lines(current)
     ready = [s for s in reading if not in_epoch(s, slots)] or reading  # never stall the lines
     return Lines(_first(ready))
+
+
+def short_read(slots: Sequence[Slot], policy: Policy, budget: int) -> Slot | None:
+    """After the step's read ended within its chunk: the read next in line (next_read's choice
+    with the lines free: rules 3 and 6), if what is left of the chunk's `budget` holds the whole
+    of it; None otherwise. Short prompts thus share one step in priority order, and one that
+    does not fit whole is never skipped for a shorter one behind it: it reads next step."""
+    if budget <= 0:
+        return None
+    nxt = next_read(slots, None, policy).read
+    if nxt is None or len(nxt.tokens) - nxt.read_pos > budget:
+        return None
+    return nxt
 
 
 def in_epoch(slot: Slot, slots: Sequence[Slot]) -> bool:

@@ -28,7 +28,7 @@ requests = st.lists(
 def watch(worker, redis_client, violations: list[str]) -> None:
     """Spies: every decode step carries all decoding slots; every claim takes the queue's head."""
     decode = worker.engine.decode
-    claim = worker.claims.claim
+    claim_many = worker.claims.claim_many
     step = worker.step
     decoding_at_start: set[int] = set()
 
@@ -46,17 +46,18 @@ def watch(worker, redis_client, violations: list[str]) -> None:
         decoding_at_start.clear()
         return decode(slots, tokens)
 
-    def checked_claim(waiting, now_ms):
-        head = redis_client.zrange(K.waiting, 0, 0, withscores=True)
-        if head and head[0][0] != waiting.member:
-            violations.append(f"claimed {waiting.member} while {head[0][0]} (served first) waited")
-        if not any(s.is_free for s in worker.slots):
-            violations.append(f"claimed {waiting.member} with no free slot")
-        return claim(waiting, now_ms)
+    def checked_claim_many(waiting, now_ms):
+        head = redis_client.zrange(K.waiting, 0, len(waiting) - 1)
+        members = [w.member for w in waiting]
+        if head != members[: len(head)]:
+            violations.append(f"claimed {members} while {head} (served first) waited")
+        if sum(s.is_free for s in worker.slots) < len(waiting):
+            violations.append(f"claimed {members} with fewer free slots")
+        return claim_many(waiting, now_ms)
 
     worker.step = checked_step
     worker.engine.decode = checked_decode
-    worker.claims.claim = checked_claim
+    worker.claims.claim_many = checked_claim_many
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
