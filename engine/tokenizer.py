@@ -123,6 +123,13 @@ class Tokenizer:
         template = self._tok.chat_template
         return template if isinstance(template, str) else None
 
+    @property
+    def response_template(self) -> dict | None:
+        """The model's own response_template (tokenizer_config.json), which transformers' response
+        parsing reads its answers by (shapes/parsing.py); None where it declares none."""
+        template = getattr(self._tok, "response_template", None)
+        return template if isinstance(template, dict) else None
+
     def json(self) -> str:
         """The tokenizer as tokenizers' JSON (engine/grammar.py builds llguidance's from it)."""
         rust = getattr(self._tok, "backend_tokenizer", None) or getattr(self._tok, "_rust")

@@ -1,17 +1,30 @@
 """An answer's text split into what OpenAI's clients read apart: the thinking
 (`reasoning_content`), the content, and the tool calls, in the served model's own format.
 
-One table of the formats models are trained on (`FORMATS`), one chosen per model from its chat
-template (`tool_format`), and one incremental splitter (`AnswerSplitter`) that the stream and
-the whole answer both use: text goes in as the worker streams it, in pieces of any size; parts
-come out as soon as they are certain. Text that might be the start of a marker (`<tool_call>`,
-`</think>`) is held back until the next piece decides it, as stop strings are in workers/text.py.
-A call's JSON is parsed with `json.JSONDecoder.raw_decode`, never by a regular expression."""
+The split is transformers' response parsing (`transformers.utils.chat_parsing.ResponseParser`,
+driven by a declarative `response_template`): the model's own, where its tokenizer declares one
+(`response_template` in tokenizer_config.json), else one built from a small table of the formats
+models are trained on (`FORMATS`: Hermes/Qwen `<tool_call>` JSON, Llama 3.x JSON, Mistral
+`[TOOL_CALLS]`), the entry chosen from the chat template (`tool_format`). `AnswerTemplate` is that
+choice, made once per model; `Reading` is one request's (the template minus what the request
+does not use, and the text the prompt already wrote of the answer, e.g. an opened `<think>`),
+stored beside the request so any reader splits its answer alike. One incremental splitter
+(`AnswerSplitter`) serves the stream and the whole answer: text goes in as the worker streams it,
+in pieces of any size; parts come out as soon as they are certain (the parser holds back what may
+be the start of a marker). A call's JSON is parsed by the template's content parser.
+
+The table also says how each format writes a call (`ToolFormat`): shapes/constraints.py builds
+a forced call's grammar from it and shapes/tool_prompt.py writes earlier calls back with it."""
 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -33,6 +46,16 @@ class ToolFormat:
             return f"{self.start}[{body}]"
         return f"{self.start}\n{body}\n{self.end}" if self.start else body
 
+    def calls_field(self) -> dict[str, Any]:
+        """The response_template field its calls are read by (no transform: `_calls_of` reads
+        the JSON, and JSON that is not a call becomes content)."""
+        json_body = {"content": "json", "content_args": {"allow_non_json": True}}
+        if self.is_list:  # the rest of the answer is one JSON list of calls
+            return {"open": self.start, "close_pattern": r"\Z", **json_body}
+        if self.start:
+            return {"open_pattern": r"\s*" + _escaped(self.start), "close": self.end, "repeats": True, **json_body}
+        return {"open_pattern": r"\A(?=\s*\{)", "close_pattern": r"\Z", **json_body}  # an answer that is a JSON object
+
 
 FORMATS: dict[str, ToolFormat] = {
     # Hermes / Qwen 2.5 / Qwen 3 (and the fallback template's): <tool_call>\n{json}\n</tool_call>
@@ -43,6 +66,9 @@ FORMATS: dict[str, ToolFormat] = {
     "mistral": ToolFormat("mistral", "[TOOL_CALLS]", "", "arguments", is_list=True),
 }
 FALLBACK = FORMATS["hermes"]
+THINKING_FIELD = {"open": THINK_OPEN, "close": THINK_CLOSE, "content": "text", "content_args": {"strip": False}}
+CONTENT_FIELD = {"content": "text", "content_args": {"strip": False}}  # the implicit region: what no marker opened
+REASONING_NAMES = ("reasoning_content", "reasoning", "thinking")  # a template's field for the thinking
 
 
 def tool_format(chat_template: str | None) -> tuple[ToolFormat, bool]:
@@ -91,141 +117,161 @@ class Parts:
 
 @dataclass(frozen=True)
 class Reading:
-    """How an answer is to be split: a tool format (None: calls are not looked for) and where
-    thinking stands at its start: "open" (the prompt opened it), "maybe" (the model may open it
-    first), or None (no thinking)."""
+    """How one answer is to be split: a response_template (JSON text; None: plain, nothing is
+    split) and `prefix`, the answer's start as the prompt already wrote it (after the template's
+    start anchor: "<think>\n" when the template opened the thinking). `thinking_open` (not
+    stored: the API decides with it) says the answer starts inside the thinking."""
 
-    tools: str | None = None
-    thinking: str | None = None
+    template: str | None = None
+    prefix: str = ""
+    source: str = ""  # the template's origin: "model" or a FORMATS name (operators read it in the request hash)
+    thinking_open: bool = field(default=False, compare=False)
 
     @property
     def is_plain(self) -> bool:
-        return self.tools is None and self.thinking is None
+        return self.template is None
 
     def fields(self) -> dict[str, str]:
         """As stored beside its request (the request hash, a batch's line): a reader by id splits
         the answer the same way."""
-        return {"tool_format": self.tools or "", "thinking": self.thinking or ""}
+        return {"response_template": self.template or "", "response_prefix": self.prefix, "tool_format": self.source}
 
     @classmethod
     def of(cls, stored: dict[str, str]) -> "Reading":
-        return cls(stored.get("tool_format") or None, stored.get("thinking") or None)
+        return cls(stored.get("response_template") or None, stored.get("response_prefix", ""),
+                   stored.get("tool_format", ""))
+
+
+@dataclass(frozen=True)
+class AnswerTemplate:
+    """The served model's response_template, chosen once per model (`answer_template`)."""
+
+    spec: dict[str, Any]
+    source: str  # "model": its tokenizer's own; else the FORMATS entry it was built from
+
+    def reading(self, tools: bool, prompt_text: Callable[[], str]) -> Reading:
+        """The reading of one request: its calls looked for only when it offers tools; `prompt_text`
+        gives the rendered prompt (its tail after the template's start anchor is the answer's
+        prefix), asked only when something is to be split."""
+        fields = {name: f for name, f in self.spec["fields"].items() if tools or name != "tool_calls"}
+        if not any(name == "tool_calls" or name in REASONING_NAMES for name in fields):
+            return Reading()
+        spec = {**self.spec, "fields": fields}
+        from transformers.utils.chat_parsing import ResponseParser
+        from transformers.utils.chat_parsing.response_templates import load_response_template
+
+        if self.source == "model":
+            prefix = load_response_template(spec).truncate_past_last_anchor(prompt_text())
+        else:  # the table's templates: the prompt can only have opened the thinking
+            prefix = THINK_OPEN if "reasoning_content" in fields and prompt_opens_thinking(prompt_text()) else ""
+        opened: set[str] = set()
+        for event in ResponseParser(spec, prefix=prefix).initial_events:
+            if event["type"] == "region_open":
+                opened.add(event["field"])
+            elif event["type"] == "region_close":
+                opened.discard(event["field"])
+        return Reading(json.dumps(spec), prefix, self.source, thinking_open=bool(opened & set(REASONING_NAMES)))
+
+
+def answer_template(chat_template: str | None, own: dict[str, Any] | None = None) -> AnswerTemplate:
+    """The model's own response_template where its tokenizer declares one, else the table's entry
+    for its chat template, with thinking where the template thinks."""
+    if own:
+        return AnswerTemplate(own, "model")
+    return _table_template(chat_template or "")
+
+
+@lru_cache(maxsize=8)
+def _table_template(chat_template: str) -> AnswerTemplate:
+    fmt = tool_format(chat_template)[0]
+    fields: dict[str, Any] = {}
+    if thinks(chat_template):
+        fields["reasoning_content"] = THINKING_FIELD
+    fields["tool_calls"] = fmt.calls_field()
+    fields["content"] = CONTENT_FIELD
+    # an anchor that never matches: the prefix a reading holds is the answer's start already
+    # (`AnswerTemplate.reading` gives it only an opened <think>)
+    return AnswerTemplate({"start_anchor_pattern": r"(?!)", "fields": fields}, fmt.name)
 
 
 class AnswerSplitter:
     def __init__(self, reading: Reading, id_prefix: str = "call") -> None:
-        self.format = FORMATS[reading.tools] if reading.tools else None
-        self._state = {"open": "thinking", "maybe": "start"}.get(reading.thinking or "", "content")
-        self._buffer = ""
+        from transformers.utils.chat_parsing import ResponseParser
+
+        assert reading.template is not None, "a plain reading is not split"
+        self._parser: Any = ResponseParser(json.loads(reading.template), prefix=reading.prefix)
+        self._broken = False  # the parser failed (a model's own template): the rest is content
+        self._body = ""  # the open call region's text so far
+        self._content_fresh = True  # the blank lines that start a content region are no content
         self._calls = 0
         self._id_prefix = id_prefix
-        self._content_started = False
 
     @property
     def num_calls(self) -> int:
         return self._calls
 
     def push(self, text: str) -> Parts:
-        self._buffer += text
-        return self._advance(final=False)
+        return self._run(text, final=False)
 
     def finish(self) -> Parts:
-        return self._advance(final=True)
+        return self._run("", final=True)
 
-    # ---- the states ------------------------------------------------------------------------
-
-    def _advance(self, final: bool) -> Parts:
+    def _run(self, text: str, final: bool) -> Parts:
         out = Parts()
-        while True:
-            before = (self._state, len(self._buffer))
-            getattr(self, f"_{self._state}")(out, final)
-            if (self._state, len(self._buffer)) == before:
-                return out
-
-    def _start(self, out: Parts, final: bool) -> None:
-        stripped = self._buffer.lstrip()
-        if stripped.startswith(THINK_OPEN):
-            self._buffer = stripped[len(THINK_OPEN):]
-            self._state = "thinking"
-        elif final or not THINK_OPEN.startswith(stripped):
-            self._state = "content"
-
-    def _thinking(self, out: Parts, final: bool) -> None:
-        at = self._buffer.find(THINK_CLOSE)
-        if at != -1:
-            out.reasoning += self._buffer[:at]
-            self._buffer = self._buffer[at + len(THINK_CLOSE):]
-            self._state = "content"
-            return
-        keep = 0 if final else _partial(self._buffer, THINK_CLOSE)
-        out.reasoning += self._buffer[:len(self._buffer) - keep]
-        self._buffer = self._buffer[len(self._buffer) - keep:]
-
-    def _content(self, out: Parts, final: bool) -> None:
-        if not self._content_started:  # the blank lines after </think> or before a call are no content
-            self._buffer = self._buffer.lstrip()
-            if not self._buffer and not final:
-                return
-            self._content_started = True
-        fmt = self.format
-        if fmt is not None and not fmt.start:  # the whole answer is a call, or is content
-            if self._buffer.startswith("{") and self._calls == 0:
-                self._state = "call"
-                return
-            fmt = None
-        if fmt is None:
-            out.content += self._buffer
-            self._buffer = ""
-            return
-        at = self._buffer.find(fmt.start)
-        if at != -1:
-            out.content += self._buffer[:at].rstrip() if at else ""
-            self._buffer = self._buffer[at + len(fmt.start):]
-            self._state = "call"
-            return
-        # held back: what may start the marker, and trailing blanks (dropped if a call follows)
-        keep = 0
-        if not final:
-            keep = _partial(self._buffer, fmt.start)
-            before = self._buffer[:len(self._buffer) - keep]
-            keep += len(before) - len(before.rstrip())
-        out.content += self._buffer[:len(self._buffer) - keep]
-        self._buffer = self._buffer[len(self._buffer) - keep:]
-
-    def _call(self, out: Parts, final: bool) -> None:
-        fmt = self.format
-        assert fmt is not None
-        end = self._buffer.find(fmt.end) if fmt.end else -1
-        if end == -1 and not final:
-            return  # the call is not whole yet
-        body = self._buffer if end == -1 else self._buffer[:end]
-        calls = self._parse(body)
-        if calls is None:  # not a call after all: the text is content
-            out.content += (fmt.start if fmt.start else "") + self._buffer
-            self._buffer = ""
-            self._state = "content"
-            return
-        out.tool_calls += calls
-        self._buffer = "" if end == -1 else self._buffer[end + len(fmt.end):].lstrip()
-        self._state = "content"
-        self._content_started = False
-
-    def _parse(self, body: str) -> list[ToolCall] | None:
-        fmt = self.format
-        assert fmt is not None
+        if self._broken:
+            out.content += text
+            return out
         try:
-            value, _ = json.JSONDecoder().raw_decode(body.strip())
-        except ValueError:
-            return None
-        items = value if fmt.is_list and isinstance(value, list) else [value]
+            events = self._parser.finalize()[1] if final else self._parser.feed(text)
+        except (ValueError, KeyError, TypeError) as error:  # a template's parser or transform refused the text
+            log.warning("the response template could not split this answer (%s); the rest is content", error)
+            self._broken = True
+            out.content += self._body + text
+            return out
+        for event in events:
+            self._event(event, out)
+        return out
+
+    def _event(self, event: dict[str, Any], out: Parts) -> None:
+        name, kind = event["field"], event["type"]
+        if name == "tool_calls":
+            if kind == "region_open":
+                self._body = ""
+            elif kind == "region_chunk":
+                self._body += event["text"]
+            else:
+                calls = self._calls_of(event["value"])
+                if calls is None:  # not a call after all: its text is content
+                    out.content += self._body.strip()
+                else:
+                    out.tool_calls += calls
+                self._body = ""
+                self._content_fresh = True
+        elif name in REASONING_NAMES:
+            if kind == "region_chunk":
+                out.reasoning += event["text"]
+            elif kind == "region_close":
+                self._content_fresh = True
+        elif name == "content" and kind == "region_chunk":
+            text = event["text"].lstrip() if self._content_fresh else event["text"]
+            self._content_fresh = self._content_fresh and not text
+            out.content += text
+
+    def _calls_of(self, value: Any) -> list[ToolCall] | None:
+        """A closed call region's value -> its calls: {"name", "arguments" (or "parameters")},
+        also inside {"type": "function", "function": ...} (transformers' templates), or a list of them."""
+        items = value if isinstance(value, list) else [value]
         calls = []
         for item in items:
+            if isinstance(item, dict) and isinstance(item.get("function"), dict):
+                item = item["function"]
             if not isinstance(item, dict) or not isinstance(item.get("name"), str):
                 return None
-            arguments = item.get(fmt.arguments_key, item.get("arguments", {}))
+            arguments = item.get("arguments", item.get("parameters", {}))
             text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-            calls.append(ToolCall(self._calls, f"{self._id_prefix}_{self._calls}", item["name"], text))
-            self._calls += 1
+            calls.append(ToolCall(self._calls + len(calls), f"{self._id_prefix}_{self._calls + len(calls)}",
+                                  item["name"], text))
+        self._calls += len(calls)
         return calls
 
 
@@ -237,9 +283,7 @@ def split_whole(text: str, reading: Reading, id_prefix: str = "call") -> Parts:
                  first.tool_calls + last.tool_calls)
 
 
-def _partial(text: str, marker: str) -> int:
-    """How many characters at the end of `text` could be the start of `marker`."""
-    for size in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-size:]):
-            return size
-    return 0
+def _escaped(literal: str) -> str:
+    import re
+
+    return re.escape(literal)

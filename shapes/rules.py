@@ -5,6 +5,7 @@ to each request; batch creation to each line, so a line is refused exactly as th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Protocol
 
 from jinja2 import TemplateError
@@ -14,7 +15,7 @@ from shapes import tool_prompt
 from shapes.constraints import answer_grammar
 from shapes.errors import ApiError
 from shapes.fields import IgnoredFields
-from shapes.parsing import THINK_CLOSE, Reading, ToolFormat, prompt_opens_thinking, thinks, tool_format
+from shapes.parsing import THINK_CLOSE, AnswerTemplate, Reading, ToolFormat, answer_template, tool_format
 from shapes.requests import ChatCompletionRequest, CompletionRequest, GenerationBody
 
 N_MAX = 16  # answers one request may ask for (`n`); each takes a slot
@@ -122,15 +123,17 @@ class Rules:
             raise ApiError(400, str(error) or "the chat template refused these messages", param="messages",
                            code="invalid_value") from None
 
+    @cached_property
+    def answer_template(self) -> AnswerTemplate:
+        """How the served model's answers split (shapes/parsing.py), chosen once: its tokenizer's
+        own response_template, else the table's entry for its chat template."""
+        return answer_template(self.chat_template, getattr(self.tokenizer, "response_template", None))
+
     def reading(self, body: GenerationBody, prompt: list[int]) -> Reading:
         """How the answer is split (shapes/parsing.py): tool calls looked for, thinking."""
         if not isinstance(body, ChatCompletionRequest):
             return Reading()
-        tools = self.tool_format[0].name if body.offers_tools else None
-        thinking = None
-        if thinks(self.chat_template):
-            thinking = "open" if prompt_opens_thinking(self.tokenizer.decode(prompt[-32:])) else "maybe"
-        return Reading(tools, thinking)
+        return self.answer_template.reading(body.offers_tools, lambda: self.tokenizer.decode(prompt))
 
     def token_ids(self, ids: list[int], param: str) -> list[int]:
         """A prompt given as token ids: each must be in the vocabulary."""
@@ -167,7 +170,7 @@ class Rules:
                                    code="unsupported_value", param=name)
             # a model whose prompt opened its thinking is free until it ends; one that may open it (`maybe`)
             # is constrained at once: it answers without thinking
-            after = THINK_CLOSE if grammar and self.reading(body, prompt).thinking == "open" else None
+            after = THINK_CLOSE if grammar and self.reading(body, prompt).thinking_open else None
         if self.slots is not None and body.n > self.slots:
             raise ApiError(400, f"n={body.n} answers take {body.n} slots of one worker together; the workers "
                            f"serving this model have at most {self.slots}.", code="invalid_value", param="n")
