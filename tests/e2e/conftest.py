@@ -90,19 +90,24 @@ def healthy(base_url: str) -> bool:
 
 
 @contextmanager
-def default_engine_stack(folder: Path, *, parallel: int, prefill_chunk: int) -> Iterator[Stack]:
-    """A worker on the default engine (eager) and an API over their own Redis, stopped whatever fails."""
+def default_engine_stack(folder: Path, *, parallel: int, prefill_chunk: int,
+                         model: Path | None = None) -> Iterator[Stack]:
+    """A worker on the default engine (eager) and an API over their own Redis, stopped whatever
+    fails; `model`: another model file or folder than the default SmolLM2 GGUF."""
     server = EmbeddedRedis(folder, appendonly=False).start()
     port = free_port()
     env = {**os.environ, "STRATA_REDIS_URL": server.url, "STRATA_PORT": str(port), "STRATA_PARALLEL": str(parallel),
            "STRATA_PREFILL_CHUNK": str(prefill_chunk), "STRATA_CTX": "1024", "STRATA_THREADS": "2", **EAGER}
     env.pop("REDIS_URL", None)
     env.pop("STRATA_DTYPE", None)  # the default engine
+    if model is not None:
+        env["STRATA_MODEL"] = str(model)
+    name = MODEL if model is None else served_model_name(model)
     worker, api = start("worker", env), start("api", env)
     client = redis.Redis.from_url(server.url, decode_responses=True)
-    stack = Stack(f"http://127.0.0.1:{port}", server.url, client, worker, api)
+    stack = Stack(f"http://127.0.0.1:{port}", server.url, client, worker, api, Keys(name))
     try:
-        wait_until(lambda: client.zscore(models_key(), MODEL) is not None, "the worker's heartbeat")
+        wait_until(lambda: client.zscore(models_key(), name) is not None, "the worker's heartbeat")
         wait_until(lambda: healthy(stack.base_url), "the API")
         yield stack
     finally:
