@@ -11,6 +11,10 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+# First, before any test module imports torch: engine/__init__.py sets how torch's OpenMP threads
+# wait (a short spin, then sleep), which libgomp reads once, when torch loads it; with libgomp's
+# own long spin every in-process engine test crawls once other work shares the cores.
+import engine  # noqa: F401
 from queues.server import EmbeddedRedis
 from tests.helpers.queue import Submit
 from tests.processes import RUN_MARK, kill, survivors
