@@ -57,19 +57,21 @@ class Attention(nn.Module):
     def forward(self, h: Tensor, inputs: StepInputs, state: tuple[Tensor, ...]) -> Tensor:
         """h: [B, T, dim] normed residual; state: this layer's K/V rows as the step sees them
         (`StepInputs.views`), written at (inputs.rows, inputs.positions), read up to inputs.span
-        -> [B, T, dim] in the linears' dtype."""
+        -> [B, T, dim] in the output linear's dtype."""
         keys, values = state
         bsz, seq, _ = h.shape
         q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-        q, k, v = in_pieces(self.wqkv, h, inputs.pieces).split((q_size, kv_size, kv_size), dim=-1)
+        # float32 from the linear's output on: q/k norms, RoPE and the (float32) cache then add no
+        # bf16 rounding of their own beside the linear's (docs/engine.md, "Precision per instruction set")
+        q, k, v = in_pieces(self.wqkv, h, inputs.pieces).float().split((q_size, kv_size, kv_size), dim=-1)
         q = q.view(bsz, seq, self.n_heads, self.head_dim)
         k = k.view(bsz, seq, self.n_kv_heads, self.head_dim)
         v = v.view(bsz, seq, self.n_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
-            q = F.rms_norm(q, (self.head_dim,), self.q_norm.to(q.dtype), self.norm_eps)
-            k = F.rms_norm(k, (self.head_dim,), self.k_norm.to(k.dtype), self.norm_eps)
+            q = F.rms_norm(q, (self.head_dim,), self.q_norm, self.norm_eps)
+            k = F.rms_norm(k, (self.head_dim,), self.k_norm, self.norm_eps)
         cos, sin, mask = inputs.attention(sliding=self.window > 0)
-        cos, sin = cos.unsqueeze(2).to(q.dtype), sin.unsqueeze(2).to(q.dtype)  # broadcast over heads
+        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # broadcast over heads
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         # One index-put per buffer: advanced indices around a slice put [B, T] first, so the
@@ -99,7 +101,8 @@ class GatedFFN(nn.Module):
         self.w_down: nn.Module = nn.Identity()
 
     def forward(self, h: Tensor, pieces: tuple[int, ...] | None = None) -> Tensor:
-        gate, up = in_pieces(self.w_gate_up, h, pieces).chunk(2, dim=-1)
+        # act(gate) * up in float32, rounded once where the down linear takes it
+        gate, up = in_pieces(self.w_gate_up, h, pieces).float().chunk(2, dim=-1)
         act = F.silu(gate) if self.activation == "silu" else F.gelu(gate, approximate="tanh")
         return in_pieces(self.w_down, act * up, pieces)
 

@@ -403,12 +403,12 @@ class Transformer(nn.Module):
         """The sliding layers' RoPE rows: their own base where the config has one (Gemma 3)."""
         if not self.cfg.local_rope:
             return self.rope(positions)
-        return self.cos_local[positions].to(self.dtype), self.sin_local[positions].to(self.dtype)
+        return self.cos_local[positions], self.sin_local[positions]
 
     def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """positions [B, T] -> cos, sin [B, T, hd], rounded once per step to the activations'
-        dtype (as transformers does), not per layer."""
-        return self.cos[positions].to(self.dtype), self.sin[positions].to(self.dtype)
+        """positions [B, T] -> cos, sin [B, T, hd] float32: RoPE is applied in float32 whatever
+        the linears' dtype (engine/layers.py Attention)."""
+        return self.cos[positions], self.sin[positions]
 
     def last_normed(self, x: Tensor) -> Tensor:
         """The last layer's output [B, T, dim] -> the final-normed residual of each row's last token."""

@@ -36,7 +36,7 @@ class StepInputs:
 
     Tensors (a compiled step's inputs, in field order, those not None): `rows` [B, 1] long, each
     row's slot in the state views; `positions` [B, T] long; `cos`, `sin` [B, T, hd] RoPE rows in
-    the activations' dtype; `mask` [B, 1, 1, T, span] bool, key j seen by a token at position p
+    float32; `mask` [B, 1, 1, T, span] bool, key j seen by a token at position p
     iff j <= p; where the model has sliding-window layers, what they read instead: `local_cos`,
     `local_sin` (their own RoPE base) and `local_mask` (also p - j < window). The rest is fixed
     for a compiled step: the state views are the layers' buffers' rows lo..hi-1 (hi None: all of

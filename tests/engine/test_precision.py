@@ -1,5 +1,5 @@
-"""The CPU default (bf16 activations; int4 weights from the file's Q4_1 blocks for decode, their bf16
-copy for prompts of 16+ tokens) and plain bf16 against the float32 dequantized reference on
+"""The CPU default (bf16 activations; int4 weights from the file's Q4_1 blocks for generated tokens,
+their bf16 copy for prompt tokens) and plain bf16 against the float32 dequantized reference on
 SmolLM2, beside transformers' own bf16.
 
 Teacher-forced: each prompt's float32 greedy continuation is fed to every model, so position p of
@@ -8,7 +8,9 @@ each model predicts the same next token; agreement = same top token as our float
 Measured under every instruction set oneDNN can be limited to on this CPU (ONEDNN_MAX_CPU_ISA:
 AVX2, AVX512_CORE, AVX512_CORE_BF16, AVX512_CORE_AMX), each in a child process since oneDNN
 reads the variable once: its bf16 kernels (the prompt's bf16 copy, transformers' bf16) round
-differently on each, and the default must stay as close on all of them."""
+differently on each, and the default must stay as close on all of them (it does since RoPE, the
+q/k norms and SiLU*up run in float32 around the bf16 linears: docs/engine.md, "Precision per
+instruction set")."""
 
 from __future__ import annotations
 
@@ -115,17 +117,7 @@ def measure() -> dict:
             "greedy_same": greedy_same, "forms": default.model.forms, "france": tok.decode(france)}
 
 
-# Measured and still open (issue 24 item 2): strict, so a fix shows up as a failure to remove it.
-KNOWN = {"AVX512_CORE_AMX": "on AMX the default agrees with float32 on 62/65 teacher-forced tokens where "
-                            "transformers' bf16 (oneDNN's AMX kernels too) gets 64/65, and answers France "
-                            "with 'L'Etoile' (docs/engine.md, 'Precision per instruction set')"}
-# Seen failing the closeness test (France passes) after the kernels-by-role change, last run of the
-# stop (AVX2: default below hf_bf16 in same-top or KL; AVX512_CORE_BF16 likewise): not strict, open.
-SEEN = {isa: "closeness to float32 below transformers' bf16 on this ISA since ff7bcc3 (issue 24 item 2)"
-        for isa in ("AVX2", "AVX512_CORE_BF16")}
-ISAS = [pytest.param(isa, marks=pytest.mark.xfail(strict=True, reason=KNOWN[isa])) if isa in KNOWN
-        else pytest.param(isa, marks=pytest.mark.xfail(strict=False, reason=SEEN[isa])) if isa in SEEN else isa
-        for isa in onednn_isas()] or [""]
+ISAS = onednn_isas() or [""]  # strict on every one: no expected failure on any ISA
 
 
 @pytest.fixture(scope="module", params=ISAS, ids=lambda isa: isa or "cpu-default")
