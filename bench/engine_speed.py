@@ -6,7 +6,8 @@ first token, load time and memory, for several engine variants in one run.
 A variant is `default` (what `strata serve` runs), `float32`, `bfloat16`, with `+noint4`
 (bf16 linears dequantized instead of int4 from the file's blocks), `+noprefillbf16` (int4 only, no
 bf16 copy for prefill chunks), `+eager` (no compiled decode step, `--no-compile`) or `+nographs`
-(on a GPU: the compiled step launched kernel by kernel, not replayed from CUDA graphs) appended;
+(on a GPU: the compiled step launched kernel by kernel, not replayed from CUDA graphs) or
+`+isa=NAME` (that child under ONEDNN_MAX_CPU_ISA=NAME, e.g. AVX512_CORE_BF16: AMX off) appended;
 `+compile` asks for the compiled step from an engine that did not compile by default (a
 `--baseline` before it did). `load s` includes the compile: inductor's cache is under the
 temporary folder's strata-bench-cache (TORCHINDUCTOR_CACHE_DIR wins), so the first run after a
@@ -153,7 +154,11 @@ class Child:
         if args.device != "cpu":
             cmd += ["--device", args.device]
         root = tree or Path(__file__).resolve().parent.parent
-        self.process = subprocess.Popen(cmd, cwd=root, env=env_with_first(root), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        env = env_with_first(root)
+        for flag in variant.split("+")[1:]:
+            if flag.startswith("isa="):  # oneDNN reads it once, at its first use: set for the child
+                env["ONEDNN_MAX_CPU_ISA"] = flag.removeprefix("isa=")
+        self.process = subprocess.Popen(cmd, cwd=root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.ask_line()  # ready: loaded
 
     def ask_line(self, command: str | None = None) -> object:
