@@ -107,14 +107,16 @@ def rss_mib(pids: list[int]) -> float:
 
 
 @contextmanager
-def served(*flags: str) -> Iterator[Stack]:
+def served(*flags: str, cwd: Path | None = None) -> Iterator[Stack]:
+    """`strata serve --engine fake` with these flags (from checkout `cwd`: `python -m` puts it
+    first on the path; None: this one)."""
     data = Path(tempfile.mkdtemp(prefix="strata-load-"))
     port = free_port()
     env = environ_without_settings()
     serve = subprocess.Popen(
         [sys.executable, "-m", "strata", "serve", "--engine", "fake", "--port", str(port), "--data-dir", str(data),
          "--max-waiting", "0", "--queue-hard-limit", "0", *flags],
-        env=env, stdout=subprocess.DEVNULL, stderr=(data / "serve.log").open("w"))
+        cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=(data / "serve.log").open("w"))
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180

@@ -2,7 +2,7 @@
 asking for them costs a decode step.
 
     .venv/bin/python -m bench.logprobs --precision [--tokens 32] [--prompts 12]
-    .venv/bin/python -m bench.logprobs --speed [--steps 48]
+    .venv/bin/python -m bench.logprobs --speed [--steps 48] [--rounds 3]
 
 --precision: for bench.precision's chat prompts, the default engine (bf16 activations, int4
 linears, int8 head with its exact top rows) decodes greedily with logprobs; each sampled token's
@@ -11,7 +11,8 @@ same tokens (teacher-forced), and so are the prompt's own tokens (echo scoring, 
 of 64). Prints max and mean |delta| for both, and the largest error the int8 head alone makes in
 the normaliser and the top-20 logprobs (the head's logits against the file's float32 rows times
 the same residual).
---speed: decode tokens/s with logprobs off, then on (top 5), at 1 and 8 slots, eager, one run.
+--speed: decode tokens/s with logprobs off and on (top 5), alternating --rounds times, at 1 and 8
+slots, eager, one run: each pair's ratio and their median.
 """
 
 from __future__ import annotations
@@ -22,13 +23,18 @@ import time
 import torch
 
 
+def _default():
+    from engine import load_engine
+
+    return load_engine(None, num_slots=8, ctx=1024, threads=2, compile=False, prompt_lookup=False)
+
+
 def _engines():
     from engine import load_engine
 
-    default = load_engine(None, num_slots=8, ctx=1024, threads=2, compile=False, prompt_lookup=False)
     reference = load_engine(None, num_slots=1, ctx=1024, dtype="float32", threads=2, compile=False,
                             prompt_lookup=False)
-    return default, reference
+    return _default(), reference
 
 
 def _reference_logprobs(reference, ids: list[int]) -> torch.Tensor:
@@ -90,26 +96,36 @@ def head_normaliser(default, reference, prompts: list[list[int]]) -> None:
     print(f"int8 head, {rows} positions: normaliser max |delta| {worst_lse:.2e}, top-20 logprobs max |delta| {worst_top:.2e}")
 
 
-def speed(steps: int) -> None:
+def speed(steps: int, rounds: int) -> None:
+    """Off and on alternate, `rounds` times each, in one run: a load that drifts (the cores are
+    shared) touches both alike; the ratio of each pair and their median are printed."""
+    import statistics
+
     from engine.protocol import SamplingParams
 
-    default, _ = _engines()
+    default = _default()  # no float32 reference: speed needs none
     prompt = default.tokenizer.encode("The history of the city begins")
-    for rows in (1, 8):
-        rates = {}
-        for label, logprobs in (("off", None), ("on", 5)):
+
+    def rate(rows: int, logprobs: int | None) -> float:
+        for slot in range(rows):
+            default.begin(slot, SamplingParams(temperature=0.0, logprobs=logprobs))
+            default.read(slot, prompt, sample=True)
+        last = [1] * rows
+        started = time.perf_counter()
+        for _ in range(steps):
+            last = [t[-1] for t in default.decode(list(range(rows)), last)]
             for slot in range(rows):
-                default.begin(slot, SamplingParams(temperature=0.0, logprobs=logprobs))
-                default.read(slot, prompt, sample=True)
-            last = [1] * rows
-            started = time.perf_counter()
-            for _ in range(steps):
-                last = [t[-1] for t in default.decode(list(range(rows)), last)]
-                for slot in range(rows):
-                    default.logprobs(slot)
-            rates[label] = rows * steps / (time.perf_counter() - started)
-        print(f"{rows} slots: logprobs off {rates['off']:.1f} tok/s, on {rates['on']:.1f} tok/s, "
-              f"off/on {rates['off'] / rates['on']:.3f}x")
+                default.logprobs(slot)
+        return rows * steps / (time.perf_counter() - started)
+
+    rate(1, None)  # warm: the first steps pay one-time costs
+    for rows in (1, 8):
+        pairs = [(rate(rows, None), rate(rows, 5)) for _ in range(rounds)]
+        ratios = [off / on for off, on in pairs]
+        shown = ", ".join(f"{off:.1f}/{on:.1f}" for off, on in pairs)
+        print(f"{rows} slots, {steps} steps x {rounds} rounds: tok/s off/on {shown}; off/on each "
+              f"{', '.join(f'{r:.3f}' for r in ratios)}, median {statistics.median(ratios):.3f}x "
+              f"(load average {', '.join(f'{x:.1f}' for x in __import__('os').getloadavg())})", flush=True)
 
 
 def main() -> None:
@@ -119,11 +135,12 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--prompts", type=int, default=12, help="how many of bench.precision's prompts")
     parser.add_argument("--steps", type=int, default=48)
+    parser.add_argument("--rounds", type=int, default=3, help="--speed: off/on pairs, alternating")
     args = parser.parse_args()
     if args.precision:
         precision(args.tokens, args.prompts)
     if args.speed:
-        speed(args.steps)
+        speed(args.steps, args.rounds)
 
 
 if __name__ == "__main__":

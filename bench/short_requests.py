@@ -25,46 +25,17 @@ import asyncio
 import os
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 
-from queues.server import free_port, terminate
+from bench.load import served
 from queues.settings import environ_without_settings
 
 
 def load() -> str:
     return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-@contextmanager
-def served(repo: Path, parallel: int, api_workers: int) -> Iterator[str]:
-    data = Path(tempfile.mkdtemp(prefix="strata-short-"))
-    port = free_port()
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "strata", "serve", "--engine", "fake", "--port", str(port), "--data-dir", str(data),
-         "--parallel", str(parallel), "--fake-decode-ms-per-step", "1", "--api-workers", str(api_workers),
-         "--max-waiting", "0", "--queue-hard-limit", "0"],
-        cwd=repo, env=environ_without_settings(), stdout=subprocess.DEVNULL, stderr=(data / "serve.log").open("w"))
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                if httpx.get(f"{base}/v1/models", timeout=2).json()["data"]:
-                    break
-            except (httpx.HTTPError, ValueError, KeyError):
-                pass
-            if time.monotonic() > deadline or serve.poll() is not None:
-                raise RuntimeError(f"strata serve did not come up; see {data / 'serve.log'}")
-            time.sleep(0.2)
-        yield base
-    finally:
-        terminate(serve, 60)
 
 
 async def measure(base: str, clients: int, seconds: float, warm_s: float) -> tuple[float, int]:
@@ -151,8 +122,9 @@ def main() -> None:
         rates = {}
         for name, repo in runs:
             if measure_name == "stack":
-                with served(repo, args.parallel, args.api_workers) as base:
-                    rate, failures = asyncio.run(measure(base, args.clients, args.seconds, args.warm_s))
+                with served("--parallel", str(args.parallel), "--fake-decode-ms-per-step", "1",
+                            "--api-workers", str(args.api_workers), cwd=repo) as stack:
+                    rate, failures = asyncio.run(measure(stack.base, args.clients, args.seconds, args.warm_s))
                 print(f"stack, {name} ({repo}): {rate:.0f} one-token requests/s end to end, {failures} failed; "
                       f"{args.clients} clients, {args.parallel} slots, api workers {args.api_workers}; {load()}",
                       flush=True)

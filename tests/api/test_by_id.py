@@ -271,3 +271,28 @@ def test_another_keys_request_is_404_and_stays_untouched(start_api, tmp_path, wo
         assert http.get(f"/v1/requests/{request_id}").status_code == 401
         found = http.get(f"/v1/requests/{request_id}", headers=alerts)
         assert found.status_code == 200 and found.json()["status"] == "waiting"
+
+
+def test_n_answers_by_id_whole_and_reattached_after_the_first_ends(http, worker, redis_client):
+    """A background request of n=2: its lookup holds both choices; a re-attach after answer 1's
+    done still ends at answer 0's (the n-th), with usage counting both."""
+    request_id = http.post(CHAT, json={"messages": HI, "background": True, "n": 2,
+                                       "stream_options": {"include_usage": True}}).json()["id"]
+    assert worker.record(request_id)["n"] == "2"
+    claims = Claims(redis_client, "tiny", "w1")
+    claimed = claims.claim(claims.head()[0], now_ms())
+    ids = worker.publish(request_id, Token("A", [1]), Token("B", [2], choice=1), Done("stop", 7, 1, choice=1))
+    with http.stream("GET", f"/v1/requests/{request_id}/events", headers={"Last-Event-ID": ids[-1]}) as again:
+        lines = again.iter_lines()
+        worker.publish(request_id, Token("a", [3]))
+        assert claims.finish(request_id, claimed.claim_seq, Done("length", 7, 2), RequestStatus.FINISHED, 3, now_ms())
+        rest = [json.loads(e["data"]) for e in sse(lines) if e["data"] != "[DONE]"]
+    chunks = [c for c in rest if c["choices"]]
+    assert [(c["choices"][0]["index"], c["choices"][0]["delta"].get("content"), c["choices"][0]["finish_reason"])
+            for c in chunks] == [(0, "a", None), (0, None, "length")]
+    assert rest[-1]["usage"] == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+
+    whole = http.get(f"/v1/requests/{request_id}").json()["response"]
+    assert [(c["index"], c["message"]["content"], c["finish_reason"]) for c in whole["choices"]] == \
+        [(0, "Aa", "length"), (1, "B", "stop")]
+    assert whole["usage"] == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
