@@ -1,5 +1,5 @@
 """The evaluation battery's API end to end (issue 29): a real worker on the default engine
-(the SmolLM2 GGUF in bf16 with int4 linears, two slots, eager), a real API and Redis."""
+(the SmolLM2 GGUF in bf16 with int4 linears, four slots, eager), a real API and Redis."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with default_engine_stack(tmp_path_factory.mktemp("evals-redis"), parallel=2, prefill_chunk=64) as stack:
+    with default_engine_stack(tmp_path_factory.mktemp("evals-redis"), parallel=4, prefill_chunk=64) as stack:
         yield stack
 
 
@@ -158,23 +158,25 @@ def _worker_hash(stack: Stack) -> dict[str, str]:
 
 
 def test_n_answers_read_the_prompt_once_and_each_is_the_single_request_of_its_seed(stack: Stack):
-    """The openai client, n=2 (the worker's two slots), seed 21, temperature 1: answer i is the
+    """The openai client, n=4 (the worker's four slots), seed 21, temperature 1: answer i is the
     answer of a single request with seed 21 + i; the worker read the prompt's tokens once."""
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{stack.base_url}/v1", api_key="none", max_retries=0, timeout=120)
     messages = [{"role": "user", "content": "Name a colour and a fruit, n-test."}]  # no slot holds it yet
     before = int(_worker_hash(stack).get("prompt_tokens_read", 0))
-    both = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, seed=21, n=2,
-                                          temperature=1.0, logprobs=True)
-    assert [c.index for c in both.choices] == [0, 1]
-    answers = [c.message.content for c in both.choices]
-    assert answers[0] != answers[1]
-    assert both.usage.completion_tokens == sum(len(c.logprobs.content) for c in both.choices)
+    answered = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, seed=21, n=4,
+                                              temperature=1.0, logprobs=True)
+    assert [c.index for c in answered.choices] == [0, 1, 2, 3]
+    answers = [c.message.content for c in answered.choices]
+    assert len(set(answers)) > 1
+    assert answered.usage.completion_tokens == sum(len(c.logprobs.content) for c in answered.choices)
     beat = _worker_hash(stack)["heartbeat_ms"]
     wait_until(lambda: _worker_hash(stack)["heartbeat_ms"] != beat, "the worker's next heartbeat", 30)
-    assert int(_worker_hash(stack)["prompt_tokens_read"]) - before == both.usage.prompt_tokens
-    for i in range(2):
+    assert int(_worker_hash(stack)["prompt_tokens_read"]) - before == answered.usage.prompt_tokens
+    for i in range(4):
         single = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, seed=21 + i,
                                                 temperature=1.0)
         assert single.choices[0].message.content == answers[i]
+    again = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, seed=21, n=4, temperature=1.0)
+    assert [c.message.content for c in again.choices] == answers  # reproducible
