@@ -132,3 +132,28 @@ def test_a_constrained_row_gets_the_true_maximum_among_its_allowed_tokens():
     unmasked = model.logits(h.clone())[0].masked_fill(~allowed[0], float("-inf"))
     assert int(unmasked.argmax()) != truth  # what the head's candidates alone give
     assert torch.equal(logits[1:2], free)
+
+
+def test_a_constrained_row_whose_head_top_is_allowed_keeps_its_candidates_among_the_allowed():
+    # Near-tied rows (the head alone picks a wrong top); row 0's grammar forbids half of them but
+    # not the head's top: its candidates are the head's own, less the forbidden ones (no second
+    # bound), and still give the true maximum among the allowed. Rows 2-3 forbid nothing.
+    h, weight = _near_tie()
+    vocab = weight.shape[0]
+    model = _model_with_head(weight)
+    exact = h.double() @ weight.double().T
+    head_top = model.head(h.bfloat16()).float().argmax(-1)
+    allowed = torch.ones(4, vocab, dtype=torch.bool)
+    forbidden = exact[0].argsort(descending=True)[: vocab // 2]  # the best half: the true top too
+    forbidden = forbidden[forbidden != head_top[0]]
+    allowed[0, forbidden] = False
+    assert allowed[0, head_top[0]]
+    counter = RowCounter(model.head_rows)
+    model.head_rows = counter
+    logits = model.logits(h.clone(), allowed)
+    truth = int(exact[0].masked_fill(~allowed[0], float("-inf")).argmax())
+    assert int(logits[0].masked_fill(~allowed[0], float("-inf")).argmax()) == truth
+    counted = sum(counter.counts)
+    counter.counts.clear()
+    model.logits(h.clone())
+    assert counted < sum(counter.counts)  # the forbidden candidates were not recomputed
