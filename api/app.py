@@ -106,13 +106,16 @@ def load_model_facts(settings: ApiSettings, tokenizer: TokenizerLike | None,
     return tokenizer, settings.served_model_name or served_model_name(path), sampling_defaults(path)
 
 
-def run(settings: ApiSettings) -> None:
-    """Serve the API with uvicorn until interrupted (the CLI calls this): on host:port, or on the
-    listening socket a supervisor handed over (--fd), which several replicas then share."""
+def run(settings: ApiSettings, listening: socket.socket | None = None) -> None:
+    """Serve the API with uvicorn until interrupted (the CLI calls this): on the listening socket
+    a supervisor handed over (--fd), which several replicas then share, or on `listening`, bound
+    by the caller (a port in use is then the caller's one line, not uvicorn's traceback)."""
     import uvicorn
 
-    if settings.fd is None:
+    if settings.fd is not None:
+        listening = socket.socket(fileno=settings.fd)  # family and type read from the socket itself
+    if listening is None:
         uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
         return
     server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level="info"))
-    server.run(sockets=[socket.socket(fileno=settings.fd)])  # family and type read from the socket itself
+    server.run(sockets=[listening])

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, fields
 @dataclass(frozen=True)
 class WorkerState:
     device: str = ""
+    pid: int = 0  # its process on its host: how `strata serve` knows its own workers, whatever their ids
     ctx: int = 0  # tokens per slot (prompt + answer): what fits on this worker
     slots_total: int = 0
     slots_busy: int = 0

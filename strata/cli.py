@@ -62,8 +62,10 @@ class ApiCommand(ApiSettings):
 
     def cli_cmd(self) -> None:
         from api.app import run
+        from strata.startup import listen
 
-        run(self)
+        # bound here unless a supervisor handed one over: a port in use is one line, exit code 2
+        run(self, None if self.fd is not None else listen(self.host, self.port))
 
 
 class QueuesCommand(BaseSettings):

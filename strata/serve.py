@@ -5,27 +5,22 @@ answers (strata/startup.py); stops all on Ctrl-C/SIGTERM."""
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 
 from engine.devices import parse_devices
-from engine.errors import ConfigError
 from engine.files import resolve_model_path, served_model_name
 from queues.connect import is_cluster
 from queues.server import EmbeddedRedis
-from strata.startup import FATAL_CONFIG, Banner, Readiness, client_url
+from strata.startup import FATAL_CONFIG, Banner, Readiness, client_url, listen
 
 log = logging.getLogger("strata.serve")
-
-LISTEN_BACKLOG = 2048  # uvicorn's own default
 
 
 @dataclass
@@ -53,18 +48,12 @@ def child_env(settings, redis_url: str) -> dict[str, str]:  # noqa: ANN001 - a S
     return env
 
 
-def listen(host: str, port: int) -> socket.socket:
-    """The API's port, bound here once: every API replica accepts on this one socket (the kernel
-    hands each connection to one of them), and it stays open while a replica restarts, so
-    connections wait in its backlog instead of being refused or reset. In use: a ConfigError."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        return socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
-    except OSError as error:
-        if error.errno == errno.EADDRINUSE:
-            raise ConfigError(f"port {port} on {host} is in use (another strata serve?): pick another with --port") \
-                from None
-        raise ConfigError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+def worker_id(given: str | None, n: int, count: int) -> dict[str, str]:
+    """A hand-set --worker-id names each of several workers apart (`<id>-<n>`): two workers of one
+    id would renew and take back each other's claims."""
+    if given is None or count == 1:
+        return {}
+    return {"STRATA_WORKER_ID": f"{given}-{n}"}
 
 
 def serve(settings) -> int:  # noqa: ANN001 - a ServeCommand
@@ -103,8 +92,10 @@ def serve(settings) -> int:  # noqa: ANN001 - a ServeCommand
             env["STRATA_RQ_REDIS_URL"] = rq_server.url
             log.info("Redis Cluster at %s; RQ's jobs in an embedded Redis at %s", url, rq_server.url)
         python = sys.executable
-        workers = [Child(f"worker {device}", [python, "-m", "strata", "worker"], {**env, "STRATA_DEVICE": device})
-                   for device in parse_devices(settings.devices)]
+        devices = parse_devices(settings.devices)
+        workers = [Child(f"worker {device}", [python, "-m", "strata", "worker"],
+                         {**env, "STRATA_DEVICE": device, **worker_id(settings.worker_id, n, len(devices))})
+                   for n, device in enumerate(devices)]
         fd = listener.fileno()
         children = [*workers, *(
             Child(f"api {n}" if settings.api_workers > 1 else "api", [python, "-m", "strata", "api"],

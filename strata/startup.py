@@ -5,8 +5,10 @@ code FATAL_CONFIG, which `strata serve` reads in a child as "do not restart it".
 
 from __future__ import annotations
 
+import errno
 import json
 import shlex
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -15,18 +17,35 @@ from typing import NoReturn
 
 import httpx
 
+from engine.errors import ConfigError
 from queues.connect import cluster_nodes, connect, is_cluster
 from queues.inspect import model_view
 from queues.keys import Keys
 from queues.worker_state import WorkerState
 
 FATAL_CONFIG = 2  # exit code: the configuration cannot work here; starting again changes nothing
+LISTEN_BACKLOG = 2048  # uvicorn's own default
 
 
 def fail(command: str, message: str) -> NoReturn:
     """One line on stderr, `strata <command>: <message>`, and exit code FATAL_CONFIG."""
     print(f"strata {command}: {message}".rstrip(), file=sys.stderr, flush=True)
     sys.exit(FATAL_CONFIG)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The API's port, bound before anything else starts. `strata serve` binds it once and every
+    API replica accepts on this one socket (the kernel hands each connection to one of them); it
+    stays open while a replica restarts, so connections wait in its backlog instead of being
+    refused. `strata api` alone binds it the same way. In use: a ConfigError (one line, exit 2)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            raise ConfigError(f"port {port} on {host} is in use (another strata serve?): pick another with --port") \
+                from None
+        raise ConfigError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
 
 
 def client_url(host: str, port: int) -> str:
@@ -80,8 +99,8 @@ class Banner:
 
 
 class Readiness:
-    """Whether a starting `strata serve` answers yet: each of its workers (known by pid: ids are
-    host-pid-device) has published its slots in Redis, and then its API says it is healthy. The
+    """Whether a starting `strata serve` answers yet: each of its workers (known by the pid it
+    publishes, whatever its id: --worker-id may set one by hand) has published its slots in Redis, and then its API says it is healthy. The
     API is asked at most every HEALTH_EVERY_S (each ask is a line of its access log)."""
 
     HEALTH_EVERY_S = 1.0
@@ -99,7 +118,7 @@ class Readiness:
             view = model_view(self.client, self.model, int(time.time() * 1000), limit=1)
         except Exception:  # noqa: BLE001 - a Redis not up yet is simply "not yet"
             return None
-        found = {pid: state for wid, state in view.workers for pid in pids if f"-{pid}-" in wid}
+        found = {state.pid: state for _wid, state in view.workers if state.pid in pids}
         if len(found) < len(pids) or not self._healthy():
             return None
         return [found[pid] for pid in pids]

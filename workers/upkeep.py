@@ -6,6 +6,7 @@ it keeps the fleet honest when some worker does not."""
 from __future__ import annotations
 
 import logging
+import os
 from typing import Callable, Sequence
 
 from engine.protocol import DecodePath
@@ -73,6 +74,7 @@ def describe(slots: Sequence[Slot], current: Slot | None, *, device: str, ctx: i
     read = current if current and current.request else None
     return WorkerState(
         device=device,
+        pid=os.getpid(),
         ctx=ctx,
         slots_total=len(slots),
         slots_busy=sum(not s.is_free for s in slots),

@@ -100,6 +100,14 @@ def test_serve_on_a_port_in_use_says_so_and_exits_2(tmp_path):
     assert not (tmp_path / "data" / "redis.url").exists()  # nothing was started
 
 
+def test_the_api_alone_on_a_port_in_use_says_so_and_exits_2(tmp_path):
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        r = run(tmp_path, "api", "--port", str(port), "--data-dir", str(tmp_path / "data"))
+        exits_fatally(r, f"strata api: port {port} on 127.0.0.1 is in use (another strata serve?): "
+                         "pick another with --port")
+
+
 @pytest.mark.parametrize("role", ["serve", "worker"])
 def test_a_model_path_that_does_not_exist_exits_2(tmp_path, role):
     missing = tmp_path / "no-such-model.gguf"
@@ -156,6 +164,19 @@ def test_the_banner_says_what_where_how_to_ask_and_where_the_queue_is(tmp_path):
         for rid in ids:
             httpx.post(f"http://127.0.0.1:{port}/v1/requests/{rid}/cancel", timeout=10)
         assert "strata queues --data-dir" in banner
+    finally:
+        assert stop(r.process, 60) == 0
+
+
+def test_the_banner_comes_with_hand_set_worker_ids_each_worker_its_own(tmp_path):
+    r = run(tmp_path, "serve", *serve_flags(tmp_path, "--engine", "fake", "--parallel", "1", "--devices", "cpu,cpu",
+                                            "--worker-id", "by-hand"))
+    try:
+        wait_until(lambda: "Ctrl-C stops everything." in r.out(), "the banner", EXIT_WITHIN_S)
+        workers = [line.split()[-6:] for line in r.out().splitlines() if "slot of" in line]
+        assert workers == [["cpu:", "1", "slot", "of", "2048", "tokens"]] * 2
+        with redis.Redis.from_url((tmp_path / "data" / "redis.url").read_text(), decode_responses=True) as client:
+            assert sorted(client.zrange(Keys(MODEL).workers, 0, -1)) == ["by-hand-0", "by-hand-1"]
     finally:
         assert stop(r.process, 60) == 0
 
