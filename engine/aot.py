@@ -27,7 +27,9 @@ min a package for SmolLM2, both side by side) runs in child processes (`python -
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import hashlib
 import json
 import logging
@@ -39,6 +41,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import torch
@@ -278,12 +281,50 @@ def packages(model: Transformer) -> list[PackagedStep]:
     return steps
 
 
+@contextlib.contextmanager
+def build_lock(folder: Path, report: Callable[[str], None] = lambda _: None) -> Iterator[None]:
+    """One build at a time in a cache folder: two workers on one data folder (`--devices cpu,cpu`)
+    would build the same packages twice, each at half speed. The lock is the kernel's (flock), so
+    a builder killed outright lets the next one in; the holder's pid is in the file, and `report`
+    hears "waiting <pid>" while another holds it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "build.lock", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip()
+            report(f"waiting {holder if holder.isdigit() else 0}")
+            log.info("waiting for the build of process %s in %s", holder or "?", folder)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.seek(0)
+        lock.truncate()
+        lock.write(str(os.getpid()))  # whose CPU time (its and its compilers') a waiter's progress counts
+        lock.flush()
+        try:
+            yield
+        finally:
+            lock.truncate(0)
+
+
 def build(steps: list[PackagedStep], load: bool = True, report: Callable[[str], None] = lambda _: None) -> None:
     """Export the steps not loaded yet, compile them side by side (one child process each: the
-    compiler is mostly one thread) and (`load`) load them. `report` hears "exported <name>" and
-    "compiled <name>" as each part ends (engine/background.py's progress)."""
+    compiler is mostly one thread) and (`load`) load them, one build at a time in the cache folder
+    (`build_lock`): a package another process built meanwhile is taken as it is. `report` hears
+    "exported <name>" and "compiled <name>" as each part ends (engine/background.py's progress)."""
+    with build_lock(package_folder(), report):
+        _build(steps, load, report)
+
+
+def _build(steps: list[PackagedStep], load: bool, report: Callable[[str], None]) -> None:
     started, children = time.perf_counter(), []
     for step in steps:
+        if not step.ready and step.path.exists():  # built by another process while this one waited
+            if load:
+                step.load_cached()
+            if step.ready or not load:
+                report(f"found {step.name}")
+                continue
         if step.ready:
             continue
         try:

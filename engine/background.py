@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import pickle
+import resource
 import signal
 import subprocess
 import sys
@@ -43,12 +44,46 @@ log = logging.getLogger(__name__)
 
 NICE = 10  # under contention ~1/10 of a core's share against the serving process (nice 0)
 EVENT = "strata-build: "  # how the child's progress lines start on its stdout
-# How long a build takes when none was timed in this cache folder yet: SmolLM2 on 2 quiet
-# cores (~70 s, docs/engine.md); a finished build writes its own time beside the packages.
-DEFAULT_BUILD_S = 90.0
+# The build's progress is counted in CPU seconds (the builder's and its compilers'), not wall
+# seconds: the build runs at nice 10, so under load its wall time stretches many times over
+# (147 s quiet, 700 s beside other work) while the CPU time it needs stays put. A finished build
+# writes its CPU seconds beside the packages; before any, this estimate per decode layer and
+# step (SmolLM2-135M, 30 layers, one-row + batched step on this project's Xeon: ~150 CPU s).
+DEFAULT_CPU_S_PER_LAYER_STEP = 2.5
 # Percent of the build at its milestones, in the order they come: the child is up, each step
-# exported (seconds), each compiled (most of the time, side by side).
+# exported, each compiled (most of the time, side by side). The CPU estimate moves between them.
 MILESTONES = (3, 8, 13, 56, 100)
+LOG_EVERY = 10  # percent between progress lines (and one at each milestone)
+
+
+def cpu_seconds(root: int) -> float | None:
+    """CPU seconds used by process `root` and every process under it, the ended ones included
+    (their time is in their parents' cutime/cstime once waited for); None where /proc is not."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}  # pid -> (parent, own + waited-for children's seconds)
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        stats[int(entry)] = (int(fields[1]), sum(int(f) for f in fields[11:15]) / tick)
+    if root not in stats:
+        return None
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in stats.items():
+        children.setdefault(parent, []).append(pid)
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        total += stats[pid][1]
+        todo += children.get(pid, [])
+    return total
 
 
 class _NoRows(nn.Module):
@@ -99,6 +134,7 @@ def read_shapes(path: Path) -> Transformer:
 
 
 def _timing_file() -> Path:
+    """What the last build here took: wall and CPU seconds, and how many steps it built."""
     return aot.package_folder() / "build-seconds.json"
 
 
@@ -112,13 +148,19 @@ class BackgroundBuild:
         self.started = time.monotonic()
         self.state = "compiling"  # -> "built" (child done, packages on disk) | "failed"
         self.error = ""
+        self.waiting_for = 0  # the pid of another worker's build this one waits for (one cache folder)
         self._done: set[str] = set()
         self._changed = threading.Condition()
         self._child: subprocess.Popen | None = None
-        self._expected_s = DEFAULT_BUILD_S
+        self._counted = 0  # whose CPU time is the build's: the child, or the build it waits for
+        self._cpu, self._cpu_at = 0.0, -1.0
+        self._logged = -1
+        todo = sum(not step.ready for step in steps)
+        self._expected_cpu_s = DEFAULT_CPU_S_PER_LAYER_STEP * len(model.layers) * max(todo, 1)
         try:
-            self._expected_s = float(json.loads(_timing_file().read_text())["seconds"])
-        except (OSError, ValueError, KeyError, TypeError):
+            recorded = json.loads(_timing_file().read_text())
+            self._expected_cpu_s = float(recorded["cpu_seconds"]) * max(todo, 1) / int(recorded["steps"])
+        except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
             pass
 
     def start(self) -> "BackgroundBuild":
@@ -132,6 +174,7 @@ class BackgroundBuild:
         self._child = subprocess.Popen(
             [sys.executable, "-m", "engine.background", shapes, *wanted], env=env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self._counted = self._child.pid
         threading.Thread(target=self._follow, args=(self._child, shapes), name="compile-follower", daemon=True).start()
         log.info("compiling the decode step in a low-priority process (pid %d, nice %d), serving eager meanwhile",
                  self._child.pid, NICE)
@@ -142,22 +185,27 @@ class BackgroundBuild:
         tail: list[str] = []
         assert child.stdout is not None
         for line in child.stdout:
-            if line.startswith(EVENT):
-                with self._changed:
-                    self._done.add(line[len(EVENT):].strip())
-                    self._changed.notify_all()
-                log.info("compiling the decode step, serving eager meanwhile: %d %% (%s)", self.percent(),
-                         line[len(EVENT):].strip())
-            else:
+            if not line.startswith(EVENT):
                 tail = (tail + [line.rstrip()])[-40:]
+                continue
+            event = line[len(EVENT):].strip()
+            kind, _, rest = event.partition(" ")
+            if kind == "cpu":  # the child built the packages in that many CPU seconds
+                self._record(float(rest))
+                continue
+            with self._changed:
+                if kind == "waiting":
+                    self.waiting_for = int(rest) if rest.isdigit() else 0
+                    self._counted = self.waiting_for or self._counted
+                    log.info("another worker (pid %s) builds the same packages in this cache folder: waiting for "
+                             "its build rather than building them twice", rest)
+                else:
+                    self._done.add(event)
+                self._changed.notify_all()
+            self.progress(event)
         child.wait()
         os.unlink(shapes)
         if child.returncode == 0:
-            took = time.monotonic() - self.started
-            try:
-                _timing_file().write_text(json.dumps({"seconds": round(took, 1)}))
-            except OSError:
-                pass
             self.state = "built"
         else:
             self.error = f"exit code {child.returncode}: " + "\n".join(tail[-20:])
@@ -165,6 +213,15 @@ class BackgroundBuild:
             log.warning("compiling the decode step failed; decoding eagerly from now on (%s)", self.error)
         with self._changed:
             self._changed.notify_all()
+
+    def _record(self, cpu_s: float) -> None:
+        """What this build took, for the next one's estimate in this cache folder."""
+        built = sum(not step.ready for step in self.steps)
+        try:
+            _timing_file().write_text(json.dumps({"seconds": round(time.monotonic() - self.started, 1),
+                                                  "cpu_seconds": round(cpu_s, 1), "steps": built}))
+        except OSError:
+            pass
 
     def wait(self, timeout: float, until: str | None = None) -> str:
         """Block until the build ends (or, `until`, the child reports that event) or `timeout`
@@ -175,14 +232,32 @@ class BackgroundBuild:
             return self.state
 
     def percent(self) -> int:
-        """How far the build is: its last milestone, or further by the time a build took here
-        before, never up to the next milestone."""
+        """How far the build is: its last milestone, or further by the CPU seconds its builder has
+        used of those a build needs here (the last build's, else an estimate per layer), never up
+        to the next milestone. A build waited for reports no milestones here: only its CPU counts."""
         if self.state == "built":
             return 100
         count = min(len(self._done), len(MILESTONES) - 1)
-        reached, next_one = (MILESTONES[count - 1] if count else 0), MILESTONES[count]
-        estimate = 100.0 * (time.monotonic() - self.started) / self._expected_s
-        return int(min(max(estimate, reached), next_one - 1))
+        reached = MILESTONES[count - 1] if count else 0
+        ceiling = 99 if self.waiting_for else MILESTONES[count] - 1
+        now = time.monotonic()
+        if now - self._cpu_at >= 1.0 and self._counted:  # a walk of /proc: at most once a second
+            self._cpu = cpu_seconds(self._counted) or self._cpu
+            self._cpu_at = now
+        estimate = 100.0 * self._cpu / self._expected_cpu_s
+        return int(min(max(estimate, reached), ceiling))
+
+    def progress(self, milestone: str = "") -> int:
+        """The percent, and a log line at each milestone and every LOG_EVERY percent (one place
+        says it: the follower at milestones, the serving thread between them)."""
+        percent = self.percent()
+        with self._changed:
+            due = milestone or percent // LOG_EVERY > self._logged // LOG_EVERY
+            if due and self.state == "compiling":
+                self._logged = percent
+                log.info("compiling the decode step, serving eager meanwhile: %d %%%s", percent,
+                         f" ({milestone})" if milestone else "")
+        return percent
 
     def take(self) -> list[aot.PackagedStep] | None:
         """The steps, all loaded, once the child has built them (else None: still building or
@@ -218,7 +293,16 @@ def main(shapes: str, wanted: list[str]) -> int:
     if len(steps) != len(wanted):  # the shapes gave other keys than the parent's: nothing to build
         print(f"packages {[str(s.path) for s in steps]} are not the ones asked for: {wanted}", flush=True)
         return 1
-    aot.build(steps, load=False, report=lambda event: print(EVENT + event, flush=True))
+    events: list[str] = []
+
+    def report(event: str) -> None:
+        events.append(event)
+        print(EVENT + event, flush=True)
+
+    aot.build(steps, load=False, report=report)
+    if any(e.startswith("compiled ") for e in events) and not any(e.startswith("found ") for e in events):
+        used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+        print(EVENT + f"cpu {sum(u.ru_utime + u.ru_stime for u in used):.1f}", flush=True)  # for the next estimate
     return 0 if all(step.error is None for step in steps) else 1
 
 

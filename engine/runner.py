@@ -45,7 +45,6 @@ class TorchEngine:
         # Slots whose request began before the compiled step took over: they decode eagerly to
         # their end, so a request's tokens never depend on when the switch came.
         self._eager = [False] * self.num_slots
-        self._logged_percent = 0
         self.prompt_block = PROMPT_BLOCK
         self._lookups: list[Lookup] | None = None  # prompt lookup's, one a slot (use_prompt_lookup)
         self._held: list[list[int]] = [[] for _ in range(self.num_slots)]  # the ids each slot's cache holds
@@ -117,11 +116,7 @@ class TorchEngine:
         if self.compiled is not None:
             return DecodePath("compiled")
         if self.building is not None and self.building.state == "compiling":
-            percent = self.building.percent()
-            if percent // 10 > self._logged_percent // 10:  # a line every 10 % (the follower logs each milestone)
-                log.info("compiling the decode step, serving eager meanwhile: %d %%", percent)
-                self._logged_percent = percent
-            return DecodePath("compiling", percent)
+            return DecodePath("compiling", self.building.progress())
         return DecodePath("eager")
 
     def _take_compiled(self) -> None:

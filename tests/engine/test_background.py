@@ -5,15 +5,19 @@ build by the low-priority child (the tiny model's packages)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from engine import aot
-from engine.background import BackgroundBuild, read_shapes, write_shapes
+from engine.background import BackgroundBuild, cpu_seconds, read_shapes, write_shapes
 from engine.runner import TorchEngine
 from engine.step import StepInputs, step_body
 from tests.engine.test_compiled import GREEDY, _tiny_engine
@@ -45,7 +49,7 @@ class Build:
     def __init__(self, steps: list[Shifted]) -> None:
         self.steps, self.state, self.started = steps, "compiling", 0.0
 
-    def percent(self) -> int:
+    def progress(self) -> int:
         return 40
 
     def take(self) -> list[Shifted] | None:
@@ -128,29 +132,39 @@ def _nice(pid: int) -> int:
 def test_a_build_in_the_background_takes_over_with_the_packages_and_a_copied_cache_is_reused(tmp_path, monkeypatch):
     """The real child: it runs at a lower priority, the engine serves eagerly meanwhile, the
     packages it built take over (their tokens are those of the same packages built in the
-    foreground), and a copy of the cache folder in a fresh place (the original gone) loads them."""
+    foreground), a second engine starting at once on the same cache folder waits for that build
+    rather than building the packages again, and a copy of the cache folder in a fresh place (the original gone) loads them."""
     built = tmp_path / "built"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(built))
-    engine, loaded = _tiny_engine(), _tiny_engine()
+    engine, twin, loaded = _tiny_engine(), _tiny_engine(), _tiny_engine()
     try:
-        _build_takes_over_then_a_copy_loads(engine, loaded, built, tmp_path / "fresh", monkeypatch)
+        _build_takes_over_then_a_copy_loads(engine, twin, loaded, built, tmp_path / "fresh", monkeypatch)
     finally:  # a failed check leaves no compiler running
-        engine.stop_building()
-        loaded.stop_building()
+        for each in (engine, twin, loaded):
+            each.stop_building()
 
 
-def _build_takes_over_then_a_copy_loads(engine: TorchEngine, loaded: TorchEngine, built: Path, fresh: Path,
-                                        monkeypatch) -> None:
+def _build_takes_over_then_a_copy_loads(engine: TorchEngine, twin: TorchEngine, loaded: TorchEngine, built: Path,
+                                        fresh: Path, monkeypatch) -> None:
     engine.compile_in_background()
-    build = engine.building
+    twin.compile_in_background()  # a second worker on the same data folder, at the same time
+    build, other = engine.building, twin.building
     assert isinstance(build, BackgroundBuild) and engine.decode_path().kind == "compiling"
     assert build.wait(timeout=300, until="started") == "compiling"
     assert _nice(build._child.pid) == _nice(os.getpid()) + 10  # the child lowered its own priority
     out = {0: _start(engine, 0, A)}
     _steps(engine, out, 5)
     assert build.wait(timeout=900) == "built", build.error
-    assert engine.decode_path().kind == "compiled"
+    assert other.wait(timeout=900) == "built", other.error
+    # one built the packages, the other waited for that build and found them: built once
+    waited = [b for b in (build, other) if b.waiting_for]
+    assert len(waited) == 1 and waited[0].waiting_for in (build._child.pid, other._child.pid)
+    assert waited[0]._done == {"started", "found one-row step", "found batched step"}
+    assert all(b.progress() == 100 for b in (build, other))
+    assert engine.decode_path().kind == "compiled" and twin.decode_path().kind == "compiled"
     assert engine.compiled is not None and all(p.ready for p in engine.compiled.packaged)
+    recorded = json.loads((built / "strata-aot" / "build-seconds.json").read_text())  # the next estimate's
+    assert recorded["steps"] == 2 and recorded["cpu_seconds"] > 0
     del out[0]
     out[1] = _start(engine, 1, B)
     _steps(engine, out, 20)
@@ -177,6 +191,47 @@ def test_the_default_engines_shapes_name_its_packages(smollm2_default, tmp_path,
     assert (tmp_path / "shapes.pickle").stat().st_size < 1 << 20
     assert copy.head_rows is not None  # the int8 head's exact rows (the tied embedding's): candidates come out
     os.unlink(aot.PackagedStep(copy, batched=False).export())  # the child's copy traces (compiling it: the bench)
+
+
+def test_the_cpu_seconds_of_a_process_count_the_children_it_waited_for():
+    """A build's progress counts its compilers' CPU time too: those it ran and waited for."""
+    burn = "import time\nx = 0\nfor i in range(4 * 10**6): x += i\nprint(time.process_time())"
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; "
+                               f"subprocess.run([sys.executable, '-c', {burn!r}]); sys.stdin.readline()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        child_s = float(parent.stdout.readline())
+        deadline = time.monotonic() + 30
+        while (counted := cpu_seconds(parent.pid)) is not None and counted < child_s and time.monotonic() < deadline:
+            time.sleep(0.05)  # the child has printed, and is being waited for
+        assert counted is not None and counted >= child_s - 0.02  # clock ticks of 10 ms
+    finally:
+        parent.communicate("\n", timeout=30)
+    assert cpu_seconds(parent.pid) is None  # gone
+
+
+def test_the_percent_follows_the_builds_cpu_seconds_between_its_milestones(caplog):
+    engine = _tiny_engine()
+    build = BackgroundBuild(engine.model, aot.packages(engine.model))
+    build._cpu_at = float("inf")  # the CPU seconds set below, not read from /proc
+    build._cpu = 0.3 * build._expected_cpu_s
+    assert build.percent() == 2  # before the child says it is up: under its first milestone
+    build._done |= {"started", "exported one-row step", "exported batched step"}
+    assert build.percent() == 30
+    build._cpu = 0.9 * build._expected_cpu_s
+    assert build.percent() == 55  # not "compiled" yet: under that milestone
+    build._done.add("compiled one-row step")
+    assert build.percent() == 90
+    caplog.set_level("INFO", logger="engine.background")
+    for _ in range(3):
+        build.progress()
+    build._done.add("compiled batched step")
+    build.progress("compiled batched step")  # the follower, at the milestone
+    build._cpu = 1.5 * build._expected_cpu_s  # more than estimated: still under 100 until it is built
+    assert build.progress() == 99
+    assert [r.getMessage() for r in caplog.records] == [  # each once
+        "compiling the decode step, serving eager meanwhile: 90 %",
+        "compiling the decode step, serving eager meanwhile: 90 % (compiled batched step)"]
 
 
 def test_the_package_key_holds_the_instruction_sets_not_the_rest_of_the_flags():
