@@ -284,11 +284,12 @@ def packages(model: Transformer) -> list[PackagedStep]:
 @contextlib.contextmanager
 def build_lock(folder: Path, report: Callable[[str], None] = lambda _: None) -> Iterator[None]:
     """One build at a time in a cache folder: two workers on one data folder (`--devices cpu,cpu`)
-    would build the same packages twice, each at half speed. The lock is the kernel's (flock), so
-    a builder killed outright lets the next one in; the holder's pid is in the file, and `report`
-    hears "waiting <pid>" while another holds it."""
+    would build the same packages twice, each at half speed. The lock (`strata-aot.lock` beside
+    the folder, which holds packages only) is the kernel's (flock), so a builder killed outright
+    lets the next one in; the holder's pid is in the file, and `report` hears "waiting <pid>"
+    while another holds it."""
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / "build.lock", "a+") as lock:
+    with open(folder.with_name(folder.name + ".lock"), "a+") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
