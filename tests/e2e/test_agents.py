@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 from openai import OpenAI
 
-from tests.e2e.conftest import MODEL, Stack, default_engine_stack
+from tests.e2e.conftest import MODEL, Stack, default_engine_stack, wait_until
 
 pytestmark = pytest.mark.smollm2
 
@@ -153,6 +153,52 @@ def test_two_constrained_and_two_free_batched(stack: Stack):
     # they did share steps: the worker ran them together (each was running when another finished)
     records = [stack.redis.hgetall(stack.keys.req(r.headers["x-request-id"])) for r in results if r is not None]
     assert len({rec.get("worker") for rec in records}) == 1
+
+
+def _dead_end_bias() -> tuple[dict[str, float], int]:
+    """A logit_bias that leaves a json_object grammar no token at its second position on
+    SmolLM2: the first token can only be "{", and every token the grammar allows after it (their
+    count returned too) is banned."""
+    from engine.files import default_model_path
+    from engine.grammar import Grammars
+    from engine.tokenizer import Tokenizer
+    from shapes.constraints import schema_grammar
+
+    tok = Tokenizer.from_model_path(default_model_path())
+    grammars = Grammars(tok.json, tok.vocab_size, sorted(tok.eos_token_ids), tok.decode)
+    try:
+        constraint = grammars.constraint(schema_grammar({"type": "object"}))
+        first = [t for t in constraint.allowed().nonzero().squeeze(1).tolist() if tok.decode([t]) != "{"]
+        constraint.accept(tok.encode_plain("{")[0])
+        then = constraint.allowed().nonzero().squeeze(1).tolist()
+    finally:
+        grammars.close()
+    return {str(t): -100.0 for t in first + then}, len(then)
+
+
+def test_a_grammar_at_a_dead_end_fails_its_request_alone(stack: Stack):
+    """On the real worker: a request whose grammar meets a dead end in a decode step is a 400
+    grammar_error; a free request sharing those steps goes on, token for token as alone."""
+    free = {"messages": [{"role": "user", "content": "Count to twenty."}], "temperature": 0, "max_tokens": 48}
+    url = f"{stack.base_url}/v1/chat/completions"
+    alone = _ids(stack, httpx.post(url, json=free, timeout=300).headers["x-request-id"])
+    bias, banned_next = _dead_end_bias()
+    doomed = {"messages": ASK, "temperature": 0, "max_tokens": 16, "response_format": {"type": "json_object"},
+              "logit_bias": bias}
+    beside: list[httpx.Response] = []
+    thread = threading.Thread(target=lambda: beside.append(httpx.post(url, json=free, timeout=300)))
+    thread.start()
+    wait_until(lambda: stack.redis.zcard(stack.keys.running) == 1, "the free request running")
+    failed = httpx.post(url, json=doomed, timeout=300)
+    thread.join()
+    assert failed.status_code == 400, failed.text
+    error = failed.json()["error"]
+    assert error["code"] == "grammar_error"
+    assert f"logit_bias removed all {banned_next} of them" in error["message"]  # at its second token: a decode step
+    assert beside[0].status_code == 200
+    assert _ids(stack, beside[0].headers["x-request-id"]) == alone
+    record = stack.redis.hgetall(stack.keys.req(failed.headers["x-request-id"]))
+    assert record["status"] == "failed"
 
 
 def test_a_tool_turn_in_history_gets_a_final_answer(openai_client: OpenAI):
