@@ -177,12 +177,12 @@ async def _follow(
     after: str = "0-0", answers: int = 1,
 ) -> AsyncIterator[list[tuple[str | None, Event]]]:
     """Batches of output events (empty when none came within read_block_ms) up to and including
-    the last one (the `answers`-th Done after `after`, or a Failed). Stops early, unfinished, when the client has gone. Redis
-    going away is waited out for redis_wait_s (the stream is in Redis: nothing is lost); past
-    that the answer ends with an `unavailable` error event (its entry id None: not from Redis).
-    Past its queue deadline with nothing read yet, it asks Redis once to expire the request
-    (a no-op if a worker claimed it): workers sweep too, but none need be alive. `after`: the
-    entry id to read from (a client re-attaching with its Last-Event-ID)."""
+    the last one (the `answers`-th Done after `after`, or a Failed). Stops early, unfinished,
+    when the client has gone. Redis going away is waited out for redis_wait_s (the stream is in
+    Redis: nothing is lost); past that the answer ends with an `unavailable` error event (its
+    entry id None: not from Redis). Past its queue deadline with nothing read yet, it asks Redis
+    once to expire the request (a no-op if a worker claimed it): workers sweep too, but none need
+    be alive. `after`: the entry id to read from (a client re-attaching with its Last-Event-ID)."""
     settings = services.settings
     down_since: float | None = None
     checked = time.monotonic()

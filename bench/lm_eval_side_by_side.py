@@ -2,15 +2,17 @@
 model file (issue 29's battery bench): a multiple-choice task of --docs generated questions ("What
 is the capital of ...?", four choices each), run by the real `lm-eval` package
 
-- against a live `strata serve` (the default engine: the SmolLM2 GGUF in bf16 with int4 linears),
-  through `local-completions` (echo + logprobs, its `remote` tokenizer on Strata's /tokenize),
+- against a live `strata serve` (the default engine: the SmolLM2 GGUF in bf16 with int4 linears,
+  its decode step compiled: the bench waits for the background build to end), through
+  `local-completions` (echo + logprobs, its `remote` tokenizer on Strata's /tokenize),
   --concurrent requests in flight, --parallel slots;
 - in process with lm-eval's `hf` model on the same GGUF (transformers dequantizes it to float32),
   --hf-batch rows a forward,
 
 one after the other in one run. Prints each side's time for the task's requests (after start-up)
-and loglikelihood requests per second, the ratio, both accuracies and the largest |delta| between the two sides' loglikelihoods
-of the same (context, continuation) (Strata's step precision against float32).
+and loglikelihood requests per second, the ratio, both accuracies and the largest |delta|
+between the two sides' loglikelihoods of the same (context, continuation) (Strata's step
+precision against float32).
 
     .venv/bin/python -m bench.lm_eval_side_by_side [--docs 24] [--parallel 4] [--concurrent 4] [--hf-batch 8]
 """
@@ -78,9 +80,10 @@ def evaluate(folder: Path, model: object, model_args: str = "") -> tuple[dict, f
     return results, time.monotonic() - started
 
 
-def loglikelihoods(results: dict) -> dict[tuple[str, str], float]:
-    return {tuple(args): resp[0][0] for sample in results["samples"]["bench_capitals"]
-            for args, resp in zip(sample["arguments"], sample["resps"])}
+def requests_of(results: dict) -> list[tuple[tuple[str, str], float]]:
+    """Every loglikelihood request lm-eval made: (context, continuation) and its answer."""
+    return [(tuple(args), resp[0][0]) for sample in results["samples"]["bench_capitals"]
+            for args, resp in zip(sample["arguments"], sample["resps"])]
 
 
 def strata_side(folder: Path, args: argparse.Namespace) -> tuple[dict, float]:
@@ -101,6 +104,12 @@ def strata_side(folder: Path, args: argparse.Namespace) -> tuple[dict, float]:
             if time.monotonic() > deadline or serve.poll() is not None:
                 raise RuntimeError(f"strata serve did not come up; see {data / 'serve.log'}")
             time.sleep(0.5)
+        # a fresh data folder builds the compiled decode step in a background child: measured
+        # beside it, the requests would share the cores with a compiler
+        while "decode_step" in httpx.get(f"{base}/health", timeout=10).json():
+            if time.monotonic() > deadline + 1800:
+                raise RuntimeError("the decode step was still compiling after 40 minutes")
+            time.sleep(2)
         return evaluate(folder, "local-completions",
                         f"base_url={base}/v1/completions,model={model},tokenizer_backend=remote,"
                         f"num_concurrent={args.concurrent},max_retries=1,timeout=600")
@@ -120,24 +129,23 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="bench-capitals-"))
     write_task(folder, args.docs)
     gguf = default_model_path()
-    sides = {}
-    sides["strata"] = strata_side(folder, args)
+    sides = {"strata": strata_side(folder, args)}
     from lm_eval.models.huggingface import HFLM
 
     hf = HFLM(pretrained=str(gguf.parent), gguf_file=gguf.name, dtype="float32", device="cpu",
               batch_size=args.hf_batch)  # loaded (dequantized) before the clock starts
     sides["transformers"] = evaluate(folder, hf)
-    counts = {name: len(loglikelihoods(results)) for name, (results, _s) in sides.items()}
+    counts = {name: len(requests_of(results)) for name, (results, _s) in sides.items()}
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     for name, (results, seconds) in sides.items():
         acc = results["results"]["bench_capitals"]["acc,none"]
         print(f"{name}: {counts[name]} loglikelihood requests in {seconds:.1f} s = {counts[name] / seconds:.1f}/s, "
               f"acc {acc:.3f} (load average {load})", flush=True)
-    ours, theirs = loglikelihoods(sides["strata"][0]), loglikelihoods(sides["transformers"][0])
+    ours, theirs = dict(requests_of(sides["strata"][0])), dict(requests_of(sides["transformers"][0]))
     deltas = [abs(ours[k] - theirs[k]) for k in ours if k in theirs]
     rate = {name: counts[name] / seconds for name, (_r, seconds) in sides.items()}
     print(f"strata / transformers requests/s: {rate['strata'] / rate['transformers']:.2f}x; loglikelihood "
-          f"max |delta| {max(deltas):.3f}, mean {sum(deltas) / len(deltas):.3f} over {len(deltas)} requests "
+          f"max |delta| {max(deltas):.3f}, mean {sum(deltas) / len(deltas):.3f} over {len(deltas)} distinct requests "
           "(each side's requests only: strata serve was up, the hf model loaded, before its clock started)")
 
 

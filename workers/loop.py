@@ -315,7 +315,7 @@ class Worker:
         ended = []
         for slot, event, status in out.ended:
             if (status is RequestStatus.FINISHED and slot.request is not None
-                    and any(s is not slot and s not in freed for s in self._siblings(slot))):
+                    and any(s is not slot and all(s is not f for f in freed) for s in self._siblings(slot))):
                 out.of(slot).tokens.append(event)
                 freed.append(slot)
             else:
@@ -417,7 +417,7 @@ class Worker:
 
     def _start(self, slots: list[Slot], claimed: Claimed, out: StepOutput) -> None:
         """The request into its slots: the first reads the prompt, the others (n > 1) wait for
-        that read and take a copy of its cache (`_fork`)."""
+        that read and take a copy of its cache (engine.fork, at the read's end: `_read_chunk`)."""
         request = claimed.request
         resumed = self.claims.resumed(request.id) if claimed.attempts > 1 else None
         done_ids = resumed.token_ids if resumed else []
