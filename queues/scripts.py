@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Sequence
 
+import redis.cluster
 import redis.exceptions
 
 from queues.keys import Keys, batch_key, batch_lease_key, batch_results_key
@@ -63,8 +64,9 @@ def run_all(client: redis.Redis, registered: dict, calls: Sequence[Call]) -> lis
     those calls run again, in order, once loaded."""
     replies: list[Any] = [None] * len(calls)
     todo = list(range(len(calls)))
+    node = _node_of(client, calls)
     for attempt in (0, 1):
-        pipe = client.pipeline(transaction=False)
+        pipe = node.pipeline(transaction=False)
         for i in todo:
             call, script = calls[i], registered[calls[i].script]
             keys, args = [*call.keys.values(), *call.more_keys], [*call.args.values(), *call.more_args]
@@ -74,6 +76,8 @@ def run_all(client: redis.Redis, registered: dict, calls: Sequence[Call]) -> lis
         for i, reply in zip(todo, answered):
             if isinstance(reply, redis.exceptions.NoScriptError) and attempt == 0:
                 missing.append(i)
+            elif node is not client and _moved(reply):  # the slot moved off that node: the cluster routes it
+                replies[i] = run(registered, calls[i])
             elif isinstance(reply, Exception):
                 raise reply
             else:
@@ -84,6 +88,23 @@ def run_all(client: redis.Redis, registered: dict, calls: Sequence[Call]) -> lis
             registered[name].sha = client.script_load(registered[name].script)
         todo = missing
     return replies
+
+
+def _node_of(client: Any, calls: Sequence[Call]) -> Any:  # noqa: ANN401 - a client of either kind
+    """The client to pipeline on. redis-py's cluster pipeline refuses EVALSHA, but every key of a
+    model carries its hash tag ({model}, queues/keys.py), so a step's calls all live on the node
+    that serves the first key's slot: pipelined on that node's own connection."""
+    if not isinstance(client, redis.cluster.RedisCluster) or not calls:
+        return client
+    first = calls[0]
+    key = next(iter([*first.keys.values(), *first.more_keys]), None)
+    if key is None:
+        return client
+    return client.get_redis_connection(client.get_node_from_key(key))
+
+
+def _moved(reply: object) -> bool:
+    return isinstance(reply, redis.exceptions.ResponseError) and str(reply).startswith(("MOVED", "ASK"))
 
 
 def _blank(value: object | None) -> object:
