@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Callable
@@ -53,7 +54,7 @@ class ToolFormat:
         if self.is_list:  # the rest of the answer is one JSON list of calls
             return {"open": self.start, "close_pattern": r"\Z", **json_body}
         if self.start:
-            return {"open_pattern": r"\s*" + _escaped(self.start), "close": self.end, "repeats": True, **json_body}
+            return {"open_pattern": r"\s*" + re.escape(self.start), "close": self.end, "repeats": True, **json_body}
         return {"open_pattern": r"\A(?=\s*\{)", "close_pattern": r"\Z", **json_body}  # an answer that is a JSON object
 
 
@@ -282,8 +283,3 @@ def split_whole(text: str, reading: Reading, id_prefix: str = "call") -> Parts:
     return Parts(first.reasoning + last.reasoning, first.content + last.content,
                  first.tool_calls + last.tool_calls)
 
-
-def _escaped(literal: str) -> str:
-    import re
-
-    return re.escape(literal)
