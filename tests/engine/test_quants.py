@@ -158,3 +158,25 @@ def test_a_mix_loads_in_its_file_size_and_decodes_as_the_dequantized_model(tmp_p
     assert agree >= 14, (name, agree)
     if name == "Q4_K_M":  # and decode steps through mm (one token a row), not only prefill
         assert greedy(model, prompt, 8)[:4] == greedy(dense, prompt, 8)[:4]
+
+
+def test_a_cached_prefix_then_the_rest_reads_as_the_cold_read(tmp_path):
+    """A K-quant model's prompt read cold in one call, and again as a cached first block then the
+    rest (the last, partial block of 3 tokens), give the same K/V bits and the same logits: every
+    prompt token goes through the prompt form, one call per aligned block, however it was read."""
+    from engine.model import PROMPT_BLOCK
+
+    path = tmp_path / "tiny-Q4_K_M.gguf"
+    write_mix(path, "Q4_K_M")
+    loaded = GGUFModel(path)
+    model = Transformer.build(loaded.config, loaded, dtype=torch.bfloat16, device=torch.device("cpu"), int4=True)
+    assert model.forms.get("quant", 0) == sum(model.forms.values()), model.forms
+    model.allocate_cache(2, 128)
+    prompt = [(7 * i + 3) % 250 for i in range(PROMPT_BLOCK + 3)]
+    cold = prefill_logits(model, 0, prompt)
+    prefill_logits(model, 1, prompt[:PROMPT_BLOCK])
+    warm = prefill_logits(model, 1, prompt[PROMPT_BLOCK:], start=PROMPT_BLOCK)
+    assert torch.equal(cold, warm)
+    for block in model.layers:
+        for buffer in block.state():
+            assert torch.equal(buffer[0, :, :len(prompt)], buffer[1, :, :len(prompt)])
