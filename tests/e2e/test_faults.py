@@ -1,7 +1,8 @@
 """Faults injected into a running `strata serve` (two workers, the real SmolLM2 file on the
 default engine: bf16, int4 decode, the bf16 copy for prompts; eager, as the compiled step's own
 tests cover it): a worker frozen past its lease, workers killed with SIGKILL, the embedded Redis
-killed. Every accepted request ends exactly once, its text as an undisturbed run gives it, token
+killed; and, without a fault, one request repeated (cold, its first block cached, batched, on the
+other worker). Every accepted request ends exactly once, its text as an undisturbed run gives it, token
 for token: the worker that takes a request over reads its prompt and replays the answer so far
 as the decode steps fed it (engine/runner.py `replay`). A worker that lost a claim writes
 nothing more."""
@@ -46,11 +47,13 @@ class Serve:
                                     socket_timeout=5)
 
     def worker_pids(self) -> list[int]:
+        """The live workers (a killed one's entry may outlast it until its lease runs out)."""
         client = self.redis()
         try:
-            return [int(w.rsplit("-", 2)[1]) for w in client.zrange(K.workers, 0, -1)]
+            pids = [int(w.rsplit("-", 2)[1]) for w in client.zrange(K.workers, 0, -1)]
         finally:
             client.close()
+        return [pid for pid in pids if Path(f"/proc/{pid}").exists()]
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +66,7 @@ def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
         process = subprocess.Popen(
             [sys.executable, "-m", "strata", "serve", "--port", str(port), "--data-dir", str(folder / "data"),
              "--devices", "cpu,cpu", "--parallel", "2", "--threads", "1", "--no-compile",
-             "--lease-ms", "3000", "--heartbeat-s", "0.5", "--restart-delay-s", "0.5", "--prefill-chunk", "64",
+             "--lease-ms", "8000", "--heartbeat-s", "0.5", "--restart-delay-s", "0.5", "--prefill-chunk", "64",
              "--max-attempts", "10"],  # three kills may all hit one request: no poison
             env=env, stdout=out, stderr=subprocess.STDOUT)
     s = Serve(f"http://127.0.0.1:{port}", folder / "data", log, process)
@@ -162,7 +165,7 @@ def test_a_worker_frozen_past_its_lease_writes_nothing_when_it_wakes(serve: Serv
         pid = owner_pid(serve, streams[0].id)
         os.kill(pid, signal.SIGSTOP)
         frozen.append(pid)
-        # the other worker takes the request back once the 3 s lease has run out, and goes on
+        # the other worker takes the request back once the 8 s lease has run out, and goes on
         wait_until(lambda: owner_pid(serve, streams[0].id) not in (pid, None), "another worker", 60)
         time.sleep(1.0)
         os.kill(pid, signal.SIGCONT)  # it wakes with a stale slot and reports it
@@ -262,3 +265,76 @@ def test_a_detached_stream_survives_its_api_killed_and_reattaches(serve: Serve, 
         assert client.hget(K.req(request_id), "status") == "finished"
     finally:
         client.close()
+
+
+# Over one prompt block (engine/model.py PROMPT_BLOCK, 64): a repeat finds its first block cached.
+REPEATED = ("A repeated request, asked in the foreground and then in the background: describe, in plain words "
+            "and without lists, how a river shapes the valley it runs through over thousands of years, from "
+            "the first trickle of melting snow high in the mountains to the wide slow bends near the sea, "
+            "and what the people who live beside it notice from one season to the next.")
+
+
+def complete(serve: Serve, background: bool = False) -> str:
+    """One greedy completion of REPEATED; its request id once it has ended."""
+    answer = httpx.post(f"{serve.base}/v1/completions", timeout=300, json={
+        "model": MODEL, "prompt": REPEATED, "temperature": 0, "max_tokens": ANSWER_TOKENS, "ignore_eos": True,
+        "background": background})
+    assert answer.status_code == (202 if background else 200), answer.text
+    request_id = answer.json()["id"] if background else answer.headers["x-request-id"]
+    wait_until(lambda: httpx.get(f"{serve.base}/v1/requests/{request_id}", timeout=10).json()["status"] == "finished",
+               "the answer", 300)
+    return request_id
+
+
+def answer_ids(serve: Serve, request_id: str) -> list[str]:
+    client = serve.redis()
+    try:
+        return [i for _, f in client.xrange(K.out(request_id)) if f["type"] == "token" for i in f["ids"].split(",") if i]
+    finally:
+        client.close()
+
+
+def read_line(serve: Serve, request_id: str) -> str:
+    """The worker's log line for the slot it gave the request: `[pid] ... N cached`."""
+    return next(line for line in serve.log.read_text().splitlines() if f"<- {request_id} " in line)
+
+
+def test_a_repeated_request_gives_the_same_answer_cold_cached_batched_and_on_either_worker(serve: Serve):
+    """Greedy: the same token ids however the prompt reached the cache (read cold, or its first
+    block found cached in the slot), alone or beside another answer, on either worker."""
+    one, other = serve.worker_pids()
+    os.kill(other, signal.SIGSTOP)  # idle, holding no claim: `one` takes every request meanwhile
+    try:
+        cold = complete(serve)
+        cached = complete(serve, background=True)
+        with_another = ask_all_in_background(serve, [REPEATED, "Beside it: name three colours of the sky."])
+    finally:
+        os.kill(other, signal.SIGCONT)
+    os.kill(one, signal.SIGSTOP)
+    try:
+        elsewhere = complete(serve, background=True)
+    finally:
+        os.kill(one, signal.SIGCONT)
+    reference = answer_ids(serve, cold)
+    assert len(reference) == ANSWER_TOKENS
+    for request_id in (cached, with_another, elsewhere):
+        assert answer_ids(serve, request_id) == reference, read_line(serve, request_id)
+    assert f"[{one}]" in read_line(serve, cold) and " 0 cached" in read_line(serve, cold)
+    assert f"[{one}]" in read_line(serve, cached) and " 64 cached" in read_line(serve, cached)
+    assert f"[{one}]" in read_line(serve, with_another) and " 64 cached" in read_line(serve, with_another)
+    assert f"[{other}]" in read_line(serve, elsewhere) and " 0 cached" in read_line(serve, elsewhere)
+
+
+def ask_all_in_background(serve: Serve, prompts: list[str]) -> str:
+    """The prompts sent at once in the background (batched on one worker); the first's request id
+    once all have ended."""
+    ids = []
+    for prompt in prompts:
+        answer = httpx.post(f"{serve.base}/v1/completions", timeout=60, json={
+            "model": MODEL, "prompt": prompt, "temperature": 0, "max_tokens": ANSWER_TOKENS, "ignore_eos": True,
+            "background": True})
+        assert answer.status_code == 202, answer.text
+        ids.append(answer.json()["id"])
+    wait_until(lambda: all(httpx.get(f"{serve.base}/v1/requests/{i}", timeout=10).json()["status"] == "finished"
+                           for i in ids), "the answers", 300)
+    return ids[0]
