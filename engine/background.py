@@ -154,7 +154,7 @@ class BackgroundBuild:
         self._child: subprocess.Popen | None = None
         self._counted = 0  # whose CPU time is the build's: the child, or the build it waits for
         self._cpu, self._cpu_at = 0.0, -1.0
-        self._logged = -1
+        self._logged = 0  # start() says the build began: no "0 %" line
         todo = sum(not step.ready for step in steps)
         self._expected_cpu_s = DEFAULT_CPU_S_PER_LAYER_STEP * len(model.layers) * max(todo, 1)
         try:
