@@ -48,8 +48,9 @@ EVENT = "strata-build: "  # how the child's progress lines start on its stdout
 # seconds: the build runs at nice 10, so under load its wall time stretches many times over
 # (147 s quiet, 700 s beside other work) while the CPU time it needs stays put. A finished build
 # writes its CPU seconds beside the packages; before any, this estimate per decode layer and
-# step (SmolLM2-135M, 30 layers, one-row + batched step on this project's Xeon: ~150 CPU s).
-DEFAULT_CPU_S_PER_LAYER_STEP = 2.5
+# step: SmolLM2-135M (30 layers, the one-row and the batched step) took 269.9 CPU s on this
+# project's Xeon (bench.first_token, 2026-12-02, while its wall time was 931 s under load 13-16).
+DEFAULT_CPU_S_PER_LAYER_STEP = 4.5
 # Percent of the build at its milestones, in the order they come: the child is up, each step
 # exported, each compiled (most of the time, side by side). The CPU estimate moves between them.
 MILESTONES = (3, 8, 13, 56, 100)
