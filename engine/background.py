@@ -198,8 +198,8 @@ class BackgroundBuild:
                 if kind == "waiting":
                     self.waiting_for = int(rest) if rest.isdigit() else 0
                     self._counted = self.waiting_for or self._counted
-                    log.info("another worker (pid %s) builds the same packages in this cache folder: waiting for "
-                             "its build rather than building them twice", rest)
+                    log.info("another worker's build (pid %s) makes the same packages in this cache folder: "
+                             "waiting for it rather than building them twice", rest)
                 else:
                     self._done.add(event)
                 self._changed.notify_all()
