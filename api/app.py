@@ -47,7 +47,7 @@ def create_app(
     async def lifespan(_app: FastAPI) -> AsyncIterator[dict]:
         client = redis_client or connect_async(settings.redis_url, cluster=settings.redis_cluster)
         await wait_until_up(client, settings.redis_connect_s)
-        tok, name, defaults = await anyio.to_thread.run_sync(load_model_facts, settings, tokenizer)
+        tok, name, defaults, cap = await anyio.to_thread.run_sync(load_model_facts, settings, tokenizer)
         intake = Intake(
             client, name,
             max_waiting=settings.max_waiting,
@@ -65,8 +65,8 @@ def create_app(
                 background.start_soon(reader.run)
                 # Starlette hands this dict to every request as request.state: the one place the
                 # built objects live (see api.deps).
-                rules = Rules(name, tok, settings.ctx, settings.default_max_tokens, defaults=defaults)
-                fit = Fit(client, name, settings.ctx, int(settings.worker_live_s * 1000), intake.clock)
+                rules = Rules(name, tok, cap, settings.default_max_tokens, defaults=defaults)
+                fit = Fit(client, name, cap, int(settings.worker_live_s * 1000), intake.clock)
                 yield {"services": Services(settings, client, intake, rules, int(time.time()), cancels, fit, reader,
                                             keys=keys, started_ms=intake.clock(),
                                             replica=f"{socket.gethostname()}-{os.getpid()}"),
@@ -90,12 +90,13 @@ def create_app(
 
 
 def load_model_facts(settings: ApiSettings, tokenizer: TokenizerLike | None,
-                     ) -> tuple[TokenizerLike, str, dict[str, float]]:
-    """The tokenizer, the served model name and its sampling defaults (generation_config.json),
-    from the model files where not given."""
+                     ) -> tuple[TokenizerLike, str, dict[str, float], int]:
+    """The tokenizer, the served model name, its sampling defaults (generation_config.json) and
+    the most tokens a request may hold (--max-model-len, else the model's own context), from the
+    model files where not given (with the tokenizer given: --max-model-len, else --ctx)."""
     if tokenizer is not None and settings.served_model_name:
-        return tokenizer, settings.served_model_name, {}
-    from engine.files import cache_folder, resolve_model_path, served_model_name
+        return tokenizer, settings.served_model_name, {}, settings.max_model_len or settings.ctx
+    from engine.files import cache_folder, model_context, resolve_model_path, served_model_name
     from engine.generation_config import sampling_defaults
 
     path = resolve_model_path(settings.model)
@@ -103,7 +104,8 @@ def load_model_facts(settings: ApiSettings, tokenizer: TokenizerLike | None,
         from engine.tokenizer import Tokenizer
 
         tokenizer = Tokenizer.from_model_path(path, cache_dir=cache_folder(settings.data_dir))
-    return tokenizer, settings.served_model_name or served_model_name(path), sampling_defaults(path)
+    cap = settings.max_model_len or model_context(path, cache_folder(settings.data_dir)) or settings.ctx
+    return tokenizer, settings.served_model_name or served_model_name(path), sampling_defaults(path), cap
 
 
 def run(settings: ApiSettings, listening: socket.socket | None = None) -> None:

@@ -29,7 +29,7 @@ class Services:
     rules: Rules  # the served model, its tokenizer and --ctx: what a body is checked against
     started_s: int
     cancels: Cancels  # a client gone: its request is cancelled, later if Redis is away
-    fit: Fit  # the ctx the live workers publish (--ctx until one has)
+    fit: Fit  # the ctx and KV pool the live workers publish (--max-model-len / the model's until one has)
     reader: SharedReader  # one XREAD for every answer this process follows
     keys: KeyRing | None = None  # None: no keys file, the server is open
     started_ms: int = 0  # on the intake's clock: /health's reference before any worker beat
@@ -40,8 +40,8 @@ class Services:
         return self.rules.model_name
 
     async def rules_now(self) -> Rules:
-        """The rules with the context and the slots the workers serve now."""
-        return replace(self.rules, ctx=await self.fit.ctx(), slots=await self.fit.slots())
+        """The rules with the context, the KV pool and the slots the workers serve now."""
+        return replace(self.rules, ctx=await self.fit.ctx(), pool_tokens=await self.fit.pool(), slots=await self.fit.slots())
 
 
 # The dependencies are async although they wait for nothing: FastAPI runs a plain `def` dependency

@@ -20,7 +20,7 @@ The weights and K/V buffers are the package's inputs, not constants: a package h
 (a few MB), runs on the model's own tensors and writes the K/V buffers in place. Packages are kept
 under inductor's cache folder (`--data-dir`/cache/inductor/strata-aot) by a key of everything the
 code depends on: torch, this engine's source, the weights' shapes and strides, the CPU; a restart
-loads them in well under a second. The K/V buffers' slot count and length are dynamic sizes, so
+loads them in well under a second. The K/V pools' size is dynamic, so
 a new --parallel or --ctx runs the packages built before. Export takes seconds; the compile (~1
 min a package for SmolLM2, both side by side) runs in child processes (`python -m engine.aot`).
 """
@@ -137,12 +137,12 @@ def _cpu() -> str:
         return platform.processor() or platform.machine()
 
 
-MAX_SLOTS, MAX_LENGTH = 4096, 1 << 20  # what the packages are built to take
+MAX_SLOTS, MAX_LENGTH, MAX_POOL = 4096, 1 << 20, 1 << 26  # what the packages are built to take
 
 
 def _state_dims(owner: object, name: str) -> dict[int, str] | None:
-    """A layer's per-slot buffer (its mixer's STATE, engine/layers.py): its dims that follow the
-    slot count and the context, by name ("slots", "length"); None for any other tensor."""
+    """A layer's state buffer (its mixer's STATE, engine/layers.py): its dims that follow the
+    slot count or the KV pool's size, by name ("slots", "tokens"); None for any other tensor."""
     return getattr(type(owner), "STATE", {}).get(name)
 
 
@@ -216,11 +216,11 @@ class PackagedStep:
         started = time.perf_counter()
         rows = 2 if self.batched else 1
         x, inputs = example_inputs(self.model, rows, min(self.model.ctx, 256))
-        # the step's rows and span dynamic (StepInputs.dims), and the layers' state's slot count
-        # and length: any batch, --parallel and --ctx run the same code
+        # the step's rows and span dynamic (StepInputs.dims), and the layers' KV pool's size: any
+        # batch, --parallel, --ctx and --kv-tokens run the same code
         named = {"batch": torch.export.Dim("batch", min=2, max=MAX_SLOTS),
                  "span": torch.export.Dim("span", min=2, max=MAX_LENGTH),
-                 "length": torch.export.Dim("length", min=2, max=MAX_LENGTH)}
+                 "tokens": torch.export.Dim("tokens", min=2, max=MAX_POOL)}
         if self.model.num_slots > 1:
             named["slots"] = torch.export.Dim("slots", min=2, max=MAX_SLOTS)
 

@@ -60,6 +60,10 @@ class FakeEngine:
     profile: CostProfile | None = None  # set: costs as measured (the flat costs above are ignored)
     path: DecodePath = field(default_factory=DecodePath)  # what decode_path says (no step is compiled here)
     prompt_block: int = 1  # its tokens depend on nothing but the cache: any chunking reads the same
+    # a paged KV pool of this many tokens (the worker then admits by memory, workers/kv_pool.py);
+    # None: each slot its own ctx, as before the pool. Its tables are checked, not used.
+    kv_tokens: int | None = None
+    kv_block: int = 16
 
     def __post_init__(self) -> None:
         self._step_started = False
@@ -67,6 +71,7 @@ class FakeEngine:
         self._params = [SamplingParams() for _ in range(self.num_slots)]
         self._logprobs: list[list[TokenLogprob]] = [[] for _ in range(self.num_slots)]
         self._prompt_logprobs: list[list[TokenLogprob]] = [[] for _ in range(self.num_slots)]
+        self.tables: list[list[int]] = [[] for _ in range(self.num_slots)]
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -79,9 +84,22 @@ class FakeEngine:
         self._params[slot] = params
         self._logprobs[slot], self._prompt_logprobs[slot] = [], []
 
+    def assign(self, slot: int, blocks: Sequence[int], tokens: Sequence[int] | None = None) -> None:
+        """The real engine's: the slot's block table, and (tokens) the cached prefix it holds."""
+        if len(set(blocks)) != len(blocks):
+            raise ValueError(f"slot {slot}: a block twice in its table")
+        self.tables[slot] = list(blocks)
+        if tokens is not None:
+            self._cache[slot] = list(tokens)
+
+    def _check_room(self, slot: int, end: int) -> None:
+        if self.kv_tokens is not None and end > len(self.tables[slot]) * self.kv_block:
+            raise ValueError(f"slot {slot}: writing up to {end} beyond its {len(self.tables[slot])} blocks")
+
     def read(self, slot: int, tokens: Sequence[int], sample: bool) -> int | None:
         if len(self._cache[slot]) + len(tokens) > self.ctx:
             raise ValueError("chunk does not fit the slot's context")
+        self._check_room(slot, len(self._cache[slot]) + len(tokens))
         self._charge_step()
         self.clock.advance(self.read_cost_ms(len(self._cache[slot]), len(tokens)))
         if self._params[slot].prompt_logprobs is not None:  # each token after the slot's first
@@ -105,6 +123,7 @@ class FakeEngine:
         to num_slots rows of this slot, each charged as one."""
         if len(self._cache[slot]) + len(tokens) > self.ctx:
             raise ValueError("tokens do not fit the slot's context")
+        self._check_room(slot, len(self._cache[slot]) + len(tokens))
         self._charge_step()
         for lo in range(0, len(tokens), self.num_slots):
             rows = list(tokens[lo:lo + self.num_slots])
@@ -114,6 +133,8 @@ class FakeEngine:
         return self._next(slot) if sample else None
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> list[list[int]]:
+        for slot in slots:
+            self._check_room(slot, len(self._cache[slot]) + 1)
         self._charge_step()
         self.clock.advance(self.decode_cost_ms(len(slots), max(len(self._cache[s]) for s in slots) + 1))
         for slot, token in zip(slots, tokens):

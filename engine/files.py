@@ -65,3 +65,21 @@ def cache_folder(data_dir: Path) -> Path:
     """Where `--data-dir` keeps what a start derives from the model (converted tokenizer, GGUF
     index, compiled code), shared by the worker and the API."""
     return data_dir / "cache"
+
+
+def model_context(path: Path, cache_dir: Path | None = None) -> int | None:
+    """The context the model was trained for, from its metadata (a GGUF's `<arch>.context_length`,
+    a folder's config.json `max_position_embeddings`), without loading it (no torch); None: unknown."""
+    if is_gguf(path):
+        from engine.gguf_file import GGUFFile
+
+        fields = GGUFFile(path, cache_dir).fields
+        value = fields.get(f"{fields.get('general.architecture')}.context_length")
+    else:
+        import json
+
+        try:
+            value = json.loads((path / "config.json").read_text()).get("max_position_embeddings")
+        except (OSError, ValueError):
+            value = None
+    return int(value) if value else None

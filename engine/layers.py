@@ -10,8 +10,8 @@ the experts of an MoE layer (`engine.moe.Experts`, set by `Transformer.build`). 
 loop (`step.run_layers`) serves eager, compiled, exported and CUDA-graphed running alike.
 
 A mixer declares its state in `STATE`: each buffer's attribute name and which of its dims follow
-the slot count and the context (dim 0 is always the slot), so a compiled step keeps those sizes
-dynamic and `allocate` makes them.
+the slot count ("slots", dim 0 of a buffer kept per slot) or the pool's size ("tokens": the K/V
+blocks all slots share), so a compiled step keeps those sizes dynamic and `allocate` makes them.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from engine.weights import in_pieces
 
 
 class Attention(nn.Module):
-    """Grouped-query attention with RoPE (and Qwen3's q/k norms), over a K/V buffer per layer:
-    [num_slots, n_kv_heads, ctx + 1, head_dim] each (one spare position: see `allocate`)."""
+    """Grouped-query attention with RoPE (and Qwen3's q/k norms), over a K and a V pool per layer:
+    [n_kv_heads, pool positions, head_dim] each, the blocks every slot's table points into
+    (engine/model.py `allocate_cache`)."""
 
-    STATE: ClassVar[dict[str, dict[int, str]]] = {"k_cache": {0: "slots", 2: "length"},
-                                                  "v_cache": {0: "slots", 2: "length"}}
+    STATE: ClassVar[dict[str, dict[int, str]]] = {"k_cache": {1: "tokens"}, "v_cache": {1: "tokens"}}
 
     def __init__(self, n_heads: int, n_kv_heads: int, head_dim: int, norm_eps: float, *, window: int = 0,
                  scale: float = 0.0) -> None:
@@ -46,18 +46,17 @@ class Attention(nn.Module):
         self.wo: nn.Module = nn.Identity()
         self.k_cache = self.v_cache = torch.empty(0)
 
-    def allocate(self, num_slots: int, ctx: int, device: torch.device, dtype: torch.dtype) -> None:
-        # One spare position: a step's span (<= ctx) is then never the buffer's whole length,
-        # which a compiled graph would otherwise specialize on (a contiguous gather) and rebuild;
-        # a CUDA graph's padding rows write there (engine/graphs.py).
-        shape = (num_slots, self.n_kv_heads, ctx + 1, self.head_dim)
+    def allocate(self, num_tokens: int, device: torch.device, dtype: torch.dtype, spare: int) -> None:
+        # `spare` positions past the pool's: what no slot was given (padding rows write there, an
+        # unassigned table entry reads there, masked); zeros, so a masked read is finite.
+        shape = (self.n_kv_heads, num_tokens + spare, self.head_dim)
         self.k_cache = torch.zeros(shape, device=device, dtype=dtype)
         self.v_cache = torch.zeros(shape, device=device, dtype=dtype)
 
     def forward(self, h: Tensor, inputs: StepInputs, state: tuple[Tensor, ...]) -> Tensor:
-        """h: [B, T, dim] normed residual; state: this layer's K/V rows as the step sees them
-        (`StepInputs.views`), written at (inputs.rows, inputs.positions), read up to inputs.span
-        -> [B, T, dim] in the output linear's dtype."""
+        """h: [B, T, dim] normed residual; state: this layer's K/V pools [KV, N, hd], written at
+        inputs.write_at, each row's span of positions read from inputs.read_at -> [B, T, dim] in
+        the output linear's dtype."""
         keys, values = state
         bsz, seq, _ = h.shape
         q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
@@ -74,18 +73,15 @@ class Attention(nn.Module):
         cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # broadcast over heads
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        # One index-put per buffer: advanced indices around a slice put [B, T] first, so the
-        # values are k as the linear made it, [B, T, KV, hd].
-        keys[inputs.rows, :, inputs.positions] = k.to(keys.dtype)
-        values[inputs.rows, :, inputs.positions] = v.to(values.dtype)
-        # Written before narrowing: an index-put into a narrowed (non-contiguous) view of several
-        # rows copied the whole view (4 ms vs 5 us at 16 rows). narrow, not [:span]: a slice end
-        # equal to the size would pin a compiled graph's span. In an exported step the span and
-        # the buffers' length are both dynamic: what narrow needs is checked for the trace.
-        torch._check(inputs.span <= keys.shape[2])
-        keys, values = keys.narrow(2, 0, inputs.span), values.narrow(2, 0, inputs.span)
-        if not inputs.sliced:
-            keys, values = keys[inputs.rows[:, 0]], values[inputs.rows[:, 0]]  # scattered slots: a gather
+        # One index-put per pool: [KV, B, T, hd] at the rows' places (write_at [B, T]).
+        keys[:, inputs.write_at] = k.permute(2, 0, 1, 3).to(keys.dtype)
+        values[:, inputs.write_at] = v.permute(2, 0, 1, 3).to(values.dtype)
+        # Each row's positions 0..span-1 gathered through its block table into [B, KV, span, hd],
+        # the contiguous rows attention reads (one gather a step, as the scattered slots of the
+        # contiguous cache had; docs/kv_pool.md weighs it against flex_attention's paged mask).
+        heads = torch.arange(self.n_kv_heads, device=keys.device).view(1, -1, 1)
+        at = inputs.read_at.unsqueeze(1)
+        keys, values = keys[heads, at], values[heads, at]
         attention = attend_plain if inputs.pieces is None else attend_prompt
         return in_pieces(self.wo, attention(q.transpose(1, 2), keys, values, mask, self.scale), inputs.pieces)
 
@@ -124,8 +120,8 @@ class Block(nn.Module):
         """The mixer's per-slot buffers, in its STATE order."""
         return tuple(getattr(self.mixer, name) for name in self.mixer.STATE)
 
-    def allocate(self, num_slots: int, ctx: int, device: torch.device, dtype: torch.dtype) -> None:
-        self.mixer.allocate(num_slots, ctx, device, dtype)
+    def allocate(self, num_tokens: int, device: torch.device, dtype: torch.dtype, spare: int) -> None:
+        self.mixer.allocate(num_tokens, device, dtype, spare)
 
     def forward(self, x: Tensor, inputs: StepInputs, state: tuple[Tensor, ...]) -> Tensor:
         """x: [B, T, dim] float32 residual -> [B, T, dim]."""

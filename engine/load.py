@@ -38,7 +38,7 @@ def load_engine(
     model_path: str | Path | None,
     *,
     num_slots: int = 4,
-    ctx: int = 2048,
+    ctx: int | None = 2048,
     device: str = "cpu",
     dtype: str | None = None,
     threads: int | None = None,
@@ -48,6 +48,7 @@ def load_engine(
     compile: bool = True,
     compile_in_background: bool = False,
     prompt_lookup: bool = True,
+    kv_tokens: int | None = None,
 ) -> TorchEngine:
     """Open a GGUF file or HF folder (None: the default SmolLM2) and allocate its slots.
 
@@ -62,8 +63,10 @@ def load_engine(
     what is not cached is built by a low-priority child process while the engine decodes eagerly,
     and takes over between steps once built (engine/background.py).
     prompt_lookup: on the CPU with two slots or more, a one-row step also checks a guess of the next
-    token from the slot's own text (engine/lookup.py), the same tokens sooner when it is right."""
-    if num_slots < 1 or ctx < 1:
+    token from the slot's own text (engine/lookup.py), the same tokens sooner when it is right.
+    ctx: the most positions one request may hold (None: the model's own context); kv_tokens: the KV pool every slot's blocks come
+    from (None: num_slots x ctx, each slot its own blocks until the worker's pool assigns them)."""
+    if num_slots < 1 or (ctx is not None and ctx < 1):
         raise ValueError("num_slots and ctx must be positive")
     if threads is not None:
         torch.set_num_threads(threads)
@@ -87,12 +90,15 @@ def load_engine(
         config, source, file_eos, quantized = (
             hf_loader.read_config(path), DictSource(hf_loader.load_weights(path)), [], False)
     torch_dtype = _DTYPES[dtype] if dtype is not None else default_dtype(dev, quantized)
+    if ctx is None:  # requests up to the model's own context
+        ctx = config.max_positions
     # a KV cache that cannot fit even at 2 bytes a value is refused now, not after minutes of
     # loading; the exact size is checked again once the weights are in (Transformer.allocate_cache)
-    ensure_kv_fits(config.kv_cache_bytes(num_slots, ctx, torch.bfloat16), dev, num_slots, ctx, at_least=True)
+    pool = num_slots * ctx if kv_tokens is None else kv_tokens
+    ensure_kv_fits(config.kv_cache_bytes(pool, torch.bfloat16), dev, pool, at_least=True)
     tokenizer = Tokenizer.from_model_path(path, extra_eos_ids=file_eos, cache_dir=cache_dir, chat=False)
     engine = build_engine(config, source, tokenizer, num_slots=num_slots, ctx=ctx, device=dev,
-                          dtype=torch_dtype, int4=int4, prefill_bf16=prefill_bf16)
+                          dtype=torch_dtype, int4=int4, prefill_bf16=prefill_bf16, kv_tokens=kv_tokens)
     release_freed_memory()
     if is_gguf(path):  # what was converted at load no longer counts in the worker's RSS
         source.file.drop_pages()  # type: ignore[attr-defined]
@@ -106,7 +112,7 @@ def load_engine(
             engine.compile_decode(warm=True)
     if prompt_lookup and engine.can_look_up:
         engine.use_prompt_lookup()
-    log.info("loaded %s in %.1fs: %s, linears %s, KV cache %.0f MiB", path.name, time.perf_counter() - started,
+    log.info("loaded %s in %.1fs: %s, linears %s, KV pool %.0f MiB", path.name, time.perf_counter() - started,
              torch_dtype, engine.model.forms, engine.model.kv_bytes() / 2**20)
     return engine
 
@@ -124,6 +130,7 @@ def build_engine(
     int4: bool = True,
     prepack: bool = True,
     prefill_bf16: bool = True,
+    kv_tokens: int | None = None,
 ) -> TorchEngine:
     """An engine from loaded parts (tests reuse one opened file for several dtypes/slot counts).
     A plain dict of float32 tensors is a source without 4-bit blocks."""
@@ -131,7 +138,7 @@ def build_engine(
         source = DictSource(source)
     model = Transformer.build(config, source, dtype=dtype, device=device, int4=int4, prepack=prepack,
                               prefill_bf16=prefill_bf16)
-    model.allocate_cache(num_slots, ctx)
+    model.allocate_cache(num_slots, ctx, kv_tokens)
     if eos_token_ids is None:
         eos_token_ids = tokenizer.eos_token_ids if tokenizer is not None else frozenset()
     return TorchEngine(model, tokenizer, eos_token_ids=eos_token_ids)

@@ -34,11 +34,12 @@ def free_bytes(device: torch.device) -> int | None:
     return min(found) if found else None
 
 
-def ensure_kv_fits(needed: int, device: torch.device, num_slots: int, ctx: int, *, at_least: bool = False) -> None:
-    """Raise ConfigError, naming the flags to lower, when `needed` bytes of KV cache (at_least: a
+def ensure_kv_fits(needed: int, device: torch.device, num_tokens: int, *, at_least: bool = False) -> None:
+    """Raise ConfigError, naming the flags to lower, when `needed` bytes of KV pool (at_least: a
     lower bound of it) exceed what `device` has free."""
     free = free_bytes(device)
     if free is not None and needed > free:
         raise ConfigError(
-            f"the KV cache for {num_slots} slots of {ctx} tokens needs {'at least ' if at_least else ''}"
-            f"{needed / GIB:.1f} GiB, but {device} has {free / GIB:.1f} GiB free: lower --parallel or --ctx")
+            f"the KV pool of {num_tokens} tokens needs {'at least ' if at_least else ''}"
+            f"{needed / GIB:.1f} GiB, but {device} has {free / GIB:.1f} GiB free: lower --kv-tokens "
+            f"(default --parallel x --ctx)")

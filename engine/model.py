@@ -58,6 +58,10 @@ KV_BUCKET = 256
 # result depends on how many rows share its call. Cut at fixed positions, a prompt token is
 # computed the same way whatever chunk carried it; a reused cached prefix ends on a block edge.
 PROMPT_BLOCK = 64
+# The KV pool's block: positions per entry of a slot's block table. A prompt block, so a prefix
+# reused from the pool ends on a prompt block's edge (exact repeats) and a block is the unit the
+# worker's bookkeeping (workers/blocks.py) hands out, keys and evicts.
+KV_BLOCK = PROMPT_BLOCK
 
 
 @dataclass(frozen=True)
@@ -97,15 +101,14 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.n_kv_heads * self.head_dim
 
-    def kv_shape(self, num_slots: int, ctx: int) -> tuple[int, int, int, int]:
-        """One layer's K (or V) buffer. One spare position: a step's span (<= ctx) is then never the
-        buffer's whole length, which a compiled graph would otherwise specialize on (a contiguous
-        gather) and rebuild."""
-        return (num_slots, self.n_kv_heads, ctx + 1, self.head_dim)
+    def kv_shape(self, num_tokens: int) -> tuple[int, int, int]:
+        """One layer's K (or V) pool of `num_tokens` positions, one spare block beyond them (what
+        no table holds: padding rows and unassigned table entries point there)."""
+        return (self.n_kv_heads, num_tokens + KV_BLOCK, self.head_dim)
 
-    def kv_cache_bytes(self, num_slots: int, ctx: int, dtype: torch.dtype) -> int:
-        """Every layer's K and V buffers together."""
-        return 2 * self.n_layers * math.prod(self.kv_shape(num_slots, ctx)) * dtype.itemsize
+    def kv_cache_bytes(self, num_tokens: int, dtype: torch.dtype) -> int:
+        """Every layer's K and V pools together."""
+        return 2 * self.n_layers * math.prod(self.kv_shape(num_tokens)) * dtype.itemsize
 
     def is_sliding(self, layer: int) -> bool:
         return self.sliding_window > 0 and layer < len(self.sliding_layers) and self.sliding_layers[layer]
@@ -188,6 +191,9 @@ class Transformer(nn.Module):
         self.cos_local = self.sin_local = torch.empty(0)  # sliding layers' RoPE rows (cfg.local_rope)
         self.num_slots = 0
         self.ctx = 0
+        self.kv_block = KV_BLOCK
+        self.num_kv_blocks = self.spare_block = 0
+        self.tables = torch.empty(0, dtype=torch.long)  # [slots, ctx / KV_BLOCK] pool block ids (allocate_cache)
         self.forms: dict[str, int] = {}  # linear form -> count, for logs and tests
 
     # ---- set-up ---------------------------------------------------------------------------
@@ -322,15 +328,29 @@ class Transformer(nn.Module):
             model.head_rows.to(device)
         return model.eval()
 
-    def allocate_cache(self, num_slots: int, ctx: int) -> None:
-        """Each layer's per-slot state (attention: one K and one V buffer per layer; a single
-        shared buffer made writes copy it whole), with one spare position past ctx."""
-        cfg = self.cfg
+    def allocate_cache(self, num_slots: int, ctx: int, kv_tokens: int | None = None) -> None:
+        """Each attention layer's K and V pools of `kv_tokens` positions in blocks of KV_BLOCK
+        (None: num_slots x ctx, every slot's own blocks), and each slot's block table: which pool
+        block holds its positions b*KV_BLOCK.. (b+1)*KV_BLOCK - 1 (`assign`). One K and one V
+        buffer per layer: a single shared buffer made writes copy it whole. A request may hold up
+        to `ctx` positions (the model's length), its blocks wherever the pool has them."""
+        cfg, bs = self.cfg, KV_BLOCK
+        per_slot = -(-ctx // bs)
+        num_blocks = num_slots * per_slot if kv_tokens is None else kv_tokens // bs
+        if num_blocks < 1:
+            raise ValueError(f"a KV pool of {kv_tokens} tokens holds no block of {bs}")
+        tokens = num_blocks * bs
         # refused before any buffer: zeros past the free memory allocate, and fail only when written
-        ensure_kv_fits(cfg.kv_cache_bytes(num_slots, ctx, self.cache_dtype), self.device, num_slots, ctx)
+        ensure_kv_fits(cfg.kv_cache_bytes(tokens, self.cache_dtype), self.device, tokens)
         for block in self.layers:
-            block.allocate(num_slots, ctx, self.device, self.cache_dtype)
-        # Rows for the spare position too: a CUDA graph's padding rows write there (engine/graphs.py).
+            block.allocate(tokens, self.device, self.cache_dtype, bs)
+        self.kv_block, self.num_kv_blocks = bs, num_blocks
+        # the spare block's id: an entry no slot was given (read masked) and what padding rows write
+        self.spare_block = num_blocks
+        self.tables = torch.full((num_slots, per_slot), num_blocks, dtype=torch.long, device=self.device)
+        if num_blocks >= num_slots * per_slot:  # each slot its own run of blocks until told otherwise
+            self.tables.copy_(torch.arange(num_slots * per_slot, device=self.device).view(num_slots, per_slot))
+        # Rows for position ctx too: a CUDA graph's padding rows sit there (engine/graphs.py).
         # Tables in float32 (angles past a few hundred lose their low bits in bf16); each step
         # rounds the rows it uses to the activations' dtype, as transformers does.
         cos, sin = tables(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, ctx + 1, ctx)
@@ -341,20 +361,44 @@ class Transformer(nn.Module):
         self.num_slots, self.ctx = num_slots, ctx
 
     def copy_slot(self, source: int, targets: Sequence[int], length: int) -> None:
-        """Each layer's state of `source` into every slot of `targets`: its first `length`
-        positions where a buffer follows the context, the whole slot's where it does not (a
-        recurrent state). Sibling answers of one request (`n`) start from one read this way."""
+        """The K/V entries of `source`'s first `length` positions into the same positions of every
+        slot of `targets`, through their block tables (which must hold them): sibling answers of one
+        request (`n`) start from one read this way. A block the tables share (a prefix the worker's
+        pool gave both) is copied onto itself, unchanged."""
         with torch.inference_mode():
-            for block in self.layers:
-                for name, dims in type(block.mixer).STATE.items():
-                    buffer = getattr(block.mixer, name)
-                    index = [slice(None)] * (buffer.dim() - 1)
-                    for dim, role in dims.items():
-                        if role == "length":
-                            index[dim - 1] = slice(0, length)
-                    part = buffer[(source, *index)]
-                    for target in targets:
-                        buffer[(target, *index)] = part
+            positions = torch.arange(length, device=self.device).unsqueeze(0)
+            at = self.pool_index(torch.tensor([source], device=self.device), positions)[0]
+            for target in targets:
+                to = self.pool_index(torch.tensor([target], device=self.device), positions)[0]
+                for block in self.layers:
+                    for name in type(block.mixer).STATE:
+                        buffer = getattr(block.mixer, name)
+                        buffer[:, to] = buffer[:, at]
+
+    def assign(self, slot: int, blocks: list[int]) -> None:
+        """The slot's block table from now on: its positions live in these pool blocks, in order
+        (the rest of its table: the spare block). In place, so a recorded CUDA graph reads it."""
+        if len(blocks) > self.tables.shape[1]:
+            raise ValueError(f"slot {slot}: {len(blocks)} blocks exceed ctx={self.ctx}")
+        if any(not 0 <= b < self.num_kv_blocks for b in blocks):
+            raise ValueError(f"slot {slot}: a block id outside the pool's {self.num_kv_blocks}")
+        row = torch.full((self.tables.shape[1],), self.spare_block, dtype=torch.long)
+        row[:len(blocks)] = torch.tensor(blocks, dtype=torch.long)
+        self.tables[slot].copy_(row)
+
+    def pool_index(self, slots: Tensor, positions: Tensor) -> Tensor:
+        """slots [B], positions [B, L] long -> [B, L] each position's place in the layers' pools,
+        through the slots' block tables; positions at ctx or past it (padding rows) -> the spare block."""
+        bs = self.kv_block
+        col = (positions // bs).clamp(max=self.tables.shape[1] - 1)
+        at = self.tables[slots.unsqueeze(1), col] * bs + positions % bs
+        return torch.where(positions < self.ctx, at, self.spare_block * bs)
+
+    def slot_kv(self, slot: int, n: int) -> Tensor:
+        """[layers, 2, KV, n, hd]: the K and V entries of the slot's first n positions, read through
+        its table (tests compare caches with it)."""
+        at = self.pool_index(torch.tensor([slot], device=self.device), torch.arange(n, device=self.device).unsqueeze(0))[0]
+        return torch.stack([torch.stack([b.mixer.k_cache[:, at], b.mixer.v_cache[:, at]]) for b in self.layers])
 
     def kv_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for block in self.layers for t in block.state())
@@ -392,10 +436,14 @@ class Transformer(nn.Module):
         if window:
             local_cos, local_sin = self.rope_local(index.positions)
             local = {"local_cos": local_cos, "local_sin": local_sin, "local_mask": index.mask(window)}
+        # where each row's new entries go and where the positions it attends over are, in the pools
+        slots = index.rows[:, 0] + index.lo
+        cols = torch.arange(index.span, device=self.device).expand(len(slots), index.span)
+        write_at, read_at = self.pool_index(slots, index.positions), self.pool_index(slots, cols)
         # rows gathered from slot 0 on: the whole buffers serve as they are (a compiled step's
         # inputs are those buffers themselves, not views of them)
         whole = index.lo == 0 and not index.sliced
-        return StepInputs(index.rows, index.positions, cos, sin, index.mask(), **local, lo=index.lo,
+        return StepInputs(index.rows, index.positions, cos, sin, index.mask(), write_at, read_at, **local, lo=index.lo,
                           hi=None if whole else index.hi, sliced=index.sliced,
                           pieces=index.pieces if index.reading else None)
 

@@ -34,6 +34,11 @@ class TorchEngine:
         self.tokenizer = tokenizer
         self.num_slots = model.num_slots
         self.ctx = model.ctx
+        # the KV pool (engine/model.py `allocate_cache`): its blocks, and each slot's table of them
+        self.kv_block = model.kv_block
+        self.kv_tokens = model.num_kv_blocks * model.kv_block
+        self._tables: list[list[int]] = model.tables.tolist()
+        self._tables = [row if row[0] != model.spare_block else [] for row in self._tables]
         self.eos_token_ids = eos_token_ids
         self.device = model.device
         self.dtype = model.dtype
@@ -145,6 +150,33 @@ class TorchEngine:
     def config(self) -> ModelConfig:
         return self.model.cfg
 
+    def assign(self, slot: int, blocks: Sequence[int], tokens: Sequence[int] | None = None) -> None:
+        """The slot's block table from now on (the worker's pool, workers/blocks.py, chose them);
+        with `tokens`, the ids whose entries those blocks hold already (a cached prefix), which
+        `begin(keep=len(tokens))` then keeps."""
+        self._check_slot(slot)
+        blocks = list(blocks)
+        if blocks != self._tables[slot]:
+            self.model.assign(slot, blocks)
+            self._tables[slot] = blocks
+        if tokens is not None:
+            if len(tokens) > len(blocks) * self.kv_block:
+                raise ValueError(f"slot {slot}: {len(tokens)} cached tokens in {len(blocks)} blocks")
+            self._positions[slot] = len(tokens)
+            self._held[slot] = list(tokens)
+            if self._lookups is not None:
+                self._lookups[slot].truncate(0)
+                self._lookups[slot].extend(list(tokens))
+
+    def room(self, slot: int) -> int:
+        """How many positions the slot's blocks hold."""
+        return len(self._tables[slot]) * self.kv_block
+
+    def _check_room(self, slot: int, end: int) -> None:
+        if end > self.room(slot):
+            raise ValueError(f"slot {slot}: writing up to position {end} beyond its {len(self._tables[slot])} blocks "
+                             f"({self.room(slot)} positions)")
+
     def begin(self, slot: int, params: SamplingParams, keep: int = 0) -> None:
         self._check_slot(slot)
         if params.prompt_logprobs is not None and keep:
@@ -217,6 +249,7 @@ class TorchEngine:
         end = start + len(tokens)
         if end > self.ctx:
             raise ValueError(f"slot {slot}: {start} cached + {len(tokens)} new tokens exceed ctx={self.ctx}")
+        self._check_room(slot, end)
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
         index = CacheIndex.for_read(slot, start, end, self.device)
         sampler = self._samplers[slot]
@@ -258,6 +291,7 @@ class TorchEngine:
             self._check_slot(target)
             if target == slot:
                 raise ValueError("fork() into the slot itself")
+            self._check_room(target, self._positions[slot])
         length = self._positions[slot]
         self.model.copy_slot(slot, list(into), length)
         tokens = []
@@ -297,6 +331,7 @@ class TorchEngine:
         start = self._positions[slot]
         if start + len(tokens) > self.ctx:
             raise ValueError(f"slot {slot}: {start} cached + {len(tokens)} new tokens exceed ctx={self.ctx}")
+        self._check_room(slot, start + len(tokens))
         tokens = list(tokens)
         logits = None
         for lo in range(0, len(tokens), self.num_slots):  # a step's rows: at most the batched step's
@@ -328,6 +363,7 @@ class TorchEngine:
             self._check_slot(slot)
             if self._positions[slot] >= self.ctx:
                 raise ValueError(f"slot {slot} is full (ctx={self.ctx})")
+            self._check_room(slot, self._positions[slot] + 1)
         # penalties and constraints follow the tokens one by one: such a row decodes without guesses
         if self._lookups is not None and len(slots) == 1 and self._samplers[slots[0]].is_plain:
             return [self._decode_guessing(slots[0], tokens[0])]
@@ -361,8 +397,8 @@ class TorchEngine:
         would have."""
         assert self._lookups is not None
         position = self._positions[slot]
-        room = min(self.num_slots - 1, self.ctx - position - 2)
-        guesses = self._lookups[slot].guess(token)[:max(room, 0)]
+        room = min(self.num_slots - 1, self.ctx - position - 2, self.room(slot) - position - 1)
+        guesses = self._lookups[slot].guess(token)[:max(room, 0)]  # never past the slot's blocks
         rows = [token, *guesses]
         logits = self._step([slot] * len(rows), rows, list(range(position, position + len(rows))))
         sampler = self._samplers[slot]

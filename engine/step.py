@@ -37,7 +37,9 @@ class StepInputs:
     Tensors (a compiled step's inputs, in field order, those not None): `rows` [B, 1] long, each
     row's slot in the state views; `positions` [B, T] long; `cos`, `sin` [B, T, hd] RoPE rows in
     float32; `mask` [B, 1, 1, T, span] bool, key j seen by a token at position p
-    iff j <= p; where the model has sliding-window layers, what they read instead: `local_cos`,
+    iff j <= p; `write_at` [B, T] long, where in the layers' K/V pools each new token's entries
+    go, and `read_at` [B, span] long, where each position a row attends over is (both through
+    the rows' block tables, `Transformer.pool_index`); where the model has sliding-window layers, what they read instead: `local_cos`,
     `local_sin` (their own RoPE base) and `local_mask` (also p - j < window). The rest is fixed
     for a compiled step: the state views are the layers' buffers' rows lo..hi-1 (hi None: all of
     them), and `sliced` says those rows are exactly the step's, in order (read as they are), else
@@ -48,6 +50,8 @@ class StepInputs:
     cos: Tensor
     sin: Tensor
     mask: Tensor
+    write_at: Tensor
+    read_at: Tensor
     local_cos: Tensor | None = None
     local_sin: Tensor | None = None
     local_mask: Tensor | None = None
@@ -60,7 +64,8 @@ class StepInputs:
 
     # Dims beside dim 0 (the step's rows, dynamic in a batched step) whose size changes from step
     # to step: a compiled step keeps them dynamic.
-    VARYING: ClassVar[dict[str, dict[int, str]]] = {"mask": {4: "span"}, "local_mask": {4: "span"}}
+    VARYING: ClassVar[dict[str, dict[int, str]]] = {"mask": {4: "span"}, "local_mask": {4: "span"},
+                                                    "read_at": {1: "span"}}
     STATIC: ClassVar[tuple[str, ...]] = ("lo", "hi", "sliced", "pieces")
 
     @property
@@ -94,9 +99,13 @@ class StepInputs:
         return self.cos, self.sin, self.mask
 
     def views(self, block: Block) -> tuple[Tensor, ...]:
-        """The layer's per-slot buffers as this step sees them: rows lo..hi-1, or all."""
+        """The layer's state as this step sees it: buffers by slot (dim 0 "slots" in the mixer's
+        STATE) as rows lo..hi-1, or all; a pool (the K/V blocks every slot shares) whole."""
         state = block.state()
-        return state if self.hi is None else tuple(t[self.lo:self.hi] for t in state)
+        if self.hi is None:
+            return state
+        by_slot = [spec.get(0) == "slots" for spec in block.mixer.STATE.values()]
+        return tuple(t[self.lo:self.hi] if slotted else t for t, slotted in zip(state, by_slot))
 
 
 def call_layer(block: Block, x: Tensor, inputs: StepInputs, state: tuple[Tensor, ...]) -> Tensor:

@@ -64,6 +64,7 @@ class Held:
     slot: int | None = None  # set on the step it was claimed: where it went
     first_token: bool = False  # its read ended this step
     gave_way_to: str | None = None  # its read gave way this step
+    cached_tokens: int | None = None  # set on the step it was claimed: its prompt tokens found in the KV pool
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,15 @@ class Claims:
             for w in waiting])
         return [_claimed(reply) for reply in replies]
 
+    def waiting_request(self, waiting: Waiting) -> QueuedRequest | None:
+        """A waiting request's prompt and parameters, before claiming it (admission by memory
+        weighs its prompt and max_tokens); None if its hash is gone (it expired, say)."""
+        prompt, params = self.client.hmget(self.keys.req(waiting.id), "prompt", "params")
+        if prompt is None or params is None:
+            return None
+        return QueuedRequest.from_hash({"id": waiting.id, "priority": str(waiting.priority),
+                                        "prompt": text(prompt), "params": text(params)})
+
     def resumed(self, request_id: str) -> Resumed:
         ids: list[int] = []
         pieces = []
@@ -158,7 +168,8 @@ class Claims:
         calls = []
         if held:
             entries = [scripts.Reported(h.id, h.claim_seq, h.generated, h.slot, h.first_token, h.gave_way_to,
-                                        h.priority, [event_fields(e) for e in h.tokens]) for h in held]
+                                        h.priority, [event_fields(e) for e in h.tokens], h.cached_tokens)
+                       for h in held]
             calls.append(scripts.report(self.keys, self.worker_id, now_ms, now_ms + self.lease_ms, entries))
         calls += [self._finish_call(end, now_ms) for end in ends]
         if not calls:

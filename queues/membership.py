@@ -117,17 +117,28 @@ async def live_states(client: aioredis.Redis, model: str, now_ms: int, within_ms
 
 
 async def live_ctx(client: aioredis.Redis, model: str, now_ms: int, within_ms: int) -> int | None:
-    """The smallest ctx (tokens per slot) a live worker of `model` publishes; None when no live
-    worker has said. What fits on every worker fits wherever the request lands."""
+    """The smallest ctx (tokens one request may hold) a live worker of `model` publishes; None
+    when no live worker has said. What fits on every worker fits wherever the request lands."""
+    return (await live_limits(client, model, now_ms, within_ms))[0]
+
+
+async def live_limits(client: aioredis.Redis, model: str, now_ms: int, within_ms: int) -> tuple[int | None, int | None]:
+    """The smallest ctx and the smallest KV pool (blocks_total x kv_block tokens) the live workers
+    of `model` publish; None for one no live worker has said."""
     k = Keys(model)
     ids = await client.zrangebyscore(k.workers, now_ms - within_ms, "+inf")
     if not ids:
-        return None
+        return None, None
     pipe = client.pipeline(transaction=False)
     for wid in ids:
-        pipe.hget(k.worker(text(wid)), "ctx")
-    found = [int(c) for c in await pipe.execute() if c and text(c).isdigit() and int(c) > 0]
-    return min(found, default=None)
+        pipe.hmget(k.worker(text(wid)), "ctx", "blocks_total", "kv_block")
+    ctxs, pools = [], []
+    for ctx, blocks, block in await pipe.execute():
+        if ctx and text(ctx).isdigit() and int(ctx) > 0:
+            ctxs.append(int(ctx))
+        if blocks and block and text(blocks).isdigit() and text(block).isdigit() and int(blocks) * int(block) > 0:
+            pools.append(int(blocks) * int(block))
+    return min(ctxs, default=None), min(pools, default=None)
 
 
 async def live_slots(client: aioredis.Redis, model: str, now_ms: int, within_ms: int) -> int | None:

@@ -197,6 +197,7 @@ class Reported:
     gave_way_to: str | None
     priority: int
     events: list[dict[str, str]]  # this step's stream entries, each its fields (queues/records.py `event_fields`)
+    cached_tokens: int | None = None  # claimed this step: its prompt tokens found in the KV pool
 
 
 def report(keys: Keys, worker: str, now_ms: int, lease_deadline_ms: int, requests: Sequence[Reported]) -> Call:
@@ -205,7 +206,7 @@ def report(keys: Keys, worker: str, now_ms: int, lease_deadline_ms: int, request
     for r in requests:
         more_keys += [keys.req(r.id), keys.out(r.id)]
         more_args += [r.id, r.claim_seq, r.generated, _blank(r.slot), int(r.first_token), _blank(r.gave_way_to),
-                      r.priority, len(r.events)]
+                      r.priority, _blank(r.cached_tokens), len(r.events)]
         for fields in r.events:
             more_args += [len(fields), *_pairs(fields)]
     return Call("report", keys=dict(running=keys.running, metrics=keys.metrics),

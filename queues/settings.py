@@ -89,4 +89,8 @@ class ModelSettings(BaseSettings):
                                                             "from the file")
     data_dir: Path = Field(Path("data"), description="where the converted tokenizer and compiled code are cached "
                                                      "(`strata serve`: also the embedded Redis's files)")
-    ctx: int = Field(2048, ge=16, description="tokens per slot: prompt + answer must fit")
+    ctx: int = Field(2048, ge=16, description="tokens of KV pool per slot: --kv-tokens defaults to --parallel x --ctx "
+                                              "(the memory a slot of its own took before the pool)")
+    max_model_len: int | None = Field(None, ge=16, description="most tokens one request (prompt + answer) may hold; "
+                                                               "default the model's own context (8192 for the "
+                                                               "default SmolLM2)")

@@ -28,6 +28,17 @@ class WorkerState:
     # background; compile_progress: an estimate in percent) | compiled
     decode_step: str = ""
     compile_progress: int = 0
+    # its KV pool (workers/blocks.py), in blocks of kv_block tokens: free = what admission may
+    # still promise; used = held by a slot; cached = keyed prefix blocks a new prompt may reuse
+    # (held or not); shared = held by two slots or more
+    kv_block: int = 0
+    blocks_total: int = 0
+    blocks_free: int = 0
+    blocks_used: int = 0
+    blocks_cached: int = 0
+    blocks_shared: int = 0
+    waits_for_memory: str = ""  # the head a free slot would take, held back until the pool has room
+    blocks_short: int = 0  # ... and how many more free blocks it needs
     heartbeat_ms: int = 0
 
     def to_hash(self) -> dict[str, str | int]:
@@ -35,6 +46,8 @@ class WorkerState:
         out: dict[str, str | int] = {}
         for name, value in asdict(self).items():
             if name == "heartbeat_ms" or (name.startswith("reading_") and not self.reading):
+                continue
+            if name == "blocks_short" and not self.waits_for_memory:
                 continue
             if isinstance(value, dict):
                 value = ",".join(f"{slot}:{floor}" for slot, floor in sorted(value.items()))
@@ -53,7 +66,7 @@ class WorkerState:
                 values[f.name] = [p for p in raw.split(",") if p]
             elif f.name == "reserved":
                 values[f.name] = _reserved(raw)
-            elif f.name in ("device", "reading", "decode_step"):
+            elif f.name in ("device", "reading", "decode_step", "waits_for_memory"):
                 values[f.name] = raw
             else:
                 try:

@@ -38,12 +38,13 @@ class TokenizerLike(Protocol):
 class Rules:
     model_name: str  # the served model: the only `model` a body may name
     tokenizer: TokenizerLike
-    ctx: int  # tokens per slot: prompt + answer
+    ctx: int  # tokens one request may hold: prompt + answer
     default_max_tokens: int
     ignored: IgnoredFields = field(default_factory=IgnoredFields)  # shared by the copies rules_now makes
     # the model's sampling defaults (engine.generation_config): what a body that sets none gets
     defaults: dict[str, float] = field(default_factory=dict)
     slots: int | None = None  # the most slots a live worker has: n answers take n of one worker's (None: unknown)
+    pool_tokens: int | None = None  # the smallest live worker's KV pool: prompt + answer must fit it too
 
     def sampling(self, body: GenerationBody, name: str, fallback: Any) -> Any:
         """The body's value when it set one, else the model's default, else `fallback`."""
@@ -146,7 +147,15 @@ class Rules:
 
     def max_tokens(self, prompt_len: int, requested: int | None, param: str) -> int:
         """What was asked (default_max_tokens when nothing was), lowered so that prompt + answer
-        fit in one slot of `ctx` tokens. A prompt that leaves no room is refused."""
+        fit the context (`ctx`) and a worker's whole KV pool. A prompt that leaves no room in
+        either is refused, naming both numbers (workers/admission.py `never_fits` says the same)."""
+        if self.pool_tokens is not None and prompt_len >= self.pool_tokens:
+            raise ApiError(
+                400,
+                f"The KV pool holds {self.pool_tokens} tokens; the prompt has {prompt_len}, "
+                f"which leaves no room for an answer.",
+                code="context_length_exceeded", param=param,
+            )
         room = self.ctx - prompt_len
         if room <= 0:
             raise ApiError(
@@ -156,7 +165,7 @@ class Rules:
                 code="context_length_exceeded", param=param,
             )
         wanted = self.default_max_tokens if requested is None else requested
-        return min(wanted, room)
+        return min(wanted, room, room if self.pool_tokens is None else self.pool_tokens - prompt_len)
 
     def queued(self, request_id: str, body: GenerationBody, prompt: list[int], priority: int) -> QueuedRequest:
         max_tokens = self.max_tokens(len(prompt), body.requested_max_tokens(), body.prompt_param)

@@ -75,3 +75,18 @@ def never_fits(prompt_tokens: int, max_tokens: int, max_model_len: int, pool_tok
             f" plus max_tokens ({max_tokens}) is {total}."
         )
     return None
+
+
+def admit_in_order(picks: Sequence[W], blocks_needed: Callable[[W], int], num_free: int) -> tuple[list[W], Admission[W]]:
+    """Of one step's picks (scheduler.pick_many: service order, each with a free slot), those the
+    pool can promise everything they may use, one after another: up to the first that does not
+    fit, which waits at the head `blocks_short` blocks short while nobody behind it is admitted
+    (the bound on overtaking stays zero). Each admitted pick's blocks count as taken for the next."""
+    taken: list[W] = []
+    for pick in picks:
+        need = blocks_needed(pick)
+        if need > num_free:
+            return taken, Admission(waits=pick, blocks_short=need - num_free)
+        taken.append(pick)
+        num_free -= need
+    return taken, Admission()

@@ -57,6 +57,9 @@ class Table:
     num_reserved: int = 0  # blocks promised and not yet taken
     priority: int = 0
     num_cached_tokens: int = 0  # the prompt's tokens found in the cache at allocate
+    # whether its full blocks may still be keyed: not once it wrote a token the way a prompt read
+    # would not (a decode step's, a replayed answer's: other kernels, other entries), nor after
+    is_keyable: bool = True
 
 
 class BlockPool:
@@ -138,15 +141,17 @@ class BlockPool:
     def can_allocate(self, prompt: Sequence[int], max_tokens: int) -> bool:
         return self.blocks_needed(prompt, max_tokens) <= self.num_free
 
-    def allocate(self, slot: int, prompt: Sequence[int], max_tokens: int, priority: int) -> int:
+    def allocate(self, slot: int, prompt: Sequence[int], max_tokens: int, priority: int,
+                 use_cache: bool = True) -> int:
         """Give the slot the cached blocks of its prompt and reserve the rest of what it may use.
-        Returns the prompt tokens already in the cache: the read starts there."""
+        Returns the prompt tokens already in the cache: the read starts there. use_cache off: none
+        (a read that must see every position itself, prompt scoring)."""
         if slot in self.tables:
             raise ValueError(f"slot {slot} already holds blocks")
         if not self.can_allocate(prompt, max_tokens):
             need = self.blocks_needed(prompt, max_tokens)
             raise ValueError(f"slot {slot}: {need} blocks needed, {self.num_free} free")
-        hits = self.cached_blocks(prompt)
+        hits = self.cached_blocks(prompt) if use_cache else []
         table = Table(priority=priority)
         for b in hits:
             self._reference(b, priority)
@@ -159,24 +164,42 @@ class BlockPool:
         return table.num_cached_tokens
 
     # -- writing ----------------------------------------------------------------------------
-    def write(self, slot: int, tokens: Sequence[int]) -> None:
+    def room(self, slot: int) -> int:
+        """The most tokens the slot may hold: its blocks and its reservation."""
+        table = self.tables[slot]
+        return (len(table.blocks) + table.num_reserved) * self.block_size
+
+    def grow(self, slot: int, num_tokens: int) -> bool:
+        """Take blocks from the slot's reservation until its table holds `num_tokens` positions
+        (at most its room): what the engine must have before it writes them. True if it grew."""
+        table = self.tables[slot]
+        want = min(self.blocks_for(num_tokens), len(table.blocks) + table.num_reserved)
+        grew = False
+        while len(table.blocks) < want:
+            table.num_reserved -= 1
+            self._num_reserved -= 1
+            b = self._take()
+            self._reference(b, table.priority)
+            table.blocks.append(b)
+            grew = True
+        return grew
+
+    def write(self, slot: int, tokens: Sequence[int], keyable: bool = True) -> None:
         """The engine wrote the KV of these tokens after the slot's others (a read chunk, or one
         decode step's token): take blocks from the reservation as needed, and key every block
-        that is now full, so later prompts find it."""
+        that is now full, so later prompts find it. keyable off: entries a prompt read would not
+        have made (decode steps'); neither their block nor any after it is keyed."""
         table = self.tables[slot]
         bs = self.block_size
-        room = (len(table.blocks) + table.num_reserved) * bs
+        room = self.room(slot)
         if len(table.tokens) + len(tokens) > room:
             raise ValueError(f"slot {slot} writes beyond the {room} tokens it reserved")
+        self.grow(slot, len(table.tokens) + len(tokens))
+        if not keyable and tokens:
+            table.is_keyable = False
         for token in tokens:
-            if len(table.tokens) == len(table.blocks) * bs:
-                table.num_reserved -= 1
-                self._num_reserved -= 1
-                b = self._take()
-                self._reference(b, table.priority)
-                table.blocks.append(b)
             table.tokens.append(token)
-            if len(table.tokens) % bs == 0:
+            if len(table.tokens) % bs == 0 and table.is_keyable:
                 self._seal(table)
 
     def _seal(self, table: Table) -> None:

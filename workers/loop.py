@@ -15,13 +15,14 @@ from typing import Callable, Sequence
 
 from engine.errors import RequestError, RowsFailed
 from engine.protocol import Engine, SamplingParams
-from queues.claims import UNAVAILABLE, Claimed, Claims, Ending, Held, Verdict
+from queues.claims import UNAVAILABLE, Claimed, Claims, Ending, Held, Verdict, Waiting
 from queues.lifecycle import RequestStatus
 from queues.membership import Membership
 from queues.records import Done, Event, Failed, QueuedRequest, Token
 from queues.worker_state import WorkerState
-from workers import scheduler
+from workers import admission, scheduler
 from workers.acceptance import accept
+from workers.kv_pool import KvPool
 from workers.slot import Phase, Slot
 from workers.text import Decoder, TextStream, scored
 from workers.upkeep import Upkeep, describe
@@ -53,6 +54,11 @@ def engine_failure(error: Exception, doing: str = "engine error") -> Failed:
     if isinstance(error, RequestError):
         return Failed(str(error), error.code)
     return Failed(f"{doing}: {error}")
+
+
+class NeverFits(Exception):
+    """The request could never be held here (its prompt and answer beyond the context or the
+    whole KV pool): it fails at once instead of waiting at the head for memory that never comes."""
 
 
 class ResumeRefused(Exception):
@@ -115,6 +121,9 @@ class Worker:
         self.prompt_tokens_read = 0  # through engine.read, since start (the worker hash's prompt_tokens_read)
         self.stopping = False
         self.current: Slot | None = None  # the read that holds the lines
+        # the KV pool (workers/kv_pool.py) when the engine pages its cache; None: each slot's own
+        self.pool = KvPool(engine) if getattr(engine, "kv_tokens", None) else None  # type: ignore[arg-type]
+        self.waits_for_memory: admission.Admission = admission.Admission()  # the head this worker holds back
         self.redis_up = True
         self._dropped: list[tuple[str, int]] = []  # claims let go while Redis was away: handed back once it is back
         # tokens of the answers already ended of a request of n that still runs (their slots are free)
@@ -186,7 +195,7 @@ class Worker:
     def _release_all(self) -> None:
         for slot in self.slots:
             if slot.request:
-                slot.release(self.steps)
+                self._release(slot)
         self.current = None
         self._ended_tokens.clear()
 
@@ -332,12 +341,15 @@ class Worker:
         steps: a compiled step built in the background may take over here (`decode_path`)."""
         return describe(self.slots, self.current, device=self.device, ctx=self.engine.ctx, steps=self.steps,
                         give_ways=self.give_ways, decode_path=self.engine.decode_path(),
-                        prompt_tokens_read=self.prompt_tokens_read)
+                        prompt_tokens_read=self.prompt_tokens_read,
+                        pool=self.pool.blocks if self.pool else None, waits=self.waits_for_memory)
 
     # -- the parts --------------------------------------------------------------------------
     def _admit(self, now: int, out: StepOutput) -> None:
         """Fill the free slots from the head of the queue: the step's picks (scheduler.pick_many)
-        claimed in one round trip; again while a claim went to another worker first."""
+        claimed in one round trip; again while a claim went to another worker first. With a KV
+        pool, only those it can promise their memory (`_fitting`)."""
+        self.waits_for_memory = admission.Admission()
         while not self.stopping and any(s.is_free for s in self.slots):
             head = self.claims.head(sum(s.is_free for s in self.slots))
             picks = scheduler.pick_many(self.slots, head, self.policy)
@@ -351,12 +363,33 @@ class Worker:
             picks = [p for i, p in enumerate(picks) if scheduler.admit_here(lines_busy or i > 0, idle)]
             if not picks:
                 return  # an idle worker takes it: nobody here gives way or waits for the lines
+            if self.pool is not None:
+                picks = self._fitting(picks)
+                if not picks:
+                    return  # the head waits for memory, and nobody behind it takes that memory
             claimed = self.claims.claim_many(picks, now)
             for each in claimed:
                 if each is not None:
                     self._take_slots(each, out)
             if all(each is not None for each in claimed):
                 return
+
+    def _fitting(self, picks: list[Waiting]) -> list[Waiting]:
+        """Admission by memory (workers/admission.py): the picks the pool can promise all they may
+        use, in order; the first that does not fit waits at the head (`waits_for_memory`). One
+        that could never fit goes through, to fail at `_start`; one gone meanwhile, to its claim."""
+        assert self.pool is not None
+        pool = self.pool
+        requests = {pick.id: self.claims.waiting_request(pick) for pick in picks}
+
+        def need(pick: Waiting) -> int:
+            request = requests[pick.id]
+            if request is None or pool.never_fits(request.prompt, request.max_tokens):
+                return 0
+            return pool.blocks_needed(request.prompt, request.max_tokens, request.n)
+
+        taken, self.waits_for_memory = admission.admit_in_order(picks, need, pool.blocks.num_free)
+        return taken
 
     def _take_slots(self, claimed: Claimed, out: StepOutput) -> None:
         request = claimed.request
@@ -413,6 +446,9 @@ class Worker:
     def _release(self, slot: Slot, cached: list[int] | None = None) -> None:
         if slot is self.current:
             self.current = None
+        if self.pool is not None:
+            self.pool.free(slot.index)  # its prefix blocks stay cached for whoever comes next
+            cached = None
         slot.release(self.steps, cached)
 
     def _start(self, slots: list[Slot], claimed: Claimed, out: StepOutput) -> None:
@@ -441,10 +477,25 @@ class Worker:
                 # its answers went on from different places: resuming each is not done (docs/api.md, "n")
                 raise ResumeRefused("a request of n > 1 answers lost its worker after streaming part of them; "
                                     "retry it")
+            if self.pool is not None:
+                reason = self.pool.never_fits(request.prompt, request.max_tokens)
+                if reason:
+                    raise NeverFits(reason)
+                for each in slots:  # the others' reservations only: they share the read's blocks at the fork
+                    cached = self.pool.start(each.index, request.prompt, request.max_tokens, request.priority,
+                                             use_cache=not scoring and each is slot)
+                    if each is slot:
+                        slot.read_pos = cached
+                        out.of(slot).cached_tokens = cached
             for each in slots:
                 each.text = TextStream(self.decoder, request.stop, done_ids, resumed.text if resumed else "")
                 self.engine.begin(each.index, self._params(request, each.choice, done_ids),
                                   keep=slot.read_pos if each is slot else 0)
+        except NeverFits as error:
+            log.warning("%s can never fit here: %s", request.id, error)
+            out.held.pop(request.id, None)
+            self._finish(slot, Failed(str(error), "context_length_exceeded"), RequestStatus.FAILED)
+            return
         except Exception as error:  # noqa: BLE001 - one bad request must not take the worker down
             log.exception("could not start %s", request.id)
             out.held.pop(request.id, None)
@@ -495,7 +546,11 @@ class Worker:
         request = slot.request
         answers = request.max_tokens > 0  # 0: prompt scoring only (echo)
         try:
+            if self.pool is not None:
+                self.pool.grow(slot.index, slot.read_pos + len(chunk))
             token = feed(slot.index, chunk, sample=last and answers)
+            if self.pool is not None:
+                self.pool.wrote(slot.index, chunk, keyable=is_prompt)
         except Exception as error:  # noqa: BLE001 - one bad request must not take the worker down
             log.exception("read failed for %s", slot.request.id)
             out.ended.append((slot, engine_failure(error), RequestStatus.FAILED))
@@ -511,7 +566,13 @@ class Worker:
         firsts = [token]
         if answers and len(answers_of) > 1:  # n answers: the others start from a copy of this read
             try:
+                if self.pool is not None:  # each sibling takes the read's full blocks as its own prefix
+                    for sibling in answers_of[1:]:
+                        self.pool.share_read(sibling.index, slot.index, request.max_tokens, request.priority)
                 firsts += self.engine.fork(slot.index, [s.index for s in answers_of[1:]])
+                if self.pool is not None:
+                    for sibling in answers_of[1:]:
+                        self.pool.copied(sibling.index, slot.index)
             except Exception as error:  # noqa: BLE001 - one bad request must not take the worker down
                 log.exception("fork failed for %s", request.id)
                 out.ended.append((slot, engine_failure(error), RequestStatus.FAILED))
@@ -541,6 +602,9 @@ class Worker:
 
     def _decode(self, slots: list[Slot], out: StepOutput) -> None:
         try:
+            if self.pool is not None:
+                for slot in slots:
+                    self.pool.grow_for_decode(slot.index)
             tokens = self.engine.decode([s.index for s in slots], [s.last_token for s in slots])
         except RowsFailed as partly:  # some requests' own input failed them (a grammar): only those end
             for slot in slots:
@@ -554,6 +618,9 @@ class Worker:
             for slot in slots:
                 out.ended.append((slot, Failed(f"engine error: {error}"), RequestStatus.FAILED))
             return
+        if self.pool is not None:  # each row's entries: the token it fed, then the guesses it kept
+            for slot, new in zip(slots, tokens):
+                self.pool.wrote(slot.index, [slot.last_token, *new[:-1]], keyable=False)
         for slot, new in zip(slots, tokens):
             try:
                 self._take(slot, new, out)

@@ -42,12 +42,13 @@ def build_engine(settings: WorkerSettings, path: Path) -> Engine:
     if settings.engine == "fake":
         from engine.fake_live import live_fake_engine
 
-        return live_fake_engine(settings.parallel, settings.ctx, settings.fake_read_ms_per_token,
+        return live_fake_engine(settings.parallel, settings.max_model_len or settings.ctx, settings.fake_read_ms_per_token,
                                 settings.fake_decode_ms_per_step)
     from engine import load_engine
     from engine.files import cache_folder
 
-    return load_engine(path, num_slots=settings.parallel, ctx=settings.ctx, device=settings.device,
+    return load_engine(path, num_slots=settings.parallel, ctx=settings.max_model_len, kv_tokens=settings.pool_tokens(),
+                       device=settings.device,
                        dtype=settings.dtype, threads=settings.threads, int4=settings.int4,
                        prefill_bf16=settings.prefill_bf16, cache_dir=cache_folder(settings.data_dir),
                        compile=settings.compile, compile_in_background=settings.compile_background,
@@ -64,8 +65,8 @@ def run_worker(settings: WorkerSettings) -> None:
     # which `strata serve` does not restart (strata/cli.py, strata/serve.py).
     path = resolve_model_path(settings.model)
     name = settings.served_model_name or served_model_name(path)
-    log.info("loading %s from %s on %s: %d slots of %d tokens", name, path, settings.device, settings.parallel,
-             settings.ctx)
+    log.info("loading %s from %s on %s: %d slots, a KV pool of %d tokens, requests up to %s tokens", name, path,
+             settings.device, settings.parallel, settings.pool_tokens(), settings.max_model_len or "the model's")
     engine = build_engine(settings, path)
     worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}-{settings.device}"
     claims = Claims(connect(settings.redis_url, cluster=settings.redis_cluster, within_s=settings.redis_connect_s), name, worker_id,

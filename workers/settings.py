@@ -26,6 +26,9 @@ class WorkerSettings(RedisSettings, ModelSettings):
     dtype: str | None = Field(None, description="float32 or bfloat16; default bfloat16 on CUDA and for a quantized GGUF on the CPU, "
                                                 "else float32; float32 is the exact path (see docs/engine.md)")
     parallel: int = Field(4, ge=1, description="slots: requests decoded together")
+    kv_tokens: int | None = Field(None, ge=16, description="the worker's KV pool in tokens, shared by every slot in blocks "
+                                                           "(a prompt block, 64 on the torch engine); default --parallel x "
+                                                           "--ctx. A request may take up to --max-model-len of it")
     prefill_chunk: int = Field(256, ge=1, description="tokens read per chunk, rounded up to a multiple of the engine's "
                                                    "prompt block (64 on the torch engine); a chunk boundary is where a read can stop")
     prefill_preempt: bool = Field(True, description="a read may give way at a chunk boundary (rule 4)")
@@ -84,6 +87,9 @@ class WorkerSettings(RedisSettings, ModelSettings):
 
     def reserve_tiers(self) -> tuple[Reserve, ...]:
         return parse_reserve(self.reserve)
+
+    def pool_tokens(self) -> int:
+        return self.kv_tokens if self.kv_tokens is not None else self.parallel * self.ctx
 
     def policy(self) -> Policy:
         """The scheduling flags, as workers/scheduler.py takes them."""

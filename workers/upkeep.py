@@ -13,6 +13,8 @@ from engine.protocol import DecodePath
 from queues.claims import Claims
 from queues.membership import Membership
 from queues.worker_state import WorkerState
+from workers.admission import Admission
+from workers.blocks import BlockPool
 from workers.slot import Slot
 
 log = logging.getLogger("strata.worker")
@@ -69,9 +71,15 @@ class Upkeep:
 
 
 def describe(slots: Sequence[Slot], current: Slot | None, *, device: str, ctx: int, steps: int,
-             give_ways: int, decode_path: DecodePath = DecodePath(), prompt_tokens_read: int = 0) -> WorkerState:
+             give_ways: int, decode_path: DecodePath = DecodePath(), prompt_tokens_read: int = 0,
+             pool: BlockPool | None = None, waits: Admission = Admission()) -> WorkerState:
     """The worker hash an operator reads with HGETALL."""
     read = current if current and current.request else None
+    blocks = {}
+    if pool is not None:
+        blocks = dict(kv_block=pool.block_size, blocks_total=pool.num_blocks, blocks_free=pool.num_free,
+                      blocks_used=pool.num_used, blocks_cached=pool.num_cached, blocks_shared=pool.num_shared)
+    waiting = getattr(waits.waits, "id", "")
     return WorkerState(
         device=device,
         pid=os.getpid(),
@@ -91,4 +99,7 @@ def describe(slots: Sequence[Slot], current: Slot | None, *, device: str, ctx: i
         reserved_busy=sum(s.is_reserved and not s.is_free for s in slots),
         decode_step=decode_path.kind,
         compile_progress=decode_path.percent,
+        waits_for_memory=waiting,
+        blocks_short=waits.blocks_short if waiting else 0,
+        **blocks,
     )

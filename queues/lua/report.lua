@@ -9,8 +9,8 @@ nothing written.
 KEYS: running zset, metrics hash; then per request: its hash and its output stream
 ARGV: worker id, now (ms), lease deadline (ms), number of requests n; then per request
   (queues/scripts.py `report`): id, claim_seq, tokens generated so far, slot ('' unless claimed
-  this step), first token now (1|0), gave way to (a request id, '' for none), priority, number of
-  events m, then m events, each its number of fields k and k name, value pairs: the stream
+  this step), first token now (1|0), gave way to (a request id, '' for none), priority, prompt
+  tokens found in the worker's KV pool ('' unless claimed this step), number of events m, then m events, each its number of fields k and k name, value pairs: the stream
   entry as it is written (queues/records.py `event_fields`: a token event, or the done event
   of one of a request's n answers that is not its last)
 Returns one result (ReportResult) per request, in order: LOST (the worker drops it and writes
@@ -25,10 +25,10 @@ local results = {}
 local a = REQUESTS
 for i = 1, tonumber(n) do
   local req, out = KEYS[1 + 2 * i], KEYS[2 + 2 * i]
-  local id, claim_seq, generated, slot, first, gave_way_to, priority, m = unpack(ARGV, a, a + 7)
+  local id, claim_seq, generated, slot, first, gave_way_to, priority, cached, m = unpack(ARGV, a, a + 8)
   m = tonumber(m)
   local held = owns(req, worker, claim_seq)
-  local at = a + 8
+  local at = a + 9
   for j = 1, m do
     local k = tonumber(ARGV[at])
     if held then
@@ -42,6 +42,9 @@ for i = 1, tonumber(n) do
     redis.call('HSET', req, 'completion_tokens', generated)
     if slot ~= '' then
       redis.call('HSET', req, 'slot', slot)
+    end
+    if cached ~= '' then
+      redis.call('HSET', req, 'cached_tokens', cached)
     end
     if first == '1' then
       redis.call('HSETNX', req, 'first_token_ms', now)

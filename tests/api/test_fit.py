@@ -64,3 +64,23 @@ def test_n_above_the_largest_live_worker_slots_is_refused(start_api, redis_clien
     error = r.json()["error"]
     assert error["param"] == "n" and "at most 4" in error["message"]
     assert worker.waiting() == []
+
+
+def test_a_prompt_beyond_the_live_workers_pool_is_refused_naming_both_numbers(start_api, redis_client, worker):
+    # a worker whose requests may hold 4096 tokens but whose KV pool is 3 blocks of 16
+    state = WorkerState(ctx=4096, kv_block=16, blocks_total=3)
+    Membership(redis_client, MODEL, "pooled").heartbeat(state, int(time.time() * 1000), ttl_s=30)
+    base = start_api(ctx=4096)
+    r = ask(base, "x" * 50)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == "context_length_exceeded"
+    assert error["message"] == ("The KV pool holds 48 tokens; the prompt has 50, which leaves no room for an answer.")
+    answers: list[httpx.Response] = []
+    asking = threading.Thread(target=lambda: answers.append(ask(base, "x" * 20, max_tokens=100)))
+    asking.start()
+    (rid,) = worker.wait_for(1)
+    assert json.loads(worker.record(rid)["params"])["max_tokens"] == 28  # the pool's 48 - 20
+    worker.publish(rid, Done("length", 20, 0))
+    asking.join(10)
+    assert answers[0].status_code == 200

@@ -52,7 +52,7 @@ def _continue(engine, slot: int, first: int, n: int = ANSWER) -> list[int]:
 
 
 def _kv(engine, slot: int, n: int) -> torch.Tensor:
-    return torch.stack([torch.stack([b.mixer.k_cache[slot, :, :n], b.mixer.v_cache[slot, :, :n]]) for b in engine.model.layers])
+    return engine.model.slot_kv(slot, n)
 
 
 @pytest.fixture(scope="module")

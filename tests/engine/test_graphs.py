@@ -77,25 +77,26 @@ def test_replayed_steps_give_the_eager_tokens():
 
 def test_padding_rows_and_recording_touch_no_slot():
     engine = _tiny_engine()
-    ctx = engine.ctx
+    model, ctx = engine.model, engine.ctx
+    spare = model.spare_block * model.kv_block  # the pools' first position past every block
     for slot in range(4):
         engine.begin(slot, GREEDY)
         engine.read(slot, [(3 * slot + i) % 256 for i in range(20 + slot)], sample=True)
     before = _caches(engine)
     _graphed(engine, Recorder())
     after = _caches(engine)
-    # recording ran every bucket with padding rows only: slot 0's spare position, nothing else
+    # recording ran every bucket with padding rows only: the spare block's position, nothing else
     for old, new in zip(before, after):
-        assert torch.equal(old[:, :, :ctx], new[:, :, :ctx])
-        assert not torch.equal(old[0, :, ctx], new[0, :, ctx])
+        assert torch.equal(old[:, :spare], new[:, :spare])
+        assert not torch.equal(old[:, spare], new[:, spare])
+    held = [model.slot_kv(slot, ctx) for slot in range(4)]  # [layers, 2, KV, positions, hd]
     engine.decode([1, 3, 2], [5, 6, 7])  # three rows: one padding row in the bucket of four
-    for old, new in zip(after, _caches(engine)):
-        assert torch.equal(old[0, :, :ctx], new[0, :, :ctx])  # slot 0 not in the step: untouched
-        for slot in (1, 3, 2):  # each written at its own position only
-            position = 20 + slot
-            assert torch.equal(old[slot, :, :position], new[slot, :, :position])
-            assert not torch.equal(old[slot, :, position], new[slot, :, position])
-            assert torch.equal(old[slot, :, position + 1:ctx], new[slot, :, position + 1:ctx])
+    assert torch.equal(held[0], model.slot_kv(0, ctx))  # slot 0 not in the step: untouched
+    for slot in (1, 3, 2):  # each written at its own position only
+        old, new, position = held[slot], model.slot_kv(slot, ctx), 20 + slot
+        assert torch.equal(old[:, :, :, :position], new[:, :, :, :position])
+        assert not torch.equal(old[:, :, :, position], new[:, :, :, position])
+        assert torch.equal(old[:, :, :, position + 1:], new[:, :, :, position + 1:])
 
 
 def test_a_step_reads_the_buffers_as_they_are_at_replay():

@@ -82,7 +82,7 @@ def test_the_api_reads_the_tokenizer_the_worker_converted(smollm2, converted, mo
         return real(cls, *args, **kwargs)
 
     monkeypatch.setattr(AutoTokenizer, "from_pretrained", classmethod(from_pretrained))
-    tokenizer, name, _defaults = load_model_facts(ApiSettings(data_dir=cache.parent), None)
+    tokenizer, name, _defaults, _cap = load_model_facts(ApiSettings(data_dir=cache.parent), None)
     assert opened == [None]  # the saved folder, not a conversion from the GGUF
     assert name == "SmolLM2-135M-Instruct" and tokenizer.encode_chat(MESSAGES) == first.encode_chat(MESSAGES)
 

@@ -1,0 +1,85 @@
+"""The engine's paged KV pool (engine/model.py `allocate_cache`, `assign`): a slot's positions live
+in whatever pool blocks its table names, so a request may reuse blocks another request computed
+and a step reads each row through its own table. On a tiny random float32 model, against the
+same engine with each slot's own run of blocks (the contiguous layout)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.model import KV_BLOCK
+from engine.protocol import SamplingParams
+from tests.engine.test_compiled import _tiny_engine
+
+SCORED = SamplingParams(temperature=0.0, logprobs=5)
+
+
+def pooled(kv_blocks: int, num_slots: int = 3):
+    engine = _tiny_engine(num_slots=num_slots)
+    model = engine.model
+    model.allocate_cache(num_slots, engine.ctx, kv_tokens=kv_blocks * KV_BLOCK)
+    return type(engine)(model, None, eos_token_ids=frozenset())
+
+
+def answer(engine, slot: int, tokens: list[int], first: int, steps: int = 12):
+    out, scores = [first], []
+    while len(out) < steps:
+        out += engine.decode([slot], [out[-1]])[0]
+    scores = engine.logprobs(slot)
+    return out, [(s.token, s.logprob, s.top) for s in scores]
+
+
+def test_a_prompt_reusing_another_requests_prefix_blocks_gives_the_cold_run():
+    header = [(5 * i + 3) % 256 for i in range(2 * KV_BLOCK)]
+    first, second = header + [9, 8, 7, 6], header + [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    engine = pooled(kv_blocks=8)
+    assert engine.kv_tokens == 8 * KV_BLOCK and engine.room(0) == 0  # a pool smaller than 3 x ctx: nothing given
+    engine.assign(0, [5, 2, 7])  # scattered, out of order
+    engine.begin(0, SCORED)
+    engine.read(0, first, sample=True)
+    # slot 1 shares the header's two blocks (whoever computed them) and reads only what follows
+    engine.assign(1, [5, 2, 0], tokens=header)
+    engine.begin(1, SCORED, keep=len(header))
+    warm_first = engine.read(1, second[len(header):], sample=True)
+    warm = answer(engine, 1, second, warm_first)
+    cold_engine = _tiny_engine(num_slots=3)
+    cold_engine.begin(0, SCORED)
+    cold_first = cold_engine.read(0, second, sample=True)
+    cold = answer(cold_engine, 0, second, cold_first)
+    assert warm == cold  # tokens, their logprobs and the top 5, exactly
+    n = len(second) + 11
+    assert torch.equal(engine.model.slot_kv(1, n), cold_engine.model.slot_kv(0, n))
+    # the shared blocks were read, not written: slot 0's prefix entries are as slot 0 wrote them
+    assert torch.equal(engine.model.slot_kv(0, len(header)), engine.model.slot_kv(1, len(header)))
+
+
+def test_rows_in_scattered_blocks_decode_as_each_slot_alone():
+    prompts = [[(7 * s + i) % 256 for i in range(10 + 70 * s)] for s in range(3)]
+
+    def run(engine, tables):
+        out = []
+        for slot, prompt in enumerate(prompts):
+            if tables:
+                engine.assign(slot, tables[slot])
+            engine.begin(slot, SamplingParams(temperature=0.0))
+            out.append([engine.read(slot, prompt, sample=True)])
+        for step in range(40):  # all three, then two out of order: one gather through three tables
+            active = [0, 1, 2] if step % 2 else [2, 0]
+            for slot, new in zip(active, engine.decode(active, [out[s][-1] for s in active])):
+                out[slot] += new
+        return out
+
+    tables = [[11, 3], [0, 9, 4], [7, 1, 10, 2]]  # 64, 192 and 256 positions, interleaved in the pool
+    assert run(pooled(kv_blocks=12), tables) == run(_tiny_engine(num_slots=3), None)
+
+
+def test_a_write_past_the_slots_blocks_is_refused_naming_it():
+    engine = pooled(kv_blocks=4)
+    engine.assign(2, [1])
+    engine.begin(2, SamplingParams(temperature=0.0))
+    with pytest.raises(ValueError, match="slot 2: writing up to position 65 beyond its 1 blocks"):
+        engine.read(2, list(range(65)), sample=True)
+    with pytest.raises(ValueError, match="outside the pool"):
+        engine.assign(0, [4])
+

@@ -1,0 +1,99 @@
+"""The worker loop over a paged KV pool (the fake engine with kv_tokens, a real Redis): admission
+by memory, prefixes shared across slots and requests, blocks given back, and what the worker hash
+and the request hash say. Exact, on the virtual clock."""
+
+from __future__ import annotations
+
+from queues.keys import Keys
+from queues.worker_state import WorkerState
+from tests.helpers.queue import distinct_prompt
+from tests.helpers.workers import MODEL, make_worker, run_until_idle
+
+K = Keys(MODEL)
+BS = 16
+
+
+def pooled(redis_client, *, kv_tokens: int, slots: int = 4, chunk: int = 16, **kw):
+    return make_worker(redis_client, slots=slots, chunk=chunk, kv_tokens=kv_tokens, kv_block=BS, **kw)
+
+
+def claim_order(redis_client, rids):
+    return sorted(rids, key=lambda r: int(redis_client.hget(K.req(r), "claim_seq")))
+
+
+def test_a_long_prompt_beside_short_ones_on_one_pool(redis_client, submit):
+    # 4 slots sharing 512 tokens: a 300-token prompt (beyond a slot's share of 128) runs beside
+    # three short ones, each reserving prompt + max_tokens
+    submit("long", prompt_len=300, max_tokens=20)
+    for i in range(3):
+        submit(f"short{i}", prompt_len=20, max_tokens=10)
+    worker = pooled(redis_client, kv_tokens=512)
+    worker.step()
+    worker.step()
+    assert sorted(s.request.id for s in worker.slots if s.request) == ["long", "short0", "short1", "short2"]
+    pool = worker.pool.blocks
+    # reserved: ceil(320 / 16) = 20 blocks for the long one, ceil(30 / 16) = 2 for each short one
+    assert pool.num_used + pool.num_reserved == 20 + 3 * 2
+    run_until_idle(worker)
+    for rid, n in (("long", 20), ("short0", 10), ("short1", 10), ("short2", 10)):
+        assert redis_client.hget(K.req(rid), "completion_tokens") == str(n)
+        assert redis_client.hget(K.req(rid), "status") == "finished"
+    assert pool.num_used == pool.num_reserved == 0 and pool.num_free == pool.num_blocks
+    assert worker.engine.tables == [[]] * 4  # every slot's table cleared as it ended
+
+
+def test_a_high_priority_request_that_does_not_fit_waits_at_the_head(redis_client, submit):
+    # 8 blocks of 16: a running request holds 5 of them; the urgent one needs 6 (80 + 10 tokens),
+    # and small low-priority ones that would fit in the 3 left do not overtake it
+    submit("running", prompt_len=60, max_tokens=20)
+    worker = pooled(redis_client, kv_tokens=128)
+    worker.step()
+    submit("urgent", priority=9, prompt_len=80, max_tokens=10)
+    for i in range(3):
+        submit(f"small{i}", prompt_len=8, max_tokens=4)
+    worker.step()
+    assert [s.request.id for s in worker.slots if s.request] == ["running"]
+    state = worker.describe()
+    assert (state.waits_for_memory, state.blocks_short) == ("urgent", 6 - 3)
+    published = WorkerState.from_hash(state.to_hash())
+    assert published.waits_for_memory == "urgent" and published.blocks_short == 3
+    assert (published.blocks_total, published.blocks_free, published.kv_block) == (8, 3, BS)
+    while worker.slots[0].request is not None and worker.slots[0].request.id == "running":
+        worker.step()
+        assert all(s.request is None or s.request.id in ("running", "urgent") for s in worker.slots)
+    run_until_idle(worker)
+    assert claim_order(redis_client, ["running", "urgent", "small0", "small1", "small2"])[:2] == ["running", "urgent"]
+    assert all(redis_client.hget(K.req(r), "status") == "finished" for r in ("urgent", "small0", "small1", "small2"))
+
+
+def test_a_prefix_read_once_is_shared_by_later_requests_and_recorded(redis_client, submit):
+    header = distinct_prompt("header", 64)
+    submit("first", prompt=header + [7, 8, 9], max_tokens=3)
+    worker = pooled(redis_client, kv_tokens=1024)
+    run_until_idle(worker)
+    assert redis_client.hget(K.req("first"), "cached_tokens") == "0"
+    # two more with the same 64-token header: each reads only what follows it
+    submit("second", prompt=header + [1, 2], max_tokens=3)
+    submit("third", prompt=header + [3, 4, 5], max_tokens=3)
+    worker.read_log.clear()
+    worker.step()
+    assert worker.pool.blocks.num_shared == 4  # the header's 4 blocks, held by both slots
+    run_until_idle(worker)
+    assert sorted(worker.read_log) == [("second", 2), ("third", 3)]
+    for rid in ("second", "third"):
+        assert redis_client.hget(K.req(rid), "cached_tokens") == "64"
+    assert worker.describe().blocks_cached >= 4
+
+
+def test_a_request_that_can_never_fit_fails_instead_of_waiting(redis_client, submit):
+    # past the door's checks (a request enqueued for a bigger worker): it fails at once, naming both numbers
+    submit("huge", prompt_len=100, max_tokens=100)
+    submit("after", prompt_len=8, max_tokens=2)
+    worker = pooled(redis_client, kv_tokens=128)
+    run_until_idle(worker)
+    h = redis_client.hgetall(K.req("huge"))
+    assert h["status"] == "failed"
+    error = [f for _, f in redis_client.xrange(K.out("huge"))][-1]
+    assert error["code"] == "context_length_exceeded"
+    assert "128" in error["message"] and "200" in error["message"]
+    assert redis_client.hget(K.req("after"), "status") == "finished"
