@@ -95,6 +95,11 @@ class Snapshot:
                 ("reads_in_progress", "1 while the worker's lines read a prompt, else 0."),
                 ("reads_parked", "Reads that gave way and wait, parked in their slots."),
                 ("heartbeat_age_seconds", "Seconds since the worker's last heartbeat."),
+                ("kv_blocks_total", "Blocks of the worker's KV pool."),
+                ("kv_blocks_free", "KV pool blocks admission may still promise."),
+                ("kv_blocks_cached", "KV pool blocks holding a prefix a new prompt may reuse."),
+                ("kv_blocks_shared", "KV pool blocks held by two slots or more."),
+                ("kv_blocks_short", "Free KV blocks the head waiting for memory still needs (0: none waits)."),
             ]
         }
         for view in self.views:
@@ -115,6 +120,8 @@ class Snapshot:
                 per_worker["reads_in_progress"].add_metric([m, wid], int(bool(w.reading)))
                 per_worker["reads_parked"].add_metric([m, wid], len(w.parked))
                 per_worker["heartbeat_age_seconds"].add_metric([m, wid], max(0, self.now_ms - w.heartbeat_ms) / 1000)
+                for name in ("total", "free", "cached", "shared", "short"):
+                    per_worker[f"kv_blocks_{name}"].add_metric([m, wid], getattr(w, f"blocks_{name}"))
         yield from (waiting, running, live, progress, *per_worker.values())
 
     def _counters(self) -> Iterator[Metric]:

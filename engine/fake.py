@@ -114,6 +114,7 @@ class FakeEngine:
         """The slot's cache copied into each of `into`, no time charged (a copy, no model pass);
         each first token is its own: it depends on the seed."""
         for target in into:
+            self._check_room(target, len(self._cache[slot]))
             self._cache[target] = list(self._cache[slot])
         self.calls.append(Call("fork", (slot, *into), 0, self.clock.now_ms))
         return [self._next(target) for target in into]

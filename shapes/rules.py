@@ -149,18 +149,18 @@ class Rules:
         """What was asked (default_max_tokens when nothing was), lowered so that prompt + answer
         fit the context (`ctx`) and a worker's whole KV pool. A prompt that leaves no room in
         either is refused, naming both numbers (workers/admission.py `never_fits` says the same)."""
-        if self.pool_tokens is not None and prompt_len >= self.pool_tokens:
-            raise ApiError(
-                400,
-                f"The KV pool holds {self.pool_tokens} tokens; the prompt has {prompt_len}, "
-                f"which leaves no room for an answer.",
-                code="context_length_exceeded", param=param,
-            )
         room = self.ctx - prompt_len
         if room <= 0:
             raise ApiError(
                 400,
                 f"This model's context is {self.ctx} tokens; the prompt has {prompt_len}, "
+                f"which leaves no room for an answer.",
+                code="context_length_exceeded", param=param,
+            )
+        if self.pool_tokens is not None and prompt_len >= self.pool_tokens:
+            raise ApiError(
+                400,
+                f"The KV pool holds {self.pool_tokens} tokens; the prompt has {prompt_len}, "
                 f"which leaves no room for an answer.",
                 code="context_length_exceeded", param=param,
             )

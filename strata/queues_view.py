@@ -13,6 +13,7 @@ from rich.table import Table
 from queues.connect import connect
 from queues.inspect import ModelView, snapshot
 from queues.server import recorded_url
+from queues.worker_state import WorkerState
 
 
 def find_redis(redis_url: str | None, data_dir: Path) -> str:
@@ -34,18 +35,29 @@ def render(views: list[ModelView]) -> Group:
         for place, w in enumerate(view.waiting, 1):
             waiting.add_row(str(place), w.id, str(w.priority), f"{w.age_s:.1f}s", str(w.prompt_tokens), w.key_name or "-")
         workers = Table(title="workers", title_justify="left")
-        for column in ("worker", "device", "slots", "reserved", "reading", "priority", "progress", "parked", "give-ways", "seen"):
+        for column in ("worker", "device", "slots", "reserved", "kv blocks", "reading", "priority", "progress", "parked",
+                       "give-ways", "seen"):
             workers.add_column(column)
         for wid, w in view.workers:
             progress = f"{w.reading_progress}/{w.reading_prompt_tokens}" if w.reading else "-"
             seen_s = max(0, view.now_ms - (w.heartbeat_ms or view.now_ms)) / 1000
             reserved = " ".join(f"{slot}:>={floor}" for slot, floor in sorted(w.reserved.items()))
             reserved = f"{w.reserved_busy}/{len(w.reserved)} ({reserved})" if w.reserved else "-"
-            workers.add_row(wid, w.device, f"{w.slots_busy}/{w.slots_total}", reserved, w.reading or "-",
+            workers.add_row(wid, w.device, f"{w.slots_busy}/{w.slots_total}", reserved, kv_blocks(w), w.reading or "-",
                             "-" if w.reading_priority is None else str(w.reading_priority), progress,
                             ",".join(w.parked) or "-", str(w.give_ways), f"{seen_s:.1f}s ago")
         parts += [waiting, workers]
     return Group(*parts)
+
+
+def kv_blocks(w: WorkerState) -> str:
+    """The pool in a cell: free/total, cached and shared, and what the head waits for."""
+    if not w.blocks_total:
+        return "-"
+    cell = f"{w.blocks_free}/{w.blocks_total} free, {w.blocks_cached} cached, {w.blocks_shared} shared"
+    if w.waits_for_memory:
+        cell += f"; {w.waits_for_memory} waits for {w.blocks_short} more"
+    return cell
 
 
 def show(redis_url: str | None, data_dir: Path, *, watch: bool, interval_s: float, limit: int,

@@ -66,3 +66,14 @@ def test_a_workers_reserved_slots_show(redis_url, redis_client, submit):
     worker.upkeep.run(worker.clock(), worker.describe())
     worker_line = next(line for line in run_queues("--redis-url", redis_url).splitlines() if "gpu1-worker" in line)
     assert "0/2 (1:>=10 2:>=10)" in worker_line and "1/3" in worker_line
+
+
+def test_a_workers_kv_pool_shows_in_its_row():
+    from queues.worker_state import WorkerState
+    from strata.queues_view import kv_blocks
+
+    assert kv_blocks(WorkerState()) == "-"  # no pool published
+    pooled = WorkerState(blocks_total=128, blocks_free=40, blocks_cached=12, blocks_shared=3)
+    assert kv_blocks(pooled) == "40/128 free, 12 cached, 3 shared"
+    waiting = WorkerState(blocks_total=8, blocks_free=3, waits_for_memory="urgent", blocks_short=3)
+    assert kv_blocks(waiting) == "3/8 free, 0 cached, 0 shared; urgent waits for 3 more"

@@ -171,3 +171,17 @@ def test_waiting_by_priority_with_aging_reads_the_priorities_not_the_scores(star
     live = metric_samples(http)
     waiting = {label: value(live, "strata_requests_waiting", priority=label) for label in LABELS.labels}
     assert waiting == {**dict.fromkeys(LABELS.labels, 0), "0": 1, "5": 1, "-9..-1": 1}
+
+
+def test_the_kv_pool_of_each_worker(start_api, redis_url, redis_client, clock):
+    http = start_api(clock=clock)
+    worker = make_worker(redis_client, slots=2, chunk=16, clock=clock, kv_tokens=128, kv_block=16)
+    enqueue(redis_url, clock, "big", prompt_len=60, max_tokens=20)  # 5 of the 8 blocks
+    worker.step()
+    enqueue(redis_url, clock, "bigger", prompt_len=60, max_tokens=40)  # 7: waits for 4 more
+    worker.step()
+    worker.upkeep.run(clock(), worker.describe())
+    live = metric_samples(http)
+    got = {name: value(live, f"strata_worker_kv_blocks_{name}", worker="w1")
+           for name in ("total", "free", "cached", "shared", "short")}
+    assert got == {"total": 8, "free": 3, "cached": 2, "shared": 0, "short": 4}  # 2 chunks of 16 read: 2 blocks keyed

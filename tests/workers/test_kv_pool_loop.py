@@ -97,3 +97,20 @@ def test_a_request_that_can_never_fit_fails_instead_of_waiting(redis_client, sub
     assert error["code"] == "context_length_exceeded"
     assert "128" in error["message"] and "200" in error["message"]
     assert redis_client.hget(K.req("after"), "status") == "finished"
+
+
+def test_n_answers_share_the_reads_full_blocks(redis_client, submit):
+    # 3 answers of a 40-token prompt: the read's two full blocks are held by all three slots, each
+    # answer keeps its own partial block and what it generates; all given back at the end
+    submit("three", prompt=distinct_prompt("n", 40), max_tokens=20, n=3, seed=1, temperature=0.8)
+    worker = pooled(redis_client, kv_tokens=512)
+    while not any(s.request and s.phase.name == "DECODING" for s in worker.slots):
+        worker.step()
+    pool = worker.pool.blocks
+    assert pool.num_shared == 2
+    assert [len(pool.tables[i].blocks) for i in range(3)] == [3, 3, 3]
+    assert len({b for i in range(3) for b in pool.tables[i].blocks}) == 2 + 3  # 2 shared, 3 own
+    assert all(worker.engine.tables[i] == pool.tables[i].blocks for i in range(3))
+    run_until_idle(worker)
+    assert redis_client.hget(K.req("three"), "status") == "finished"
+    assert pool.num_used == pool.num_reserved == 0
