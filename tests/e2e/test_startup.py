@@ -133,7 +133,8 @@ def test_serve_stops_when_the_kv_cache_cannot_fit_in_memory(tmp_path, tiny_model
     r = run(tmp_path, "serve", "--model", str(tiny_model), "--parallel", "64", "--ctx", "100000000",
             *serve_flags(tmp_path))
     exits_fatally(r, re.compile(r"strata worker: the KV pool of 6400000000 tokens needs at least "
-                                r"[0-9.]+ GiB, but cpu has [0-9.]+ GiB free: lower --kv-tokens"))
+                                r"[0-9.]+ GiB, but cpu has [0-9.]+ GiB free: lower --kv-tokens "
+                                r"\(default --parallel x --ctx\)"))
 
 
 def test_the_banner_says_what_where_how_to_ask_and_where_the_queue_is(tmp_path):
