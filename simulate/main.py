@@ -93,12 +93,10 @@ def calibrate(settings: CalibrateSettings, console: Console | None = None) -> Co
     console = console or Console()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     path = resolve_model_path(settings.model)
-    engine = build_engine(settings, path)  # the engine a worker with these flags would run
-    # A worker's pool hands out blocks per request (workers/kv_pool.py); the measurement holds
-    # every slot at once, so each gets its own equal run of the pool's blocks.
-    per_slot = engine.kv_tokens // engine.kv_block // engine.num_slots
-    for slot in range(engine.num_slots):
-        engine.assign(slot, range(slot * per_slot, (slot + 1) * per_slot))
+    # the engine a worker with these flags would run, its requests held to --ctx: the measurement
+    # fills every slot at once, and a pool of --parallel x --ctx then gives each slot its own run
+    # of blocks (engine/model.py allocate_cache) without the worker's pool handing them out
+    engine = build_engine(settings.model_copy(update={"max_model_len": settings.max_model_len or settings.ctx}), path)
     plan = Plan.quick() if settings.quick else Plan()
     machine = {"model": settings.served_model_name or served_model_name(path), "device": settings.device,
                "dtype": str(getattr(engine, "dtype", settings.dtype)), "threads": str(settings.threads or "all"),
