@@ -131,7 +131,7 @@ class Block(nn.Module):
             out = F.rms_norm(out.float(), (self.dim,), self.post_attn_norm, self.norm_eps)
         x = x + out
         h = F.rms_norm(x, (self.dim,), self.ffn_norm, self.norm_eps)
-        out = self.ffn(h, inputs.pieces) if isinstance(self.ffn, GatedFFN) else self.ffn(h)
+        out = self.ffn(h, inputs.pieces)
         if self.post_ffn_norm is not None:
             out = F.rms_norm(out.float(), (self.dim,), self.post_ffn_norm, self.norm_eps)
         return x + out  # float32 x + bf16 promotes to float32

@@ -51,8 +51,10 @@ class Experts(nn.Module):
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights, experts
 
-    def forward(self, h: Tensor) -> Tensor:
-        """h: [B, T, dim] (the FFN norm's output) -> [B, T, dim] in the experts' dtype."""
+    def forward(self, h: Tensor, pieces: tuple[int, ...] | None = None) -> Tensor:
+        """h: [B, T, dim] (the FFN norm's output) -> [B, T, dim] in the experts' dtype. pieces (a
+        prompt's blocks, engine/weights.py `in_pieces`) are not needed: each expert's product
+        takes the tokens routed to it whatever their number."""
         shape = h.shape
         flat = h.reshape(-1, shape[-1])
         weights, experts = self.route(flat)
