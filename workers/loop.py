@@ -188,7 +188,10 @@ class Worker:
         return list(dict.fromkeys((s.request.id, s.claim_seq) for s in self.slots if s.request))
 
     def _siblings(self, slot: Slot) -> list[Slot]:
-        """The slots holding the answers of this slot's request (itself included)."""
+        """The slots holding the answers of this slot's request (itself included). Asked for every
+        decoding slot each step (`_generated`): a request of one answer is its own slot, no scan."""
+        if slot.request is not None and slot.request.n == 1:
+            return [slot]
         return [s for s in self.slots if s.request is not None and s.request.id == slot.request.id
                 and s.claim_seq == slot.claim_seq]
 
