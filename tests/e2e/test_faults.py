@@ -302,6 +302,8 @@ def read_line(serve: Serve, request_id: str) -> str:
 def test_a_repeated_request_gives_the_same_answer_cold_cached_batched_and_on_either_worker(serve: Serve):
     """Greedy: the same token ids however the prompt reached the cache (read cold, or its first
     block found cached in the slot), alone or beside another answer, on either worker."""
+    # An earlier test of this module may have killed a worker that serve is still restarting.
+    wait_until(lambda: len(serve.worker_pids()) == 2, "both workers back", 240)
     one, other = serve.worker_pids()
     os.kill(other, signal.SIGSTOP)  # idle, holding no claim: `one` takes every request meanwhile
     try:
