@@ -46,10 +46,12 @@ class Claimed:
 
 @dataclass(frozen=True)
 class Resumed:
-    """What an earlier attempt already streamed: the client has these, so they are not redone."""
+    """What an earlier attempt already streamed of one answer: the client has these, so they are
+    not redone. `ended`: that answer's Done is in the stream (one of n that finished first)."""
 
     token_ids: list[int]
     text: str
+    ended: bool = False
 
 
 @dataclass
@@ -147,14 +149,18 @@ class Claims:
         return QueuedRequest.from_hash({"id": waiting.id, "priority": str(waiting.priority),
                                         "prompt": text(prompt), "params": text(params)})
 
-    def resumed(self, request_id: str) -> Resumed:
-        ids: list[int] = []
-        pieces = []
+    def resumed(self, request_id: str, n: int = 1) -> list[Resumed]:
+        """Each of the request's n answers as the stream holds it (index: its choice)."""
+        ids: list[list[int]] = [[] for _ in range(n)]
+        pieces: list[list[str]] = [[] for _ in range(n)]
+        ended = [False] * n
         for _entry, event in events(self.client.xrange(self.keys.out(request_id))):
-            if isinstance(event, Token) and event.prompt_logprobs is None:  # not the echoed prompt
-                ids.extend(event.token_ids)
-                pieces.append(event.text)
-        return Resumed(ids, "".join(pieces))
+            if isinstance(event, Token) and event.prompt_logprobs is None and event.choice < n:  # not the echo
+                ids[event.choice].extend(event.token_ids)
+                pieces[event.choice].append(event.text)
+            elif isinstance(event, Done) and event.choice < n:
+                ended[event.choice] = True
+        return [Resumed(i, "".join(p), e) for i, p, e in zip(ids, pieces, ended)]
 
     def report(self, held: Sequence[Held], now_ms: int) -> Verdict:
         """One round trip per step (report.lua), fenced per request."""

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 from engine.errors import RequestError, RowsFailed
 from engine.protocol import Engine, SamplingParams
-from queues.claims import UNAVAILABLE, Claimed, Claims, Ending, Held, Verdict, Waiting
+from queues.claims import UNAVAILABLE, Claimed, Claims, Ending, Held, Resumed, Verdict, Waiting
 from queues.lifecycle import RequestStatus
 from queues.membership import Membership
 from queues.records import Done, Event, Failed, QueuedRequest, Token
@@ -59,10 +59,6 @@ def engine_failure(error: Exception, doing: str = "engine error") -> Failed:
 class NeverFits(Exception):
     """The request could never be held here (its prompt and answer beyond the context or the
     whole KV pool): it fails at once instead of waiting at the head for memory that never comes."""
-
-
-class ResumeRefused(Exception):
-    """A claimed request that cannot go on from what its earlier attempt streamed."""
 
 
 class SlotFailed(Exception):
@@ -456,44 +452,56 @@ class Worker:
 
     def _start(self, slots: list[Slot], claimed: Claimed, out: StepOutput) -> None:
         """The request into its slots: the first reads the prompt, the others (n > 1) wait for
-        that read and take a copy of its cache (engine.fork, at the read's end: `_read_chunk`)."""
+        that read and take a copy of its cache (engine.fork, at the read's end: `_read_chunk`).
+        Resumed after some of its n answers streamed (its worker died), each answer goes on from
+        its own place instead: it reads the prompt and replays its own answer in its own slot (no
+        fork: the caches part after the prompt), and an answer that had ended frees its slot."""
         request = claimed.request
-        resumed = self.claims.resumed(request.id) if claimed.attempts > 1 else None
-        done_ids = resumed.token_ids if resumed else []
-        slot = slots[0]
+        resumed = self.claims.resumed(request.id, request.n) if claimed.attempts > 1 else None
+        answers = resumed or [Resumed([], "")] * request.n
+        apart = request.n > 1 and any(a.token_ids or a.text for a in answers)
         for choice, each in enumerate(slots):
             each.request = request
             each.claim_seq = claimed.claim_seq
             each.choice = choice
-            each.tokens = list(request.prompt) + done_ids
+            each.tokens = list(request.prompt) + answers[choice].token_ids
+            each.generated = len(answers[choice].token_ids)
+        for each in [s for s in slots if answers[s.choice].ended]:  # its Done is in the stream already
+            self._ended_tokens[request.id] = self._ended_tokens.get(request.id, 0) + each.generated
+            each.release(self.steps)
+        slots = [s for s in slots if s.request is not None]
+        if not slots:
+            raise RuntimeError(f"{request.id}: claimed again with every answer ended")
+        readers = slots if apart else slots[:1]
+        slot = slots[0]
         # what the slot's cache already holds of the prompt, to the last whole block; prompt
         # scoring reads every position itself
         scoring = request.prompt_logprobs is not None
         block = getattr(self.engine, "prompt_block", 1)
-        slot.read_pos = 0 if scoring else scheduler.shared_prefix(slot.cached, request.prompt) // block * block
-        for each in slots:
-            each.generated = len(done_ids)
-        slot.phase = Phase.READING
+        for each in readers:
+            each.read_pos = 0 if scoring else scheduler.shared_prefix(each.cached, request.prompt) // block * block
+            each.phase = Phase.READING
         out.of(slot).slot = slot.index
         try:
-            if request.n > 1 and resumed and (resumed.token_ids or resumed.text):
-                # its answers went on from different places: resuming each is not done (docs/api.md, "n")
-                raise ResumeRefused("a request of n > 1 answers lost its worker after streaming part of them; "
-                                    "retry it")
             if self.pool is not None:
                 reason = self.pool.never_fits(request.prompt, request.max_tokens)
                 if reason:
                     raise NeverFits(reason)
                 for each in slots:  # the others' reservations only: they share the read's blocks at the fork
                     cached = self.pool.start(each.index, request.prompt, request.max_tokens, request.priority,
-                                             use_cache=not scoring and each is slot)
-                    if each is slot:
-                        slot.read_pos = cached
-                        out.of(slot).cached_tokens = cached
+                                             use_cache=not scoring and each in readers)
+                    if each in readers:
+                        each.read_pos = cached
+                        if each is slot:
+                            out.of(slot).cached_tokens = cached
             for each in slots:
-                each.text = TextStream(self.decoder, request.stop, done_ids, resumed.text if resumed else "")
-                self.engine.begin(each.index, self._params(request, each.choice, done_ids),
-                                  keep=slot.read_pos if each is slot else 0)
+                done = answers[each.choice]
+                each.text = TextStream(self.decoder, request.stop, done.token_ids, done.text)
+                # the prompt's scores go with the echo of the answer that reads it (one read, or
+                # each answer of a resumed request that has not streamed its echo yet)
+                echoes = each is slot if not apart else not done.token_ids
+                self.engine.begin(each.index, self._params(request, each.choice, done.token_ids, echoes),
+                                  keep=each.read_pos if each in readers else 0)
         except NeverFits as error:
             log.warning("%s can never fit here: %s", request.id, error)
             out.held.pop(request.id, None)
@@ -502,17 +510,17 @@ class Worker:
         except Exception as error:  # noqa: BLE001 - one bad request must not take the worker down
             log.exception("could not start %s", request.id)
             out.held.pop(request.id, None)
-            failed = (Failed(f"could not start the request: {error}", "worker_lost") if isinstance(error, ResumeRefused)
-                      else engine_failure(error, "could not start the request"))
-            self._finish(slot, failed, RequestStatus.FAILED)
+            self._finish(slot, engine_failure(error, "could not start the request"), RequestStatus.FAILED)
             return
+        resumed_after = sum(len(a.token_ids) for a in answers)
         log.info("slot %d <- %s (priority %d, %d tokens, %d cached%s%s)", slot.index, request.id, request.priority,
-                 len(slot.tokens), slot.read_pos, f", resumed after {len(done_ids)}" if done_ids else "",
+                 len(slot.tokens), slot.read_pos, f", resumed after {resumed_after}" if resumed_after else "",
                  f", answers {request.n} in slots {[s.index for s in slots]}" if request.n > 1 else "")
 
     @staticmethod
-    def _params(request: QueuedRequest, choice: int, done_ids: list[int]) -> SamplingParams:
-        """Answer `choice`'s sampling: the request's, with its own seed (QueuedRequest.choice_seed)."""
+    def _params(request: QueuedRequest, choice: int, done_ids: list[int], echoes: bool) -> SamplingParams:
+        """Answer `choice`'s sampling: the request's, with its own seed (QueuedRequest.choice_seed);
+        `echoes`: its read scores the prompt (params.prompt_logprobs)."""
         return SamplingParams(
             temperature=request.temperature,
             top_p=request.top_p,
@@ -529,7 +537,7 @@ class Worker:
             grammar_after=request.grammar_after,
             grammar_done=tuple(done_ids) if request.grammar else (),
             logprobs=request.logprobs,
-            prompt_logprobs=request.prompt_logprobs if choice == 0 else None,
+            prompt_logprobs=request.prompt_logprobs if echoes else None,
         )
 
     def _read_chunk(self, slot: Slot, out: StepOutput, budget: int) -> int:
@@ -565,7 +573,8 @@ class Worker:
         if not last:
             return len(chunk)
         out.of(slot).first_token = True
-        answers_of = [slot] + [s for s in self._siblings(slot) if s is not slot]
+        # the answers waiting for this read (a resumed request's read their own: none)
+        answers_of = [slot] + [s for s in self._siblings(slot) if s is not slot and s.phase is Phase.AWAITING_READ]
         firsts = [token]
         if answers and len(answers_of) > 1:  # n answers: the others start from a copy of this read
             try:

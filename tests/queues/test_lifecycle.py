@@ -141,7 +141,7 @@ def test_expired_lease_goes_back_to_its_original_place(redis_url, redis_client):
     assert [w.id for w in alive.head(3)] == ["first", "later", "newer"]
     claimed = alive.claim(alive.head()[0], now_ms=1100)
     assert claimed.attempts == 2
-    assert alive.resumed("first").token_ids == [42] and alive.resumed("first").text == "x"
+    assert alive.resumed("first")[0].token_ids == [42] and alive.resumed("first")[0].text == "x"
     # the frozen worker comes back: it cannot write into, renew or end what is no longer its own
     k = Keys(MODEL)
     verdict = dead.report([held(first, tokens=[Token("y", [43])], generated=2, first_token=True)], now_ms=1200)

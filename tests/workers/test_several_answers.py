@@ -107,18 +107,45 @@ def test_cancelling_a_request_of_n_answers_frees_all_its_slots(redis_client, sub
     assert redis_client.hget(K.req("many"), "status") == "cancelled"
 
 
-def test_n_answers_resumed_after_streaming_end_with_a_clear_error(redis_client, submit):
+def test_n_answers_resumed_after_their_worker_died_end_once_as_undisturbed(redis_client, submit):
+    """A worker dies with answer 1 of three ended (its stop string) and the others part-way: the
+    heir reads the prompt for each unfinished answer and replays that answer's own tokens (their
+    caches part after the prompt: no fork), the ended one frees its slot, and every answer ends
+    once with the tokens of the undisturbed run (each seeded stream goes on: seed + i)."""
+    prompt = distinct_prompt("resume-n", 12)
+    submit("probe", prompt=prompt, max_tokens=10, seed=41, temperature=0.8)  # answer 1's seed
+    run_until_idle(make_worker(redis_client, slots=1, worker_id="probe"))
+    stop = [f" t{answer_ids(events(redis_client, 'probe'), 0)[1]}"]  # answer 1 ends at its second token
+    body = dict(prompt=prompt, max_tokens=10, seed=40, temperature=0.8, n=3, stop=stop)
+    submit("calm", **body)
+    run_until_idle(make_worker(redis_client, slots=3, worker_id="calm"))
+    calm = events(redis_client, "calm")
+
     clock = VirtualClock()
-    submit("lost", prompt_len=8, max_tokens=10, n=2)
-    frozen = make_worker(redis_client, slots=2, worker_id="frozen", clock=clock)
-    for _ in range(3):
-        frozen.step()  # read, fork, decode: both answers have streamed
+    submit("lost", **body)
+    dying = make_worker(redis_client, slots=3, worker_id="dying", clock=clock)
+    while not any(e["type"] == "done" for e in events(redis_client, "lost")):
+        dying.step()
+    dying.step()  # one more token for the two answers left, then the worker is gone
+    streamed = events(redis_client, "lost")
+    assert [int(e.get("choice", 0)) for e in streamed if e["type"] == "done"] == [1]
+    assert all(0 < len(answer_ids(streamed, c)) < 10 for c in (0, 2))
     clock.advance(5_000)  # past its lease: the request goes back to the queue
-    heir = make_worker(redis_client, slots=2, worker_id="heir", clock=clock)
+    heir = make_worker(redis_client, slots=3, worker_id="heir", clock=clock)
     heir.claims.requeue_expired(clock())
     run_until_idle(heir)
+
     got = events(redis_client, "lost")
-    assert got[-1]["type"] == "error" and got[-1]["code"] == "worker_lost"
-    assert "n > 1" in got[-1]["message"]
-    assert redis_client.hget(K.req("lost"), "status") == "failed"
+    for choice in range(3):
+        assert answer_ids(got, choice) == answer_ids(calm, choice), choice
+    dones = [e for e in got if e["type"] == "done"]
+    assert sorted(int(d.get("choice", 0)) for d in dones) == [0, 1, 2]  # each answer ends once
+    assert got[-1]["type"] == "done" and not [e for e in got if e["type"] == "error"]
+    assert sorted((d.get("choice", "0"), d["finish_reason"]) for d in dones) == sorted(
+        (d.get("choice", "0"), d["finish_reason"]) for d in calm if d["type"] == "done")
+    h, reference = redis_client.hgetall(K.req("lost")), redis_client.hgetall(K.req("calm"))
+    assert (h["status"], h["completion_tokens"]) == ("finished", reference["completion_tokens"])
+    assert heir.read_log == [("lost", 8), ("lost", 4), ("lost", 8), ("lost", 4)]  # answers 0 and 2: the prompt each
+    kinds = [(c.kind, c.tokens) for c in heir.engine.calls if c.kind in ("fork", "replay")]
+    assert kinds == [("replay", len(answer_ids(streamed, 0))), ("replay", len(answer_ids(streamed, 2)))]
     assert all(s.is_free for s in heir.slots)
