@@ -18,21 +18,30 @@ at exactly that position, and a step may not be undone (a wrong prompt-lookup gu
 K/V cache by hiding entries; a recurrent state would keep the rejected token): see
 docs/engine.md, "Known gaps".
 
-`DeltaNetWeights` is the layer's weights in HF layout (transformers' Qwen3NextGatedDeltaNet,
-whose in_proj_qkvz interleaves q, k, v, z per key-head group: `split_qkvz` undoes that);
-`delta_step` runs T tokens of B rows from their states.
+`GatedDeltaNet` is the mixer a linear-attention layer of the step runs (engine/layers.py's frame):
+its input projection is one matrix in the order the convolution reads (q, k, v of every head,
+then z, then b and a: `deinterleave` turns transformers' per-key-head interleaving, which the
+legacy GGUF `ssm_in`/`ssm_ba` keep too, into it), its state two buffers per slot plus a spare row
+(what a CUDA graph's padding rows write: `StepInputs.state_at`). A row whose first position is 0
+starts from zeros, so a slot needs no reset between requests.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
+
+from engine.weights import in_pieces
+
+if TYPE_CHECKING:
+    from engine.step import StepInputs
 
 
-@dataclass
+@dataclass(frozen=True)
 class DeltaNetShape:
     n_k_heads: int
     n_v_heads: int
@@ -52,42 +61,40 @@ class DeltaNetShape:
     def conv_dim(self) -> int:
         return 2 * self.key_size + self.value_size
 
+    @property
+    def in_size(self) -> int:
+        """Rows of the fused input projection: q, k, v, z, b, a."""
+        return self.conv_dim + self.value_size + 2 * self.n_v_heads
 
-@dataclass
-class DeltaNetWeights:
-    qkvz: Tensor  # [2 key_size + 2 value_size, dim], transformers' interleaved order
-    ba: Tensor  # [2 Hv, dim], interleaved likewise
-    conv: Tensor  # [conv_dim, kernel]
-    dt_bias: Tensor  # [Hv]
-    a_log: Tensor  # [Hv]
-    norm: Tensor  # [v_dim] (a plain RMSNorm weight, not 1 + w)
-    out: Tensor  # [dim, value_size]
+    def state_bytes(self) -> int:
+        """One slot's conv and recurrent state, float32."""
+        return 4 * (self.conv_dim * (self.kernel - 1) + self.n_v_heads * self.k_dim * self.v_dim)
 
 
-def split_qkvz(mixed: Tensor, ba: Tensor, shape: DeltaNetShape) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """mixed [N, 2 key_size + 2 value_size], ba [N, 2 Hv] (grouped per key head, as
-    transformers' fix_query_key_value_ordering reads them) -> q, k [N, key_size], v, z [N,
-    value_size], b, a [N, Hv]."""
-    n = mixed.shape[0]
+def deinterleave(qkvz: Tensor, ba: Tensor, shape: DeltaNetShape) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """transformers' in_proj_qkvz [2 key_size + 2 value_size, dim] and in_proj_ba [2 Hv, dim],
+    grouped per key head (as its fix_query_key_value_ordering reads them) -> qkv [conv_dim, dim]
+    (every head's q, then k, then v), z [value_size, dim], b and a [Hv, dim]."""
+    dim = qkvz.shape[-1]
     per = shape.n_v_heads // shape.n_k_heads
-    q, k, v, z = mixed.view(n, shape.n_k_heads, -1).split(
-        (shape.k_dim, shape.k_dim, per * shape.v_dim, per * shape.v_dim), dim=-1)
-    b, a = ba.view(n, shape.n_k_heads, 2 * per).split((per, per), dim=-1)
-    return (q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1), z.reshape(n, -1),
-            b.reshape(n, -1), a.reshape(n, -1))
+    q, k, v, z = qkvz.reshape(shape.n_k_heads, -1, dim).split(
+        (shape.k_dim, shape.k_dim, per * shape.v_dim, per * shape.v_dim), dim=1)
+    b, a = ba.reshape(shape.n_k_heads, 2 * per, dim).split((per, per), dim=1)
+    qkv = torch.cat([q.reshape(-1, dim), k.reshape(-1, dim), v.reshape(-1, dim)])
+    return qkv, z.reshape(-1, dim), b.reshape(-1, dim), a.reshape(-1, dim)
 
 
-def delta_step(h: Tensor, w: DeltaNetWeights, shape: DeltaNetShape, conv_state: Tensor,
-               recurrent: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    """h: [B, T, dim] normed input; conv_state [B, conv_dim, kernel - 1]; recurrent [B, Hv, dk, dv]
-    float32 -> (out [B, T, dim] float32, the new conv state, the new recurrent state)."""
-    bsz, seq, _ = h.shape
-    flat = h.reshape(bsz * seq, -1).float()
-    q, k, v, z, b, a = split_qkvz(flat @ w.qkvz.float().T, flat @ w.ba.float().T, shape)
-    mixed = torch.cat([q, k, v], dim=-1).view(bsz, seq, -1).transpose(1, 2)  # [B, conv_dim, T]
-    padded = torch.cat([conv_state.float(), mixed], dim=-1)
-    conv = F.silu(F.conv1d(padded, w.conv.float().unsqueeze(1), groups=shape.conv_dim))  # [B, conv_dim, T]
-    new_conv = padded[:, :, -(shape.kernel - 1):]
+def delta_step(projected: Tensor, conv_weight: Tensor, dt_bias: Tensor, a_neg: Tensor, norm: Tensor,
+               shape: DeltaNetShape, conv_state: Tensor, recurrent: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """projected: [B, T, in_size] the input projection's output; conv_weight [conv_dim, kernel];
+    dt_bias, a_neg (= -exp(A_log)) [Hv]; norm [v_dim] (a plain RMSNorm weight); conv_state [B, conv_dim, kernel -
+    1], recurrent [B, Hv, dk, dv] float32 -> (the gated, normed output [B, T, value_size] float32
+    before the output projection, the new conv state, the new recurrent state)."""
+    bsz, seq, _ = projected.shape
+    mixed, z, b, a = projected.float().split((shape.conv_dim, shape.value_size, shape.n_v_heads, shape.n_v_heads), dim=-1)
+    padded = torch.cat([conv_state.float(), mixed.transpose(1, 2)], dim=-1)  # [B, conv_dim, kernel - 1 + T]
+    conv = F.silu(F.conv1d(padded, conv_weight.float().unsqueeze(1), groups=shape.conv_dim))  # [B, conv_dim, T]
+    new_conv = padded[:, :, padded.shape[-1] - (shape.kernel - 1):]
     q, k, v = conv.transpose(1, 2).split((shape.key_size, shape.key_size, shape.value_size), dim=-1)
     per = shape.n_v_heads // shape.n_k_heads
     q = _l2(q.reshape(bsz, seq, shape.n_k_heads, shape.k_dim))
@@ -95,11 +102,11 @@ def delta_step(h: Tensor, w: DeltaNetWeights, shape: DeltaNetShape, conv_state: 
     q = q.repeat_interleave(per, dim=2) * shape.k_dim ** -0.5
     k = k.repeat_interleave(per, dim=2)
     v = v.reshape(bsz, seq, shape.n_v_heads, shape.v_dim)
-    beta = torch.sigmoid(b).view(bsz, seq, -1)
-    g = (-w.a_log.float().exp() * F.softplus(a.view(bsz, seq, -1) + w.dt_bias.float()))
+    beta = torch.sigmoid(b)
+    g = a_neg.float() * F.softplus(a + dt_bias.float())  # [B, T, Hv], <= 0
     state = recurrent.float()
     outs = []
-    for t in range(seq):
+    for t in range(seq):  # the gated delta rule, one token after another (module docstring)
         state = state * g[:, t].exp()[..., None, None]
         kt = k[:, t]
         memory = (state * kt.unsqueeze(-1)).sum(dim=-2)  # [B, Hv, dv]
@@ -107,8 +114,43 @@ def delta_step(h: Tensor, w: DeltaNetWeights, shape: DeltaNetShape, conv_state: 
         state = state + kt.unsqueeze(-1) * delta.unsqueeze(-2)
         outs.append((state * q[:, t].unsqueeze(-1)).sum(dim=-2))
     out = torch.stack(outs, dim=1)  # [B, T, Hv, dv]
-    out = F.rms_norm(out, (shape.v_dim,), w.norm.float(), eps) * F.silu(z.view(bsz, seq, shape.n_v_heads, shape.v_dim))
-    return out.reshape(bsz, seq, -1) @ w.out.float().T, new_conv, state
+    out = F.rms_norm(out, (shape.v_dim,), norm.float(), eps) * F.silu(z.view(bsz, seq, shape.n_v_heads, shape.v_dim))
+    return out.reshape(bsz, seq, -1), new_conv, state
+
+
+class GatedDeltaNet(nn.Module):
+    """The linear-attention mixer: h [B, T, dim] -> [B, T, dim], each row's state read from and
+    written back to its slot's row of the buffers (`StepInputs.state_at`)."""
+
+    STATE: ClassVar[dict[str, dict[int, str]]] = {"conv_state": {0: "slots"}, "ssm_state": {0: "slots"}}
+
+    def __init__(self, shape: DeltaNetShape, norm_eps: float) -> None:
+        super().__init__()
+        self.shape, self.norm_eps = shape, norm_eps
+        # Filled by Transformer.build: the two linears in the step's forms, the rest float32.
+        self.w_in: nn.Module = nn.Identity()
+        self.w_out: nn.Module = nn.Identity()
+        self.conv = self.dt_bias = self.a = self.norm = torch.empty(0)
+        self.conv_state = self.ssm_state = torch.empty(0)
+
+    def allocate(self, num_tokens: int, device: torch.device, dtype: torch.dtype, spare: int, num_slots: int) -> None:
+        # float32 whatever the cache's dtype: a state is summed into at every token of the answer
+        s = self.shape
+        self.conv_state = torch.zeros(num_slots + 1, s.conv_dim, s.kernel - 1, device=device)
+        self.ssm_state = torch.zeros(num_slots + 1, s.n_v_heads, s.k_dim, s.v_dim, device=device)
+
+    def forward(self, h: Tensor, inputs: StepInputs, state: tuple[Tensor, ...]) -> Tensor:
+        conv_all, ssm_all = state
+        assert inputs.state_at is not None
+        rows = inputs.state_at
+        fresh = (inputs.positions[:, 0] == 0).view(-1, 1, 1)  # a request's first chunk: from zeros
+        conv0 = conv_all[rows].masked_fill(fresh, 0.0)
+        ssm0 = ssm_all[rows].masked_fill(fresh.unsqueeze(-1), 0.0)
+        out, conv1, ssm1 = delta_step(in_pieces(self.w_in, h, inputs.pieces), self.conv, self.dt_bias, self.a,
+                                      self.norm, self.shape, conv0, ssm0, self.norm_eps)
+        conv_all[rows] = conv1
+        ssm_all[rows] = ssm1
+        return in_pieces(self.w_out, out, inputs.pieces)
 
 
 def _l2(x: Tensor) -> Tensor:

@@ -9,11 +9,15 @@ import torch
 from safetensors.torch import load_file
 
 from engine import rope
+from engine.deltanet import DeltaNetShape, deinterleave
 from engine.errors import ConfigError
 from engine.model import ModelConfig
 
-_SUPPORTED = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma3_text"}
+_SUPPORTED = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma3_text", "qwen3_next"}
 _GEMMA = {"gemma3_text"}
+# RMSNorms that scale by 1 + weight (stored here as that sum, as llama.cpp's converter does):
+# Gemma 3's, and Qwen3-Next's except the DeltaNet's own per-head norm
+_PLUS_ONE = {"gemma3_text", "qwen3_next"}
 
 _LAYER_NAMES = {
     "input_layernorm.weight": "attn_norm",
@@ -38,6 +42,14 @@ _LAYER_NAMES = {
     "mlp.shared_expert.down_proj.weight": "shared_down",
     "mlp.shared_expert_gate.weight": "shared_router",
     "mlp.experts.down_proj": "experts_down",  # transformers 5's fused [E, dim, I]
+    # Qwen3-Next's Gated DeltaNet (in_proj_qkvz and in_proj_ba are split in `load_weights`)
+    "linear_attn.in_proj_qkvz.weight": "lin_qkvz",
+    "linear_attn.in_proj_ba.weight": "lin_ba",
+    "linear_attn.conv1d.weight": "lin_conv",
+    "linear_attn.dt_bias": "lin_dt_bias",
+    "linear_attn.A_log": "lin_a_log",
+    "linear_attn.norm.weight": "lin_norm",
+    "linear_attn.out_proj.weight": "lin_out",
 }
 # Gemma 3 norms the attention's and the FFN's outputs too: its post_attention_layernorm is not
 # the FFN's input norm (pre_feedforward_layernorm is).
@@ -76,6 +88,9 @@ def read_config(folder: str | Path) -> ModelConfig:
     if model_type in _GEMMA:
         extra = _gemma(raw, head_dim)
         rope_theta, rope_scaling = extra.pop("rope")
+    elif model_type == "qwen3_next":
+        extra = _qwen3_next(raw, head_dim)
+        rope_theta, rope_scaling = extra.pop("rope")
     else:
         rope_theta, rope_scaling = rope.from_hf(raw)  # an unimplemented scaling is refused here
         if model_type in ("mistral", "mixtral") and raw.get("sliding_window"):  # every layer's window
@@ -93,7 +108,7 @@ def read_config(folder: str | Path) -> ModelConfig:
         rope_scaling=rope_scaling,
         tie_embeddings=bool(raw.get("tie_word_embeddings", model_type in _GEMMA)),
         qkv_bias=model_type == "qwen2" or bool(raw.get("attention_bias", False)),
-        qk_norm=model_type in ("qwen3", "qwen3_moe") or model_type in _GEMMA,
+        qk_norm=model_type in ("qwen3", "qwen3_moe", "qwen3_next") or model_type in _GEMMA,
         max_positions=raw.get("max_position_embeddings", 8192),
         n_experts_used=int(raw.get("num_experts_per_tok") or 0),
         norm_topk=model_type == "mixtral" or bool(raw.get("norm_topk_prob", True)),
@@ -137,17 +152,48 @@ def _gemma(raw: dict, head_dim: int) -> dict:
     )
 
 
+def _qwen3_next(raw: dict, head_dim: int) -> dict:
+    """Qwen3-Next's fields: which layers are Gated DeltaNet (`layer_types`, else every
+    `full_attention_interval`-th layer attention), their shape, partial RoPE, the attention's output
+    gate. Refused: dense layers between the MoE ones (llama.cpp's qwen3next has none either)."""
+    n_layers = raw["num_hidden_layers"]
+    kinds = raw.get("layer_types") or [
+        "full_attention" if (i + 1) % raw.get("full_attention_interval", 4) == 0 else "linear_attention"
+        for i in range(n_layers)]
+    unknown = set(kinds) - {"full_attention", "linear_attention"}
+    if unknown:
+        raise ConfigError(f"unsupported layer_types {sorted(unknown)}")
+    if raw.get("mlp_only_layers") or raw.get("decoder_sparse_step", 1) != 1 or not raw.get("num_experts"):
+        raise ConfigError("qwen3_next with dense FFN layers (mlp_only_layers, decoder_sparse_step) is not supported")
+    params = {**(raw.get("rope_parameters") or {}), **({"partial_rotary_factor": raw["partial_rotary_factor"]}
+                                                       if "partial_rotary_factor" in raw else {})}
+    factor = float(params.pop("partial_rotary_factor", 1.0))
+    cleaned = {k: v for k, v in raw.items() if k != "partial_rotary_factor"} | {"rope_parameters": params}
+    return dict(
+        rope=rope.from_hf(cleaned),
+        linear_layers=tuple(kind == "linear_attention" for kind in kinds),
+        linear=DeltaNetShape(n_k_heads=raw["linear_num_key_heads"], n_v_heads=raw["linear_num_value_heads"],
+                             k_dim=raw["linear_key_head_dim"], v_dim=raw["linear_value_head_dim"],
+                             kernel=raw["linear_conv_kernel_dim"]),
+        rotary_dim=int(head_dim * factor),
+        attn_gate=True,
+    )
+
+
 def load_weights(folder: str | Path) -> dict[str, torch.Tensor]:
     """All *.safetensors tensors under engine.model's names (HF layout is already ours; one MoE
-    layer's experts stacked, transformers 5's fused gate_up split)."""
-    gemma = _raw_config(folder).get("model_type") in _GEMMA
+    layer's experts stacked, transformers 5's fused gate_up split; Qwen3-Next's joint q/gate
+    projection and DeltaNet projections split, its A_log as -exp(A_log))."""
+    model_type = _raw_config(folder).get("model_type")
+    gemma = model_type in _GEMMA
+    plus_one = model_type in _PLUS_ONE
     out: dict[str, torch.Tensor] = {}
     experts: dict[str, dict[int, torch.Tensor]] = {}
     for file in sorted(Path(folder).glob("*.safetensors")):
         for name, tensor in load_file(file).items():
             mapped = _map_name(name, gemma)
-            if gemma and name.endswith("norm.weight"):  # Gemma's RMSNorm scales by 1 + weight
-                tensor = tensor.float() + 1
+            if plus_one and name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+                tensor = tensor.float() + 1  # an RMSNorm that scales by 1 + weight
             if mapped is None:
                 continue
             if isinstance(mapped, tuple):
@@ -161,7 +207,27 @@ def load_weights(folder: str | Path) -> dict[str, torch.Tensor]:
         if sorted(by_index) != list(range(len(by_index))):
             raise ConfigError(f"{name}: experts {sorted(by_index)} are not 0..{len(by_index) - 1}")
         out[name] = torch.stack([by_index[j] for j in range(len(by_index))])
+    if model_type == "qwen3_next":
+        split_qwen3_next(out, read_config(folder))
     return out
+
+
+def split_qwen3_next(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> None:
+    """In place: each attention layer's joint projection [heads x (query, gate) x head_dim, dim]
+    into q and q_gate; each DeltaNet layer's interleaved qkvz and ba into lin_qkv, lin_z, lin_b,
+    lin_a (engine/deltanet.py `deinterleave`), its conv [conv_dim, 1, kernel] to [conv_dim,
+    kernel] and A_log to -exp(A_log). (The legacy GGUF layout is the same: engine/gguf_loader.py.)"""
+    assert cfg.linear is not None
+    for i in range(cfg.n_layers):
+        p = f"layers.{i}."
+        if cfg.is_linear(i):
+            qkv, z, b, a = deinterleave(weights.pop(p + "lin_qkvz"), weights.pop(p + "lin_ba"), cfg.linear)
+            weights.update({p + "lin_qkv": qkv, p + "lin_z": z, p + "lin_b": b, p + "lin_a": a})
+            weights[p + "lin_conv"] = weights[p + "lin_conv"].reshape(cfg.linear.conv_dim, -1)
+            weights[p + "lin_a_neg"] = -weights.pop(p + "lin_a_log").float().exp()
+        else:
+            joint = weights.pop(p + "q").reshape(cfg.n_heads, 2, cfg.head_dim, -1)
+            weights[p + "q"], weights[p + "q_gate"] = (joint[:, j].reshape(cfg.q_size, -1) for j in (0, 1))
 
 
 def _map_name(hf_name: str, gemma: bool = False) -> str | tuple[str, int] | None:
@@ -173,7 +239,7 @@ def _map_name(hf_name: str, gemma: bool = False) -> str | tuple[str, int] | None
     if name == "lm_head.weight":
         return "output"
     if not name.startswith("layers."):
-        return None
+        return None  # Qwen3-Next's mtp.* (its multi-token prediction head) is not used
     _, index, rest = name.split(".", 2)
     if rest == "mlp.experts.gate_up_proj":
         return f"layers.{index}.experts_gate_up"

@@ -4,7 +4,7 @@
 tokens across positions and owns the layer's per-slot state: `Attention` (K/V buffers) today; a
 sliding-window layer is an `Attention` with a `window`, which reads the step's sliding-window
 mask and local RoPE rows (Gemma 3), and a recurrent layer is another mixer with its own state
-buffers beside the attention layers' K/V. The FFN is `GatedFFN` (SwiGLU, or Gemma's GELU) or
+buffers beside the attention layers' K/V (Qwen3-Next's `engine.deltanet.GatedDeltaNet`). The FFN is `GatedFFN` (SwiGLU, or Gemma's GELU) or
 the experts of an MoE layer (`engine.moe.Experts`, set by `Transformer.build`). Every layer runs on the step's `StepInputs`
 (engine/step.py), built once a step, and on its own state as the step sees it, so the one layer
 loop (`step.run_layers`) serves eager, compiled, exported and CUDA-graphed running alike.
@@ -34,11 +34,13 @@ class Attention(nn.Module):
     STATE: ClassVar[dict[str, dict[int, str]]] = {"k_cache": {1: "tokens"}, "v_cache": {1: "tokens"}}
 
     def __init__(self, n_heads: int, n_kv_heads: int, head_dim: int, norm_eps: float, *, window: int = 0,
-                 scale: float = 0.0) -> None:
+                 scale: float = 0.0, gated: bool = False) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim, self.norm_eps = n_heads, n_kv_heads, head_dim, norm_eps
         self.window = window  # > 0: attends over the last `window` positions (StepInputs.local_*)
         self.scale = scale  # the scores' factor; 0: head_dim ** -0.5
+        # Qwen3-Next: the output times sigmoid(gate), a gate per query element (wqkv's last rows)
+        self.gated = gated
         # Filled by Transformer.build (linears: engine/weights.py) and `allocate`.
         self.q_norm: Tensor | None = None
         self.k_norm: Tensor | None = None
@@ -46,7 +48,7 @@ class Attention(nn.Module):
         self.wo: nn.Module = nn.Identity()
         self.k_cache = self.v_cache = torch.empty(0)
 
-    def allocate(self, num_tokens: int, device: torch.device, dtype: torch.dtype, spare: int) -> None:
+    def allocate(self, num_tokens: int, device: torch.device, dtype: torch.dtype, spare: int, num_slots: int) -> None:
         # `spare` positions past the pool's: what no slot was given (padding rows write there, an
         # unassigned table entry reads there, masked); zeros, so a masked read is finite.
         shape = (self.n_kv_heads, num_tokens + spare, self.head_dim)
@@ -62,7 +64,8 @@ class Attention(nn.Module):
         q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         # float32 from the linear's output on: q/k norms, RoPE and the (float32) cache then add no
         # bf16 rounding of their own beside the linear's (docs/engine.md, "Precision per instruction set")
-        q, k, v = in_pieces(self.wqkv, h, inputs.pieces).float().split((q_size, kv_size, kv_size), dim=-1)
+        sizes = (q_size, kv_size, kv_size, q_size) if self.gated else (q_size, kv_size, kv_size)
+        q, k, v, *gate = in_pieces(self.wqkv, h, inputs.pieces).float().split(sizes, dim=-1)
         q = q.view(bsz, seq, self.n_heads, self.head_dim)
         k = k.view(bsz, seq, self.n_kv_heads, self.head_dim)
         v = v.view(bsz, seq, self.n_kv_heads, self.head_dim)
@@ -71,8 +74,7 @@ class Attention(nn.Module):
             k = F.rms_norm(k, (self.head_dim,), self.k_norm, self.norm_eps)
         cos, sin, mask = inputs.attention(sliding=self.window > 0)
         cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # broadcast over heads
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
         # One index-put per pool: [KV, B, T, hd] at the rows' places (write_at [B, T]).
         keys[:, inputs.write_at] = k.permute(2, 0, 1, 3).to(keys.dtype)
         values[:, inputs.write_at] = v.permute(2, 0, 1, 3).to(values.dtype)
@@ -83,7 +85,10 @@ class Attention(nn.Module):
         at = inputs.read_at.unsqueeze(1)
         keys, values = keys[heads, at], values[heads, at]
         attention = attend_plain if inputs.pieces is None else attend_prompt
-        return in_pieces(self.wo, attention(q.transpose(1, 2), keys, values, mask, self.scale), inputs.pieces)
+        out = attention(q.transpose(1, 2), keys, values, mask, self.scale)
+        if gate:
+            out = out * torch.sigmoid(gate[0])
+        return in_pieces(self.wo, out, inputs.pieces)
 
 
 class GatedFFN(nn.Module):
@@ -120,8 +125,8 @@ class Block(nn.Module):
         """The mixer's per-slot buffers, in its STATE order."""
         return tuple(getattr(self.mixer, name) for name in self.mixer.STATE)
 
-    def allocate(self, num_tokens: int, device: torch.device, dtype: torch.dtype, spare: int) -> None:
-        self.mixer.allocate(num_tokens, device, dtype, spare)
+    def allocate(self, num_tokens: int, device: torch.device, dtype: torch.dtype, spare: int, num_slots: int) -> None:
+        self.mixer.allocate(num_tokens, device, dtype, spare, num_slots)
 
     def forward(self, x: Tensor, inputs: StepInputs, state: tuple[Tensor, ...]) -> Tensor:
         """x: [B, T, dim] float32 residual -> [B, T, dim]."""
@@ -135,6 +140,16 @@ class Block(nn.Module):
         if self.post_ffn_norm is not None:
             out = F.rms_norm(out.float(), (self.dim,), self.post_ffn_norm, self.norm_eps)
         return x + out  # float32 x + bf16 promotes to float32
+
+
+def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [..., hd] rotated by RoPE rows of the first cos.shape[-1] dims (all of them, or
+    Qwen3-Next's partial RoPE: a quarter of each head), the rest passed through."""
+    rotary = cos.shape[-1]
+    if rotary == x.shape[-1]:
+        return x * cos + rotate_half(x) * sin
+    head, rest = x[..., :rotary], x[..., rotary:]
+    return torch.cat([head * cos + rotate_half(head) * sin, rest], dim=-1)
 
 
 def rotate_half(x: Tensor) -> Tensor:

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from engine.deltanet import DeltaNetShape, GatedDeltaNet
 from engine.layers import Attention, Block, GatedFFN
 from engine.memory import ensure_kv_fits
 from engine.moe import Experts
@@ -47,6 +48,11 @@ WEIGHT_NAMES = (
     "router", "experts_gate", "experts_up", "experts_down",
     "shared_gate", "shared_up", "shared_down", "shared_router",
     "post_attn_norm", "post_ffn_norm",  # Gemma 3: norms of the attention's and the FFN's outputs
+    "q_gate",  # Qwen3-Next's gated attention: the gate's rows of its joint q projection
+    # Qwen3-Next's Gated DeltaNet layers (engine/deltanet.py) instead of q/k/v/o: the input
+    # projection's parts (q, k, v of every head in one matrix, then z, b, a), the convolution
+    # [conv_dim, kernel], dt_bias, a = -exp(A_log), the per-head norm and the output projection
+    "lin_qkv", "lin_z", "lin_b", "lin_a", "lin_conv", "lin_dt_bias", "lin_a_neg", "lin_norm", "lin_out",
 )
 # Whole-model names: "embed", "norm", and "output" unless the embeddings are tied.
 
@@ -91,7 +97,28 @@ class ModelConfig:
     final_softcap: float = 0.0  # logits -> cap * tanh(logits / cap) where set (Gemma 3's final_logit_softcapping)
     embed_scale: float = 1.0  # embeddings multiplied by it (Gemma: sqrt(dim))
     activation: str = "silu"  # the gated FFN's: "silu" or "gelu_tanh" (Gemma)
+    # Qwen3-Next: which layers are Gated DeltaNet ("linear") instead of attention, their shape;
+    # RoPE on the first `rotary_dim` dims of a head only (0: all); the attention's output gate
+    linear_layers: tuple[bool, ...] = ()
+    linear: DeltaNetShape | None = None
+    rotary_dim: int = 0
+    attn_gate: bool = False
 
+    def is_linear(self, layer: int) -> bool:
+        return layer < len(self.linear_layers) and self.linear_layers[layer]
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether some layer keeps a recurrent state per slot (which cannot go back a position)."""
+        return any(self.linear_layers)
+
+    @property
+    def n_attention_layers(self) -> int:
+        return self.n_layers - sum(self.linear_layers)
+
+    @property
+    def rope_dim(self) -> int:
+        return self.rotary_dim or self.head_dim
 
     @property
     def q_size(self) -> int:
@@ -107,8 +134,8 @@ class ModelConfig:
         return (self.n_kv_heads, num_tokens + KV_BLOCK, self.head_dim)
 
     def kv_cache_bytes(self, num_tokens: int, dtype: torch.dtype) -> int:
-        """Every layer's K and V pools together."""
-        return 2 * self.n_layers * math.prod(self.kv_shape(num_tokens)) * dtype.itemsize
+        """Every attention layer's K and V pools together."""
+        return 2 * self.n_attention_layers * math.prod(self.kv_shape(num_tokens)) * dtype.itemsize
 
     def is_sliding(self, layer: int) -> bool:
         return self.sliding_window > 0 and layer < len(self.sliding_layers) and self.sliding_layers[layer]
@@ -202,9 +229,13 @@ class Transformer(nn.Module):
         """Layer i's parts, as its architecture has them (its weights come in `build`): the
         place where a sliding-window, recurrent or expert layer is chosen."""
         cfg = self.cfg
+        if cfg.is_linear(i):
+            assert cfg.linear is not None
+            return Block(cfg.dim, cfg.norm_eps, GatedDeltaNet(cfg.linear, cfg.norm_eps), GatedFFN(cfg.activation))
         window = cfg.sliding_window if cfg.is_sliding(i) else 0
         return Block(cfg.dim, cfg.norm_eps,
-                     Attention(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.norm_eps, window=window, scale=cfg.attn_scale),
+                     Attention(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.norm_eps, window=window, scale=cfg.attn_scale,
+                               gated=cfg.attn_gate),
                      GatedFFN(cfg.activation))
 
     @classmethod
@@ -264,8 +295,9 @@ class Transformer(nn.Module):
             # Experts stay dense in the activations' dtype (a quantized file's are dequantized).
             gate_up = torch.cat([source.dense(p + "experts_gate"), source.dense(p + "experts_up")], dim=1)
             shared = None
-            if p + "shared_router" in names:
-                shared = (linear([p + "shared_gate", p + "shared_up"]), linear([p + "shared_down"]), vector(p + "shared_router"))
+            if p + "shared_router" in names:  # [1, dim] (a GGUF's ffn_gate_inp_shexp is [dim])
+                shared = (linear([p + "shared_gate", p + "shared_up"]), linear([p + "shared_down"]),
+                          vector(p + "shared_router").reshape(1, -1))
             model.forms["experts"] = model.forms.get("experts", 0) + 1
             return Experts(vector(p + "router"), gate_up.to(device=device, dtype=dtype),
                            source.dense(p + "experts_down").to(device=device, dtype=dtype),
@@ -274,12 +306,18 @@ class Transformer(nn.Module):
         for i, block in enumerate(model.layers):
             p = f"layers.{i}."
             block.attn_norm, block.ffn_norm = vector(p + "attn_norm"), vector(p + "ffn_norm")
-            attention, ffn = block.mixer, block.ffn
-            if cfg.qk_norm:
-                attention.q_norm, attention.k_norm = vector(p + "q_norm"), vector(p + "k_norm")
-            attention.wqkv = linear([p + "q", p + "k", p + "v"],
+            mixer, ffn = block.mixer, block.ffn
+            if isinstance(mixer, GatedDeltaNet):
+                mixer.w_in = linear([p + "lin_qkv", p + "lin_z", p + "lin_b", p + "lin_a"])
+                mixer.w_out = linear([p + "lin_out"])
+                mixer.conv, mixer.dt_bias = vector(p + "lin_conv"), vector(p + "lin_dt_bias")
+                mixer.a, mixer.norm = vector(p + "lin_a_neg"), vector(p + "lin_norm")
+            else:
+                if cfg.qk_norm:
+                    mixer.q_norm, mixer.k_norm = vector(p + "q_norm"), vector(p + "k_norm")
+                mixer.wqkv = linear([p + "q", p + "k", p + "v"] + ([p + "q_gate"] if cfg.attn_gate else []),
                                     [p + "q_bias", p + "k_bias", p + "v_bias"] if cfg.qkv_bias else None)
-            attention.wo = linear([p + "o"])
+                mixer.wo = linear([p + "o"])
             if p + "post_attn_norm" in names:
                 block.post_attn_norm = vector(p + "post_attn_norm")
             if p + "post_ffn_norm" in names:
@@ -341,9 +379,10 @@ class Transformer(nn.Module):
             raise ValueError(f"a KV pool of {kv_tokens} tokens holds no block of {bs}")
         tokens = num_blocks * bs
         # refused before any buffer: zeros past the free memory allocate, and fail only when written
-        ensure_kv_fits(cfg.kv_cache_bytes(tokens, self.cache_dtype), self.device, tokens)
+        states = 0 if cfg.linear is None else (num_slots + 1) * sum(cfg.linear_layers) * cfg.linear.state_bytes()
+        ensure_kv_fits(cfg.kv_cache_bytes(tokens, self.cache_dtype) + states, self.device, tokens)
         for block in self.layers:
-            block.allocate(tokens, self.device, self.cache_dtype, bs)
+            block.allocate(tokens, self.device, self.cache_dtype, bs, num_slots)
         self.kv_block, self.num_kv_blocks = bs, num_blocks
         # the spare block's id: an entry no slot was given (read masked) and what padding rows write
         self.spare_block = num_blocks
@@ -353,10 +392,10 @@ class Transformer(nn.Module):
         # Rows for position ctx too: a CUDA graph's padding rows sit there (engine/graphs.py).
         # Tables in float32 (angles past a few hundred lose their low bits in bf16); each step
         # rounds the rows it uses to the activations' dtype, as transformers does.
-        cos, sin = tables(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, ctx + 1, ctx)
+        cos, sin = tables(cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling, ctx + 1, ctx)
         self.cos, self.sin = cos.to(self.device), sin.to(self.device)
         if cfg.local_rope:  # Gemma 3's sliding layers: their own base, no scaling
-            cos, sin = tables(cfg.head_dim, cfg.rope_local_theta, RopeScaling(), ctx + 1, ctx)
+            cos, sin = tables(cfg.rope_dim, cfg.rope_local_theta, RopeScaling(), ctx + 1, ctx)
             self.cos_local, self.sin_local = cos.to(self.device), sin.to(self.device)
         self.num_slots, self.ctx = num_slots, ctx
 
@@ -364,16 +403,20 @@ class Transformer(nn.Module):
         """The K/V entries of `source`'s first `length` positions into the same positions of every
         slot of `targets`, through their block tables (which must hold them): sibling answers of one
         request (`n`) start from one read this way. A block the tables share (a prefix the worker's
-        pool gave both) is copied onto itself, unchanged."""
+        pool gave both) is copied onto itself, unchanged. A recurrent layer's state (per slot,
+        valid at `length`, the source's position) is copied whole."""
         with torch.inference_mode():
             positions = torch.arange(length, device=self.device).unsqueeze(0)
             at = self.pool_index(torch.tensor([source], device=self.device), positions)[0]
             for target in targets:
                 to = self.pool_index(torch.tensor([target], device=self.device), positions)[0]
                 for block in self.layers:
-                    for name in type(block.mixer).STATE:
+                    for name, dims in type(block.mixer).STATE.items():
                         buffer = getattr(block.mixer, name)
-                        buffer[:, to] = buffer[:, at]
+                        if dims.get(0) == "slots":
+                            buffer[target] = buffer[source]
+                        else:
+                            buffer[:, to] = buffer[:, at]
 
     def assign(self, slot: int, blocks: list[int]) -> None:
         """The slot's block table from now on: its positions live in these pool blocks, in order
@@ -398,7 +441,8 @@ class Transformer(nn.Module):
         """[layers, 2, KV, n, hd]: the K and V entries of the slot's first n positions, read through
         its table (tests compare caches with it)."""
         at = self.pool_index(torch.tensor([slot], device=self.device), torch.arange(n, device=self.device).unsqueeze(0))[0]
-        return torch.stack([torch.stack([b.mixer.k_cache[:, at], b.mixer.v_cache[:, at]]) for b in self.layers])
+        return torch.stack([torch.stack([b.mixer.k_cache[:, at], b.mixer.v_cache[:, at]]) for b in self.layers
+                            if isinstance(b.mixer, Attention)])
 
     def kv_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for block in self.layers for t in block.state())
@@ -431,11 +475,11 @@ class Transformer(nn.Module):
     def step_inputs(self, index: CacheIndex) -> StepInputs:
         """What every layer of the step reads (engine/step.py), made here once a step."""
         cos, sin = self.rope(index.positions)
-        local: dict[str, Tensor] = {}  # what sliding-window layers read instead (Gemma 3)
+        extra: dict[str, Tensor] = {}  # what sliding-window (Gemma 3) and recurrent layers read
         window = max((getattr(b.mixer, "window", 0) for b in self.layers), default=0)
         if window:
             local_cos, local_sin = self.rope_local(index.positions)
-            local = {"local_cos": local_cos, "local_sin": local_sin, "local_mask": index.mask(window)}
+            extra = {"local_cos": local_cos, "local_sin": local_sin, "local_mask": index.mask(window)}
         # where each row's new entries go and where the positions it attends over are, in the pools
         slots = index.rows[:, 0] + index.lo
         cols = torch.arange(index.span, device=self.device).expand(len(slots), index.span)
@@ -443,7 +487,9 @@ class Transformer(nn.Module):
         # rows gathered from slot 0 on: the whole buffers serve as they are (a compiled step's
         # inputs are those buffers themselves, not views of them)
         whole = index.lo == 0 and not index.sliced
-        return StepInputs(index.rows, index.positions, cos, sin, index.mask(), write_at, read_at, **local, lo=index.lo,
+        if self.cfg.recurrent:  # a CUDA graph's padding rows (at ctx, whole buffers) write the spare state row
+            extra["state_at"] = torch.where(index.positions[:, 0] < self.ctx, index.rows[:, 0], self.num_slots - index.lo)
+        return StepInputs(index.rows, index.positions, cos, sin, index.mask(), write_at, read_at, **extra, lo=index.lo,
                           hi=None if whole else index.hi, sliced=index.sliced,
                           pieces=index.pieces if index.reading else None)
 

@@ -53,6 +53,9 @@ class TorchEngine:
         self.prompt_block = PROMPT_BLOCK
         self._lookups: list[Lookup] | None = None  # prompt lookup's, one a slot (use_prompt_lookup)
         self._held: list[list[int]] = [[] for _ in range(self.num_slots)]  # the ids each slot's cache holds
+        # A recurrent model (Qwen3-Next): the position each slot's state is valid at; it cannot go
+        # back, so a slot continues only from exactly there (or starts again at 0)
+        self._state_at = [0] * self.num_slots
         # prompt scoring (params.prompt_logprobs): each slot's scored prompt tokens so far, and the
         # last read position's logits, which score the first token of the next chunk
         self._prompt_scores: list[list[TokenLogprob]] = [[] for _ in range(self.num_slots)]
@@ -66,10 +69,18 @@ class TorchEngine:
         return self._lookups is not None
 
     @property
+    def rewinds(self) -> bool:
+        """Whether a slot's cache can be cut back to any earlier position (K/V entries are hidden
+        by the mask). Not for a recurrent model: its state is valid at one position only, so no
+        cached prefix is reused and no guessed token is taken back (docs/engine.md, "Recurrent state")."""
+        return not self.model.cfg.recurrent
+
+    @property
     def can_look_up(self) -> bool:
         """Prompt lookup is exact only where a row's logits are the same whatever shares its step
-        (the CPU), and its step has two rows, which the compiled steps take only with two slots."""
-        return self.device.type == "cpu" and self.num_slots >= 2
+        (the CPU), and its step has two rows, which the compiled steps take only with two slots; a
+        wrong guess is taken back, which a recurrent state cannot do (`rewinds`)."""
+        return self.device.type == "cpu" and self.num_slots >= 2 and self.rewinds
 
     def use_prompt_lookup(self, on: bool = True) -> None:
         """A one-row decode step also checks guesses of the tokens after it (engine/lookup.py),
@@ -164,6 +175,8 @@ class TorchEngine:
                 raise ValueError(f"slot {slot}: {len(tokens)} cached tokens in {len(blocks)} blocks")
             self._positions[slot] = len(tokens)
             self._held[slot] = list(tokens)
+            if not self.rewinds:  # entries another slot computed: no state goes with them
+                self._state_at[slot] = -1
             if self._lookups is not None:
                 self._lookups[slot].truncate(0)
                 self._lookups[slot].extend(list(tokens))
@@ -250,6 +263,7 @@ class TorchEngine:
         if end > self.ctx:
             raise ValueError(f"slot {slot}: {start} cached + {len(tokens)} new tokens exceed ctx={self.ctx}")
         self._check_room(slot, end)
+        self._check_state(slot, start)
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
         index = CacheIndex.for_read(slot, start, end, self.device)
         sampler = self._samplers[slot]
@@ -297,7 +311,7 @@ class TorchEngine:
         tokens = []
         for target in into:
             self.truncate(target, 0)
-            self._fed(target, list(self._held[slot][:length]))
+            self._fed(target, list(self._held[slot][:length]))  # a recurrent state: the source's, copied
             tokens.append(self._sampled_one(target, logits))
         return tokens
 
@@ -332,13 +346,17 @@ class TorchEngine:
         if start + len(tokens) > self.ctx:
             raise ValueError(f"slot {slot}: {start} cached + {len(tokens)} new tokens exceed ctx={self.ctx}")
         self._check_room(slot, start + len(tokens))
+        self._check_state(slot, start)
         tokens = list(tokens)
         logits = None
-        for lo in range(0, len(tokens), self.num_slots):  # a step's rows: at most the batched step's
-            rows = tokens[lo:lo + self.num_slots]
+        # a step's rows: at most the batched step's; one, where each row's state is its slot's
+        # (a recurrent model: the rows of one step do not see each other)
+        per_step = self.num_slots if self.rewinds else 1
+        for lo in range(0, len(tokens), per_step):
+            rows = tokens[lo:lo + per_step]
             position = self._positions[slot]
             allowed = None
-            if sample and lo + self.num_slots >= len(tokens):  # the last row's logits are sampled
+            if sample and lo + per_step >= len(tokens):  # the last row's logits are sampled
                 mask, failed = self._allowed([slot])
                 if failed:
                     raise failed[slot]
@@ -364,6 +382,7 @@ class TorchEngine:
             if self._positions[slot] >= self.ctx:
                 raise ValueError(f"slot {slot} is full (ctx={self.ctx})")
             self._check_room(slot, self._positions[slot] + 1)
+            self._check_state(slot, self._positions[slot])
         # penalties and constraints follow the tokens one by one: such a row decodes without guesses
         if self._lookups is not None and len(slots) == 1 and self._samplers[slots[0]].is_plain:
             return [self._decode_guessing(slots[0], tokens[0])]
@@ -446,6 +465,7 @@ class TorchEngine:
 
     def _fed(self, slot: int, tokens: list[int]) -> None:
         self._positions[slot] += len(tokens)
+        self._state_at[slot] = self._positions[slot]
         self._held[slot] += tokens
         self._samplers[slot].observe(tokens)
         if self._lookups is not None:
@@ -460,10 +480,24 @@ class TorchEngine:
         self._check_slot(slot)
         if not 0 <= length <= self._positions[slot]:
             raise ValueError(f"slot {slot}: cannot truncate {self._positions[slot]} tokens to {length}")
+        if not self.rewinds and length and self._state_at[slot] < 0:
+            raise ValueError(f"slot {slot}: a cached prefix another slot computed carries no recurrent state")
+        if not self.rewinds and length not in (0, self._state_at[slot]):
+            raise ValueError(f"slot {slot}: a recurrent state cannot go back from {self._state_at[slot]} to {length} "
+                             "tokens (keep all of them or none)")
         self._positions[slot] = length
+        if length == 0:
+            self._state_at[slot] = 0
         del self._held[slot][length:]
         if self._lookups is not None:
             self._lookups[slot].truncate(length)
+
+    def _check_state(self, slot: int, start: int) -> None:
+        """A recurrent model's slot continues from where its state is (a cached prefix it did not
+        compute itself, `assign(tokens=...)`, is not one); position 0 starts from zeros."""
+        if start and not self.rewinds and start != self._state_at[slot]:
+            raise ValueError(f"slot {slot}: its recurrent state is at {self._state_at[slot]} tokens, not at {start} "
+                             "(a recurrent model reuses no cached prefix)")
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.num_slots:

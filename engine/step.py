@@ -40,7 +40,8 @@ class StepInputs:
     iff j <= p; `write_at` [B, T] long, where in the layers' K/V pools each new token's entries
     go, and `read_at` [B, span] long, where each position a row attends over is (both through
     the rows' block tables, `Transformer.pool_index`); where the model has sliding-window layers, what they read instead: `local_cos`,
-    `local_sin` (their own RoPE base) and `local_mask` (also p - j < window). The rest is fixed
+    `local_sin` (their own RoPE base) and `local_mask` (also p - j < window); where it has
+    recurrent layers, `state_at`. The rest is fixed
     for a compiled step: the state views are the layers' buffers' rows lo..hi-1 (hi None: all of
     them), and `sliced` says those rows are exactly the step's, in order (read as they are), else
     each row's are gathered."""
@@ -55,6 +56,9 @@ class StepInputs:
     local_cos: Tensor | None = None
     local_sin: Tensor | None = None
     local_mask: Tensor | None = None
+    # where the model has recurrent layers (Qwen3-Next's Gated DeltaNet): [B] long, each row's row
+    # in their per-slot state views, a CUDA graph's padding rows (position ctx) the spare one
+    state_at: Tensor | None = None
     lo: int = 0
     hi: int | None = None
     sliced: bool = False

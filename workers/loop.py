@@ -478,8 +478,10 @@ class Worker:
         # scoring reads every position itself
         scoring = request.prompt_logprobs is not None
         block = getattr(self.engine, "prompt_block", 1)
+        # a recurrent model's state cannot be cut back to a shared prefix (engine/runner.py `rewinds`)
+        reuses = not scoring and getattr(self.engine, "rewinds", True)
         for each in readers:
-            each.read_pos = 0 if scoring else scheduler.shared_prefix(each.cached, request.prompt) // block * block
+            each.read_pos = scheduler.shared_prefix(each.cached, request.prompt) // block * block if reuses else 0
             each.phase = Phase.READING
         out.of(slot).slot = slot.index
         try:
@@ -489,7 +491,7 @@ class Worker:
                     raise NeverFits(reason)
                 for each in slots:  # the others' reservations only: they share the read's blocks at the fork
                     cached = self.pool.start(each.index, request.prompt, request.max_tokens, request.priority,
-                                             use_cache=not scoring and each in readers)
+                                             use_cache=reuses and each in readers)
                     if each in readers:
                         each.read_pos = cached
                         if each is slot:

@@ -1,0 +1,166 @@
+"""Qwen3-Next (the hybrid: Gated DeltaNet layers with a recurrent state per slot between gated
+attention layers with partial RoPE, routed + shared experts) against transformers, from an HF
+folder and from GGUFs written here under llama.cpp's names (float32 and Q8_0); and the rules a
+state that cannot go back imposes on the engine (docs/engine.md, "Recurrent state")."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import hf_loader
+from engine.model import Transformer
+from engine.protocol import SamplingParams
+from engine.runner import TorchEngine
+from engine.weights import DictSource
+from tests.helpers.hf_reference import check_engine_greedy, check_prefill_and_decode, hf_greedy
+
+KINDS = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
+
+
+def qwen3_next(v_heads: int = 4, tied: bool = False):
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3NextConfig(
+        hidden_size=64, num_hidden_layers=4, layer_types=KINDS, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, vocab_size=256, max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=tied,
+        intermediate_size=96, moe_intermediate_size=32, shared_expert_intermediate_size=48, num_experts=8,
+        num_experts_per_tok=3, norm_topk_prob=True, linear_num_key_heads=2, linear_num_value_heads=v_heads,
+        linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4)
+    assert cfg.rope_parameters["partial_rotary_factor"] == 0.25  # RoPE on 4 of each head's 16 dims
+    hf = Qwen3NextForCausalLM(cfg)
+    with torch.no_grad():  # norms start at a scale of one and routers at zero: make them count
+        for name, p in hf.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+            if name.endswith("mlp.gate.weight"):
+                p.normal_(0, 0.5)
+    return hf.float().eval()
+
+
+def built(hf, tmp_path, num_slots: int = 4) -> Transformer:
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    cfg = hf_loader.read_config(tmp_path)
+    model = Transformer.build(cfg, DictSource(hf_loader.load_weights(tmp_path)), dtype=torch.float32,
+                              device=torch.device("cpu"))
+    model.allocate_cache(num_slots=num_slots, ctx=256)
+    return model
+
+
+VARIANTS = {"grouped": {}, "one-value-head-a-key-head-tied": {"v_heads": 2, "tied": True}}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_hf_folder_matches_transformers(variant, tmp_path):
+    hf = qwen3_next(**VARIANTS[variant])
+    model = built(hf, tmp_path)
+    cfg = model.cfg
+    assert cfg.linear_layers == (True, False, True, False) and cfg.rotary_dim == 4 and cfg.attn_gate
+    assert cfg.recurrent and cfg.n_attention_layers == 2
+    assert model.forms["experts"] == 4  # every layer's FFN: routed + shared experts
+    # K/V pools only for the attention layers; the state per slot (and a spare row) for the others
+    assert model.slot_kv(0, 3).shape[0] == 2
+    assert model.layers[0].mixer.ssm_state.shape == (5, cfg.linear.n_v_heads, 16, 16)
+    check_prefill_and_decode(hf, model)  # chunks of 16, 1, 33, 20 into one slot; then batched decode
+    check_engine_greedy(hf, model)
+
+
+def test_partial_rope_matters(tmp_path):
+    # the same weights with RoPE over the whole head leave transformers: the test sees the quarter
+    from dataclasses import replace
+
+    hf = qwen3_next()
+    model = built(hf, tmp_path)
+    other = Transformer.build(replace(model.cfg, rotary_dim=0), DictSource(hf_loader.load_weights(tmp_path)),
+                              dtype=torch.float32, device=torch.device("cpu"))
+    other.allocate_cache(num_slots=4, ctx=256)
+    with pytest.raises(AssertionError):
+        check_prefill_and_decode(hf, other)
+
+
+# ---- the recurrent state in the engine ------------------------------------------------------
+
+def _engine(model: Transformer) -> TorchEngine:
+    return TorchEngine(model, None, eos_token_ids=frozenset())
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_a_read_that_gives_way_parks_its_state_and_continues_from_it(tmp_path):
+    hf = qwen3_next()
+    engine = _engine(built(hf, tmp_path))
+    parked, urgent = _prompt(40, 1), _prompt(25, 2)
+    engine.begin(1, SamplingParams(temperature=0.0))
+    assert engine.read(1, parked[:16], sample=False) is None  # gives way at a chunk boundary
+    engine.begin(0, SamplingParams(temperature=0.0))
+    out = [engine.read(0, urgent, sample=True)]
+    for _ in range(3):  # the urgent request decodes beside nothing; slot 1's state stays parked
+        out += engine.decode([0], [out[-1]])[0]
+    assert out == hf_greedy(hf, urgent, 4)
+    answer = [engine.read(1, parked[16:], sample=True)]  # the rest, from the parked state
+    for _ in range(3):
+        both = engine.decode([1, 0], [answer[-1], out[-1]])  # batched with the other slot
+        answer += both[0]
+        out += both[1]
+    assert answer == hf_greedy(hf, parked, 4)
+    assert out == hf_greedy(hf, urgent, 7)
+
+
+def test_a_slot_starts_again_from_zeros_and_never_goes_back(tmp_path):
+    hf = qwen3_next()
+    engine = _engine(built(hf, tmp_path))
+    first, second = _prompt(30, 3), _prompt(20, 4)
+    assert not engine.rewinds and not engine.can_look_up
+    with pytest.raises(ValueError, match="two slots"):
+        engine.use_prompt_lookup()
+    engine.begin(2, SamplingParams(temperature=0.0))
+    engine.read(2, first, sample=True)
+    with pytest.raises(ValueError, match="cannot go back"):
+        engine.begin(2, SamplingParams(temperature=0.0), keep=16)  # a shared prefix of the next prompt
+    with pytest.raises(ValueError, match="cannot go back"):
+        engine.truncate(2, 29)  # a wrong guess taken back
+    # the whole of what the slot holds may be kept: its state is exactly there
+    engine.begin(2, SamplingParams(temperature=0.0), keep=30)
+    assert [engine.read(2, second, sample=True)] == hf_greedy(hf, first + second, 1)
+    # the next request in the slot reads from position 0: from zeros, not from what was there
+    engine.begin(2, SamplingParams(temperature=0.0))
+    assert [engine.read(2, second, sample=True)] == hf_greedy(hf, second, 1)
+
+
+def test_entries_another_slot_computed_are_not_a_state(tmp_path):
+    # the KV pool may hand a slot cached prefix blocks (engine.assign with their tokens): their K/V
+    # are right, but no recurrent state goes with them, so reading on from there is refused
+    hf = qwen3_next()
+    engine = _engine(built(hf, tmp_path))
+    prompt = _prompt(70, 5)
+    engine.begin(0, SamplingParams(temperature=0.0))
+    engine.read(0, prompt, sample=False)
+    engine.assign(1, engine._tables[0][:1], prompt[:64])
+    with pytest.raises(ValueError, match="carries no recurrent state"):
+        engine.begin(1, SamplingParams(temperature=0.0), keep=64)
+
+
+def test_replayed_answer_and_forked_answers_carry_the_state(tmp_path):
+    hf = qwen3_next()
+    engine = _engine(built(hf, tmp_path))
+    prompt = _prompt(33, 6)
+    want = hf_greedy(hf, prompt, 6)
+    # a resumed request: the prompt, then the answer so far as decode rows (one a step: rows of one
+    # step do not see each other's state), then the next token
+    engine.begin(3, SamplingParams(temperature=0.0))
+    engine.read(3, prompt, sample=False)
+    assert engine.replay(3, want[:4], sample=True) == want[4]
+    # n answers from one read: the siblings start from a copy of the read's state
+    engine.begin(0, SamplingParams(temperature=0.0))
+    engine.begin(1, SamplingParams(temperature=0.0))
+    engine.begin(2, SamplingParams(temperature=0.0))
+    first = engine.read(0, prompt, sample=True)
+    assert engine.fork(0, [1, 2]) == [first, first] == [want[0]] * 2
+    tokens = {0: [first], 1: [first], 2: [first]}
+    for _ in range(3):
+        for slot, new in zip((2, 0, 1), engine.decode([2, 0, 1], [tokens[s][-1] for s in (2, 0, 1)])):
+            tokens[slot] += new
+    assert tokens[0] == tokens[1] == tokens[2] == want[:4]
