@@ -3,9 +3,11 @@ and, when `LLAMA_SERVER=/path/to/llama-server` is set, llama.cpp's server on the
 
     .venv/bin/python -m bench.precision [--tokens 48] [--variants default bfloat16+noint4] [--device cuda:0]
     .venv/bin/python -m bench.precision --isa all [--prompts 4]    # each oneDNN ISA this CPU offers
+    .venv/bin/python -m bench.precision --variants float32+kv=bfloat16 float32+kv=int8 default+kv=int8
     LLAMA_SERVER=/path/to/llama-server .venv/bin/python -m bench.precision
 
-`--isa AVX512_CORE_BF16 AVX512_CORE_AMX ...` (or `all`) runs the whole bench once per value of
+`+eager`: no compiled step (nothing to build); `+kv=NAME` gives a variant that `--kv-dtype` (bfloat16, int8; fp8 on CUDA): on `float32` the cost of
+the narrower cache alone. `--isa AVX512_CORE_BF16 AVX512_CORE_AMX ...` (or `all`) runs the whole bench once per value of
 ONEDNN_MAX_CPU_ISA, each in a child process (oneDNN reads it once), and prints one row per ISA
 and engine: its bf16 kernels round differently on AMX, AVX512-BF16 and AVX512.
 
@@ -101,7 +103,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=48, help="continuation length per prompt")
     parser.add_argument("--variants", nargs="+", default=["default", "bfloat16+noint4"],
-                        help="Strata engines: default, bfloat16(+noint4)")
+                        help="Strata engines: default, float32, bfloat16(+noint4), each +kv=DTYPE")
     parser.add_argument("--device", default="cpu", help="where the variants run: cpu, or cuda:N")
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="the first N prompts only (short runs)")
     parser.add_argument("--isa", nargs="+", default=[],
@@ -126,8 +128,10 @@ def main() -> None:
     for variant in args.variants:
         name, *flags = variant.split("+")
         # two slots: the free-running answers go through prompt lookup as served (one slot has none)
+        kv = next((f.removeprefix("kv=") for f in flags if f.startswith("kv=")), None)  # +kv=int8: --kv-dtype
         engine = load_engine(path, num_slots=2, ctx=1024, dtype=None if name == "default" else name,
-                             int4="noint4" not in flags, device=args.device)
+                             int4="noint4" not in flags, device=args.device, kv_dtype=kv,
+                             compile="eager" not in flags)
         results[f"strata {variant}"] = run_prompts(lambda i, n: strata_greedy(engine, i, n),
                                                    lambda i, r: strata_forced(engine, i, r), prompts, references)
         print(variant, json.dumps(results[f"strata {variant}"]), file=sys.stderr, flush=True)

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from engine import kv_dtype
 from engine.step import StepInputs
 from engine.weights import in_pieces
 
@@ -51,7 +52,8 @@ class Attention(nn.Module):
     def allocate(self, num_tokens: int, device: torch.device, dtype: torch.dtype, spare: int, num_slots: int) -> None:
         # `spare` positions past the pool's: what no slot was given (padding rows write there, an
         # unassigned table entry reads there, masked); zeros, so a masked read is finite.
-        shape = (self.n_kv_heads, num_tokens + spare, self.head_dim)
+        # an entry per (head, position): the head's values, and an int8/fp8 pool's scale (engine/kv_dtype.py)
+        shape = (self.n_kv_heads, num_tokens + spare, kv_dtype.entry_width(self.head_dim, dtype))
         self.k_cache = torch.zeros(shape, device=device, dtype=dtype)
         self.v_cache = torch.zeros(shape, device=device, dtype=dtype)
 
@@ -76,14 +78,20 @@ class Attention(nn.Module):
         cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # broadcast over heads
         q, k = rope(q, cos, sin), rope(k, cos, sin)
         # One index-put per pool: [KV, B, T, hd] at the rows' places (write_at [B, T]).
-        keys[:, inputs.write_at] = k.permute(2, 0, 1, 3).to(keys.dtype)
-        values[:, inputs.write_at] = v.permute(2, 0, 1, 3).to(values.dtype)
+        keys[:, inputs.write_at] = kv_dtype.store(k.permute(2, 0, 1, 3), keys.dtype)
+        values[:, inputs.write_at] = kv_dtype.store(v.permute(2, 0, 1, 3), values.dtype)
         # Each row's positions 0..span-1 gathered through its block table into [B, KV, span, hd],
         # the contiguous rows attention reads (one gather a step, as the scattered slots of the
         # contiguous cache had; docs/kv_pool.md weighs it against flex_attention's paged mask).
-        heads = torch.arange(self.n_kv_heads, device=keys.device).view(1, -1, 1)
-        at = inputs.read_at.unsqueeze(1)
-        keys, values = keys[heads, at], values[heads, at]
+        # index_select on the flattened pool with one index per (row, head, position): ~5-7x
+        # faster in eager than advanced indexing `keys[heads, read_at]` (docs/kv_pool.md).
+        span, pool = inputs.read_at.shape[1], keys.shape[1]
+        heads = torch.arange(self.n_kv_heads, device=keys.device).view(1, -1, 1) * pool
+        at = (inputs.read_at.unsqueeze(1) + heads).reshape(-1)
+        width = keys.shape[-1]
+        shape = (bsz, self.n_kv_heads, span, width)
+        keys = kv_dtype.load(keys.view(-1, width).index_select(0, at).view(shape), self.head_dim)
+        values = kv_dtype.load(values.view(-1, width).index_select(0, at).view(shape), self.head_dim)
         attention = attend_plain if inputs.pieces is None else attend_prompt
         out = attention(q.transpose(1, 2), keys, values, mask, self.scale)
         if gate:

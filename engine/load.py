@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from engine import kv_dtype as kv_dtypes
 from engine.errors import ConfigError
 from engine.files import is_gguf, resolve_model_path
 from engine.memory import ensure_kv_fits
@@ -49,6 +50,7 @@ def load_engine(
     compile_in_background: bool = False,
     prompt_lookup: bool = True,
     kv_tokens: int | None = None,
+    kv_dtype: str | None = None,
 ) -> TorchEngine:
     """Open a GGUF file or HF folder (None: the default SmolLM2) and allocate its slots.
 
@@ -65,7 +67,8 @@ def load_engine(
     prompt_lookup: on the CPU with two slots or more, a one-row step also checks a guess of the next
     token from the slot's own text (engine/lookup.py), the same tokens sooner when it is right.
     ctx: the most positions one request may hold (None: the model's own context); kv_tokens: the KV pool every slot's blocks come
-    from (None: num_slots x ctx, each slot its own blocks until the worker's pool assigns them)."""
+    from (None: num_slots x ctx, each slot its own blocks until the worker's pool assigns them); kv_dtype: what
+    the pool stores, float32 / bfloat16 / int8 / fp8 (CUDA) (None or auto: engine/kv_dtype.py `resolve`)."""
     if num_slots < 1 or (ctx is not None and ctx < 1):
         raise ValueError("num_slots and ctx must be positive")
     if threads is not None:
@@ -95,10 +98,13 @@ def load_engine(
     # a KV cache that cannot fit even at 2 bytes a value is refused now, not after minutes of
     # loading; the exact size is checked again once the weights are in (Transformer.allocate_cache)
     pool = num_slots * ctx if kv_tokens is None else kv_tokens
-    ensure_kv_fits(config.kv_cache_bytes(pool, torch.bfloat16), dev, pool, at_least=True)
+    cache_dtype = kv_dtypes.resolve(kv_dtype, dev, torch_dtype)
+    at_least = cache_dtype if cache_dtype.itemsize < 2 else torch.bfloat16
+    ensure_kv_fits(config.kv_cache_bytes(pool, at_least), dev, pool, at_least=True)
     tokenizer = Tokenizer.from_model_path(path, extra_eos_ids=file_eos, cache_dir=cache_dir, chat=False)
     engine = build_engine(config, source, tokenizer, num_slots=num_slots, ctx=ctx, device=dev,
-                          dtype=torch_dtype, int4=int4, prefill_bf16=prefill_bf16, kv_tokens=kv_tokens)
+                          dtype=torch_dtype, int4=int4, prefill_bf16=prefill_bf16, kv_tokens=kv_tokens,
+                          kv_dtype=kv_dtype)
     release_freed_memory()
     if is_gguf(path):  # what was converted at load no longer counts in the worker's RSS
         source.file.drop_pages()  # type: ignore[attr-defined]
@@ -112,8 +118,9 @@ def load_engine(
             engine.compile_decode(warm=True)
     if prompt_lookup and engine.can_look_up:
         engine.use_prompt_lookup()
-    log.info("loaded %s in %.1fs: %s, linears %s, KV pool %.0f MiB", path.name, time.perf_counter() - started,
-             torch_dtype, engine.model.forms, engine.model.kv_bytes() / 2**20)
+    log.info("loaded %s in %.1fs: %s, linears %s, KV pool %.0f MiB (%s, %d bytes a token)", path.name,
+             time.perf_counter() - started, torch_dtype, engine.model.forms, engine.model.kv_bytes() / 2**20,
+             engine.model.cache_dtype, config.kv_bytes_per_token(engine.model.cache_dtype))
     return engine
 
 
@@ -131,6 +138,7 @@ def build_engine(
     prepack: bool = True,
     prefill_bf16: bool = True,
     kv_tokens: int | None = None,
+    kv_dtype: str | None = None,
 ) -> TorchEngine:
     """An engine from loaded parts (tests reuse one opened file for several dtypes/slot counts).
     A plain dict of float32 tensors is a source without 4-bit blocks."""
@@ -138,6 +146,7 @@ def build_engine(
         source = DictSource(source)
     model = Transformer.build(config, source, dtype=dtype, device=device, int4=int4, prepack=prepack,
                               prefill_bf16=prefill_bf16)
+    model.cache_dtype = kv_dtypes.resolve(kv_dtype, device, dtype)
     model.allocate_cache(num_slots, ctx, kv_tokens)
     if eos_token_ids is None:
         eos_token_ids = tokenizer.eos_token_ids if tokenizer is not None else frozenset()

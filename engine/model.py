@@ -16,7 +16,6 @@ batch 1 every extra op is Python overhead that dominates the step.
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -24,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from engine import kv_dtype
 from engine.deltanet import DeltaNetShape, GatedDeltaNet
 from engine.layers import Attention, Block, GatedFFN
 from engine.memory import ensure_kv_fits
@@ -134,8 +134,13 @@ class ModelConfig:
         return (self.n_kv_heads, num_tokens + KV_BLOCK, self.head_dim)
 
     def kv_cache_bytes(self, num_tokens: int, dtype: torch.dtype) -> int:
-        """Every attention layer's K and V pools together."""
-        return 2 * self.n_attention_layers * math.prod(self.kv_shape(num_tokens)) * dtype.itemsize
+        """Every attention layer's K and V pools together, in `dtype` entries (engine/kv_dtype.py)."""
+        kv, tokens, head_dim = self.kv_shape(num_tokens)
+        return 2 * self.n_attention_layers * kv * tokens * kv_dtype.entry_bytes(head_dim, dtype)
+
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
+        """What one position costs in every attention layer's K and V pools (`--kv-dtype`)."""
+        return 2 * self.n_attention_layers * self.n_kv_heads * kv_dtype.entry_bytes(self.head_dim, dtype)
 
     def is_sliding(self, layer: int) -> bool:
         return self.sliding_window > 0 and layer < len(self.sliding_layers) and self.sliding_layers[layer]

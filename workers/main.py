@@ -48,6 +48,7 @@ def build_engine(settings: WorkerSettings, path: Path) -> Engine:
     from engine.files import cache_folder
 
     return load_engine(path, num_slots=settings.parallel, ctx=settings.max_model_len, kv_tokens=settings.pool_tokens(),
+                       kv_dtype=settings.kv_dtype,
                        device=settings.device,
                        dtype=settings.dtype, threads=settings.threads, int4=settings.int4,
                        prefill_bf16=settings.prefill_bf16, cache_dir=cache_folder(settings.data_dir),
