@@ -79,9 +79,16 @@ def deinterleave(qkvz: Tensor, ba: Tensor, shape: DeltaNetShape) -> tuple[Tensor
     per = shape.n_v_heads // shape.n_k_heads
     q, k, v, z = qkvz.reshape(shape.n_k_heads, -1, dim).split(
         (shape.k_dim, shape.k_dim, per * shape.v_dim, per * shape.v_dim), dim=1)
-    b, a = ba.reshape(shape.n_k_heads, 2 * per, dim).split((per, per), dim=1)
     qkv = torch.cat([q.reshape(-1, dim), k.reshape(-1, dim), v.reshape(-1, dim)])
-    return qkv, z.reshape(-1, dim), b.reshape(-1, dim), a.reshape(-1, dim)
+    return (qkv, z.reshape(-1, dim), *split_ba(ba, shape))
+
+
+def split_ba(ba: Tensor, shape: DeltaNetShape) -> tuple[Tensor, Tensor]:
+    """in_proj_ba [2 Hv, dim] (per key head: its value heads' b, then their a; llama.cpp's ssm_ba
+    in either layout) -> b, a [Hv, dim]."""
+    per = shape.n_v_heads // shape.n_k_heads
+    b, a = ba.reshape(shape.n_k_heads, 2 * per, -1).split((per, per), dim=1)
+    return b.reshape(shape.n_v_heads, -1), a.reshape(shape.n_v_heads, -1)
 
 
 def delta_step(projected: Tensor, conv_weight: Tensor, dt_bias: Tensor, a_neg: Tensor, norm: Tensor,

@@ -2,14 +2,16 @@
 
 Every quirk of the format is undone here, once, so the forward pass runs in Hugging Face layout:
 - dims are listed innermost first (GGUF shape [in, out] is a torch [out, in] matrix);
-- llama.cpp's converter permutes Q and K rows of `llama`-arch models for its interleaved RoPE.
+- llama.cpp's converter permutes Q and K rows of `llama`-arch models for its interleaved RoPE;
+- Qwen3-Next's joint q/gate projection and its DeltaNet projections are split into the parts
+  the step reads (`_split_qwen3next`; those parts are dense copies, not the file's blocks).
 """
 
 from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -18,6 +20,7 @@ from gguf.quants import dequantize
 from torch import Tensor, nn
 
 from engine import rope
+from engine.deltanet import DeltaNetShape, deinterleave, split_ba
 from engine.errors import ConfigError
 from engine.gguf_file import GGUFFile, GGUFTensor
 from engine.model import ModelConfig
@@ -26,7 +29,7 @@ from engine.weights import DenseRows, Int4Blocks, RowTable
 
 # Architectures whose Q/K rows llama.cpp's converter permuted (HF -> interleaved RoPE pairs).
 _PERMUTED_QK = {"llama", "mistral"}
-_SUPPORTED = {"llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3"}
+_SUPPORTED = {"llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3", "qwen3next"}
 
 _LAYER_NAMES = {
     "attn_norm": "attn_norm", "attn_q": "q", "attn_k": "k", "attn_v": "v", "attn_output": "o",
@@ -38,7 +41,14 @@ _LAYER_NAMES = {
     "ffn_down_shexp": "shared_down", "ffn_gate_inp_shexp": "shared_router",
     # Gemma 3 (whose ffn_norm is its pre_feedforward_layernorm); its norms are stored as 1 + weight
     "post_attention_norm": "post_attn_norm", "post_ffw_norm": "post_ffn_norm",
+    # Qwen3-Next's Gated DeltaNet: legacy ssm_in (transformers' interleaved qkvz) or attn_qkv +
+    # attn_gate (already in the convolution's order); ssm_a is -exp(A_log) already
+    "ssm_in": "lin_qkvz", "ssm_ba": "lin_ba", "ssm_conv1d": "lin_conv", "ssm_dt": "lin_dt", "ssm_a": "lin_a_neg",
+    "ssm_norm": "lin_norm", "ssm_out": "lin_out", "attn_qkv": "lin_qkv", "attn_gate": "lin_z",
 }
+# Per architecture, where a name means something else: Qwen3-Next's post_attention_norm is its
+# FFN's input norm (transformers' post_attention_layernorm), not Gemma's norm of the output.
+_ARCH_NAMES = {"qwen3next": {"post_attention_norm": "ffn_norm"}}
 
 
 class GGUFModel:
@@ -56,10 +66,14 @@ class GGUFModel:
             raise ConfigError("one tensor per expert (blk.N.ffn_gate.J.weight, an old Mixtral conversion) is not "
                              "supported: convert the model again with a current llama.cpp (ffn_*_exps tensors)")
         for tensor in self.file.tensors.values():
-            name = _map_name(tensor.name)
+            name = _map_name(tensor.name, _ARCH_NAMES.get(self.arch, {}))
             if name is not None:  # nothing else is used by the architectures supported here
                 self._tensors[name] = tensor
+        # names computed from the file's tensors (dense float32), and the tensors they replace
+        self._derived: dict[str, Callable[[], Tensor]] = {}
         self.config = self._config()
+        if self.arch == "qwen3next":
+            self._split_qwen3next()
 
     def _field(self, key: str, default: Any = None) -> Any:
         return self.file.fields.get(key, default)
@@ -76,6 +90,8 @@ class GGUFModel:
         names = set(self.file.tensors)
         n_layers = int(self._field(f"{a}.block_count"))
         extra = self._gemma(n_layers, dim, n_heads, head_dim) if a == "gemma3" else {}
+        if a == "qwen3next":
+            extra = self._qwen3next(n_layers, head_dim)
         return ModelConfig(
             dim=dim,
             n_layers=n_layers,
@@ -88,8 +104,9 @@ class GGUFModel:
             rope_theta=float(self._field(f"{a}.rope.freq_base", 10000.0)),
             rope_scaling=scaling,
             tie_embeddings="output.weight" not in names,
-            qkv_bias="blk.0.attn_q.bias" in names,
-            qk_norm="blk.0.attn_q_norm.weight" in names,
+            # any layer's (Qwen3-Next's first attention layer need not be layer 0)
+            qkv_bias=any(n.endswith(".attn_q.bias") for n in names),
+            qk_norm=any(n.endswith(".attn_q_norm.weight") for n in names),
             max_positions=int(self._field(f"{a}.context_length", 8192)),
             n_experts_used=int(self._field(f"{a}.expert_used_count", 0)),
             # llama.cpp renormalizes the chosen experts' weights for these architectures unless told
@@ -121,6 +138,52 @@ class GGUFModel:
             activation="gelu_tanh",
         )
 
+    def _qwen3next(self, n_layers: int, head_dim: int) -> dict[str, Any]:
+        """Qwen3-Next as llama.cpp reads it: recurrent layers listed, or all but every
+        full_attention_interval-th; the DeltaNet's heads from the ssm keys (k heads: group_count,
+        v heads: time_step_rank, k_dim: state_size, v_dim: inner_size / v heads); RoPE on
+        rope.dimension_count dims; the gated attention."""
+        a = self.arch
+        listed = self._field(f"{a}.attention.recurrent_layers")
+        if isinstance(listed, (list, tuple)):
+            linear = tuple(bool(x) for x in listed[:n_layers])
+        else:
+            interval = int(self._field(f"{a}.full_attention_interval", 4))
+            linear = tuple((i + 1) % interval != 0 for i in range(n_layers))
+        v_heads = int(self._field(f"{a}.ssm.time_step_rank"))
+        shape = DeltaNetShape(n_k_heads=int(self._field(f"{a}.ssm.group_count")), n_v_heads=v_heads,
+                              k_dim=int(self._field(f"{a}.ssm.state_size")),
+                              v_dim=int(self._field(f"{a}.ssm.inner_size")) // v_heads,
+                              kernel=int(self._field(f"{a}.ssm.conv_kernel")))
+        return dict(linear_layers=linear, linear=shape, attn_gate=True,
+                    rotary_dim=int(self._field(f"{a}.rope.dimension_count", head_dim)))
+
+    def _split_qwen3next(self) -> None:
+        """Each attention layer's attn_q [heads x (query, gate) x head_dim, dim] as q and q_gate;
+        each DeltaNet layer's projections as lin_qkv, lin_z, lin_b, lin_a (engine/deltanet.py).
+        Each part is made from its tensor when asked for (nothing kept: build asks once)."""
+        cfg = self.config
+        assert cfg.linear is not None
+        shape = cfg.linear
+        for i in range(cfg.n_layers):
+            p = f"layers.{i}."
+            if cfg.is_linear(i):
+                ba = self._tensors.pop(p + "lin_ba")
+                if p + "lin_qkvz" in self._tensors:  # legacy: every part interleaved per key head
+                    qkvz = self._tensors.pop(p + "lin_qkvz")
+                    parts = (lambda qkvz=qkvz, ba=ba: deinterleave(self._dense(qkvz), self._dense(ba), shape))
+                    names = ("lin_qkv", "lin_z", "lin_b", "lin_a")
+                else:
+                    parts = (lambda ba=ba: split_ba(self._dense(ba), shape))
+                    names = ("lin_b", "lin_a")
+                for j, name in enumerate(names):
+                    self._derived[p + name] = lambda parts=parts, j=j: parts()[j]
+            else:
+                joint = self._tensors.pop(p + "q")
+                halves = (lambda joint=joint: self._dense(joint).reshape(cfg.n_heads, 2, cfg.head_dim, -1).unbind(1))
+                for j, name in enumerate(("q", "q_gate")):
+                    self._derived[p + name] = lambda halves=halves, j=j: halves()[j].reshape(cfg.q_size, -1)
+
     def eos_token_ids(self) -> list[int]:
         keys = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
         return [int(self._field(k)) for k in keys if k in self.file.fields]
@@ -133,25 +196,30 @@ class GGUFModel:
     # ---- engine.weights.WeightSource ------------------------------------------------------
 
     def names(self) -> set[str]:
-        return set(self._tensors)
+        return set(self._tensors) | set(self._derived)
 
     def dense(self, name: str) -> Tensor:
         """float32 [out, in] (or [n] for a vector), exactly gguf's dequantize, rows in HF order."""
-        tensor = self._tensors[name]
+        if name in self._derived:
+            return self._derived[name]()
+        return self._dense(self._tensors[name], self._permuted_heads(name))
+
+    def _dense(self, tensor: GGUFTensor, heads: int = 0) -> Tensor:
         if tensor.qtype in QuantRows.TYPES:  # gguf's numpy, then a copy, was much of a restart (the Q8_0 head)
             array = dequantize_blocks(torch.from_numpy(np.array(tensor.rows(), copy=True)), tensor.qtype)
             array = array.reshape(tensor.shape).numpy()
         else:
-            blocks = self.quant(name)
+            blocks = self._blocks(tensor, heads)
             if blocks is not None:  # the same values from engine/quants' C++, rows already in HF order
                 return quants.dequantize(blocks)  # (gguf's numpy took ~10x as long: the Q6_K head)
             array = dequantize_tensor(tensor)
-        heads = self._permuted_heads(name)
         if heads:
             array = unpermute_rope_rows(array, heads)
         return torch.from_numpy(np.require(array, np.float32, ["C", "W"]))  # memmap views are read-only
 
     def int4(self, name: str) -> Int4Blocks | None:
+        if name in self._derived:
+            return None
         tensor = self._tensors[name]
         if tensor.qtype not in _INT4_TYPES:
             return None
@@ -163,12 +231,15 @@ class GGUFModel:
 
     def quant(self, name: str) -> quants.QuantBlocks | None:
         """A matrix as the file's own blocks (rows in HF order), for `engine.quants`' kernels;
-        None for a type they do not take or when they are not built."""
-        tensor = self._tensors[name]
+        None for a type they do not take or when they are not built, or for a derived part."""
+        if name in self._derived:
+            return None
+        return self._blocks(self._tensors[name], self._permuted_heads(name))
+
+    def _blocks(self, tensor: GGUFTensor, heads: int) -> quants.QuantBlocks | None:
         if len(tensor.shape) != 2 or not quants.shape_ok(tensor.qtype, tensor.shape[1]) or not quants.available():
             return None
         raw = tensor.rows()
-        heads = self._permuted_heads(name)
         if heads:  # each row is whole blocks: the same row un-permutation as dense()
             return quants.QuantBlocks(torch.from_numpy(unpermute_rope_rows(raw, heads).copy()), tensor.qtype, tensor.shape[1])
         # The mapped file's own pages, not a copy: nothing writes to them (the kernels read), the
@@ -178,6 +249,8 @@ class GGUFModel:
             return quants.QuantBlocks(torch.from_numpy(raw), tensor.qtype, tensor.shape[1])
 
     def rows(self, name: str) -> RowTable:
+        if name in self._derived:
+            return DenseRows(self.dense(name))
         tensor = self._tensors[name]
         if tensor.qtype in QuantRows.TYPES:
             return QuantRows(tensor)
@@ -199,7 +272,7 @@ class GGUFModel:
 
     def weights(self) -> dict[str, Tensor]:
         """All tensors dequantized to float32 (the exact reference; ~4 bytes a weight)."""
-        return {name: self.dense(name) for name in self._tensors}
+        return {name: self.dense(name) for name in self.names()}
 
     def int4_blocks(self) -> dict[str, Int4Blocks] | None:
         """The attention/MLP matrices as the file's own 4-bit blocks; None unless every one of
@@ -304,18 +377,18 @@ def unpermute_rope_rows(weight: np.ndarray, n_heads: int) -> np.ndarray:
     return weight.reshape(n_heads, head_dim // 2, 2, *rest).swapaxes(1, 2).reshape(rows, *rest)
 
 
-def _map_name(gguf_name: str) -> str | None:
+def _map_name(gguf_name: str, overrides: dict[str, str] | None = None) -> str | None:
     if gguf_name == "token_embd.weight":
         return "embed"
     if gguf_name == "output_norm.weight":
         return "norm"
     if gguf_name == "output.weight":
         return "output"
-    parts = gguf_name.split(".")  # blk.N.attn_q.weight
-    if parts[0] != "blk" or len(parts) != 4:
+    parts = gguf_name.split(".")  # blk.N.attn_q.weight (Qwen3-Next's blk.N.ssm_a: no suffix)
+    if parts[0] != "blk" or len(parts) not in (3, 4):
         return None
-    base = _LAYER_NAMES.get(parts[2])
+    base = (overrides or {}).get(parts[2]) or _LAYER_NAMES.get(parts[2])
     if base is None:
         return None
-    suffix = "_bias" if parts[3] == "bias" else ""
+    suffix = "_bias" if parts[-1] == "bias" else ""
     return f"layers.{parts[1]}.{base}{suffix}"
