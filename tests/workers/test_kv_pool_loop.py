@@ -17,6 +17,10 @@ def pooled(redis_client, *, kv_tokens: int, slots: int = 4, chunk: int = 16, **k
     return make_worker(redis_client, slots=slots, chunk=chunk, kv_tokens=kv_tokens, kv_block=BS, **kw)
 
 
+def stream(redis_client, rid):
+    return [f for _, f in redis_client.xrange(K.out(rid))]
+
+
 def claim_order(redis_client, rids):
     return sorted(rids, key=lambda r: int(redis_client.hget(K.req(r), "claim_seq")))
 
@@ -114,3 +118,48 @@ def test_n_answers_share_the_reads_full_blocks(redis_client, submit):
     run_until_idle(worker)
     assert redis_client.hget(K.req("three"), "status") == "finished"
     assert pool.num_used == pool.num_reserved == 0
+
+
+def test_a_read_gives_way_on_the_pool_and_keeps_its_blocks_while_parked(redis_client, submit):
+    # 144 blocks of 16: both 1000-token reads fit (63 + 1 blocks each); the parked read's blocks
+    # stay its own while the urgent one reads into others, and it resumes where it parked
+    submit("long", priority=0, prompt_len=1000, max_tokens=8)
+    worker = pooled(redis_client, kv_tokens=2304, slots=2, chunk=96)
+    worker.step()
+    parked = list(worker.engine.tables[0])
+    assert len(parked) >= 6  # its first 96 tokens' blocks, at least
+    submit("urgent", priority=5, prompt_len=1000, max_tokens=8)
+    worker.step()
+    worker.step()
+    assert [s.request.id if s.request else None for s in worker.slots] == ["long", "urgent"]
+    assert worker.engine.tables[0][:len(parked)] == parked  # kept while parked
+    assert not set(worker.engine.tables[0]) & set(worker.engine.tables[1])  # the newcomer's blocks are others
+    run_until_idle(worker)
+    assert worker.read_log[:2] == [("long", 96), ("urgent", 96)]
+    assert sum(n for rid, n in worker.read_log if rid == "long") == 1000  # no recompute
+    long = redis_client.hgetall(K.req("long"))
+    assert (long["yields"], long["gave_way_to"], long["status"]) == ("1", "urgent", "finished")
+    pool = worker.pool.blocks
+    assert pool.num_used == pool.num_reserved == 0 and pool.num_free == pool.num_blocks
+
+
+def test_a_worker_killed_mid_read_leaves_the_request_to_another_which_reads_it_on_its_own_pool(redis_client, submit):
+    prompt = distinct_prompt("killed", 100)
+    submit("solo", prompt=prompt, max_tokens=6)
+    run_until_idle(pooled(redis_client, kv_tokens=256, slots=1, worker_id="ref"))
+    reference = [e for e in stream(redis_client, "solo") if e["type"] == "token"]
+
+    submit("a", prompt=prompt, max_tokens=6)
+    dying = pooled(redis_client, kv_tokens=256, slots=1, worker_id="dying")
+    dying.step()
+    dying.step()  # two chunks of 16 read, no token yet; then the process "dies"
+    assert dying.read_log == [("a", 16), ("a", 16)] and not stream(redis_client, "a")
+    heir = pooled(redis_client, kv_tokens=256, slots=1, worker_id="heir")
+    heir.engine.clock.now_ms = dying.engine.clock.now_ms + 5_000  # past the lease
+    run_until_idle(heir)
+    assert sum(n for _, n in heir.read_log) == 100  # its own pool held nothing: the whole prompt
+    assert [e for e in stream(redis_client, "a") if e["type"] == "token"] == reference
+    assert redis_client.hget(K.req("a"), "attempts") == "2"
+    assert redis_client.hget(K.req("a"), "status") == "finished"
+    pool = heir.pool.blocks
+    assert pool.num_used == pool.num_reserved == 0 and pool.num_free == pool.num_blocks
