@@ -16,7 +16,7 @@ What the state cannot do is go back: a slot's recurrent state is valid at one po
 number of tokens it has read. So a slot may keep a prefix (reuse its cache for a new request) only
 at exactly that position, and a step may not be undone (a wrong prompt-lookup guess rewinds the
 K/V cache by hiding entries; a recurrent state would keep the rejected token): see
-docs/engine.md, "Known gaps".
+docs/engine.md, "Recurrent state (Qwen3-Next)".
 
 `GatedDeltaNet` is the mixer a linear-attention layer of the step runs (engine/layers.py's frame):
 its input projection is one matrix in the order the convolution reads (q, k, v of every head,
