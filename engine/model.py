@@ -301,8 +301,9 @@ class Transformer(nn.Module):
             gate_up = torch.cat([source.dense(p + "experts_gate"), source.dense(p + "experts_up")], dim=1)
             shared = None
             if p + "shared_router" in names:  # [1, dim] (a GGUF's ffn_gate_inp_shexp is [dim])
-                shared = (linear([p + "shared_gate", p + "shared_up"]), linear([p + "shared_down"]),
-                          vector(p + "shared_router").reshape(1, -1))
+                dense = GatedFFN()
+                dense.w_gate_up, dense.w_down = linear([p + "shared_gate", p + "shared_up"]), linear([p + "shared_down"])
+                shared = (dense, vector(p + "shared_router").reshape(1, -1))
             model.forms["experts"] = model.forms.get("experts", 0) + 1
             return Experts(vector(p + "router"), gate_up.to(device=device, dtype=dtype),
                            source.dense(p + "experts_down").to(device=device, dtype=dtype),

@@ -18,7 +18,9 @@ over the chosen experts: 1 row 99 ms vs 256 vs 266; 4 rows 899 vs 1 040 vs 594; 
 15 395 vs 2 260.
 
 Routing is in float32 whatever the activations' dtype: a bf16 router's near-ties would pick other
-experts than the model's.
+experts than the model's. As in the dense FFN (engine/layers.py `GatedFFN`, which the shared
+expert is), SiLU(gate) * up runs in float32 from the gate/up product's output and is rounded once,
+where the down product takes it (docs/engine.md, "Precision").
 """
 
 from __future__ import annotations
@@ -30,14 +32,14 @@ from torch import Tensor, nn
 
 class Experts(nn.Module):
     """router [E, dim] float32; gate_up [E, 2I, dim] and down [E, dim, I] in the activations'
-    dtype; shared: an optional (gate_up, down, gate [1, dim]) modules/tensor of the shared expert."""
+    dtype; shared: an optional shared expert (a `GatedFFN`) and its gate [1, dim] float32."""
 
     def __init__(self, router: Tensor, gate_up: Tensor, down: Tensor, top_k: int, normalize: bool,
-                 shared: tuple[nn.Module, nn.Module, Tensor] | None = None) -> None:
+                 shared: tuple[nn.Module, Tensor] | None = None) -> None:
         super().__init__()
         self.router, self.gate_up, self.down = router, gate_up, down
         self.top_k, self.normalize = top_k, normalize
-        self.shared_gate_up, self.shared_down, self.shared_gate = shared if shared is not None else (None, None, None)
+        self.shared, self.shared_gate = shared if shared is not None else (None, None)
 
     @property
     def n_experts(self) -> int:
@@ -53,8 +55,9 @@ class Experts(nn.Module):
 
     def forward(self, h: Tensor, pieces: tuple[int, ...] | None = None) -> Tensor:
         """h: [B, T, dim] (the FFN norm's output) -> [B, T, dim] in the experts' dtype. pieces (a
-        prompt's blocks, engine/weights.py `in_pieces`) are not needed: each expert's product
-        takes the tokens routed to it whatever their number."""
+        prompt's blocks, engine/weights.py `in_pieces`) are not needed by the routed experts (each
+        expert's product takes the tokens routed to it whatever their number); the shared expert's
+        linears take them as a dense FFN's do."""
         shape = h.shape
         flat = h.reshape(-1, shape[-1])
         weights, experts = self.route(flat)
@@ -64,10 +67,10 @@ class Experts(nn.Module):
             out = self._gathered(x, weights, experts)
         else:
             out = self._grouped(x, weights, experts)
-        if self.shared_gate_up is not None:
-            gate, up = self.shared_gate_up(flat).chunk(2, dim=-1)
+        if self.shared is not None:
             scale = torch.sigmoid(F.linear(flat.float(), self.shared_gate))
-            out = out + (self.shared_down(F.silu(gate) * up).float() * scale).to(out.dtype)
+            shared = self.shared(h, pieces).reshape(flat.shape).float() * scale
+            out = out + shared.to(out.dtype)
         return out.view(shape)
 
     def _gathered(self, x: Tensor, weights: Tensor, experts: Tensor) -> Tensor:
@@ -75,7 +78,7 @@ class Experts(nn.Module):
         chosen = experts.reshape(-1)
         rows = x.repeat_interleave(k, dim=0).unsqueeze(-1)  # [N*k, dim, 1]
         gate, up = torch.bmm(self.gate_up[chosen], rows).squeeze(-1).chunk(2, dim=-1)
-        y = torch.bmm(self.down[chosen], (F.silu(gate) * up).unsqueeze(-1)).squeeze(-1)  # [N*k, dim]
+        y = torch.bmm(self.down[chosen], _act(gate, up).unsqueeze(-1)).squeeze(-1)  # [N*k, dim]
         y = y.float() * weights.reshape(-1, 1)
         return y.view(n, k, -1).sum(dim=1).to(x.dtype)
 
@@ -86,6 +89,11 @@ class Experts(nn.Module):
         rows = order // k
         ends = torch.bincount(chosen, minlength=self.n_experts).cumsum(0).to(torch.int32)
         gate, up = torch._grouped_mm(x[rows], self.gate_up.transpose(1, 2), offs=ends).chunk(2, dim=-1)
-        y = torch._grouped_mm(F.silu(gate) * up, self.down.transpose(1, 2), offs=ends)  # [N*k, dim]
+        y = torch._grouped_mm(_act(gate, up), self.down.transpose(1, 2), offs=ends)  # [N*k, dim]
         y = y.float() * weights.reshape(-1)[order].unsqueeze(-1)
         return torch.zeros(n, x.shape[-1], device=x.device).index_add_(0, rows, y).to(x.dtype)
+
+
+def _act(gate: Tensor, up: Tensor) -> Tensor:
+    """SiLU(gate) * up in float32, rounded once to the products' dtype (theirs take one dtype)."""
+    return (F.silu(gate.float()) * up.float()).to(gate.dtype)

@@ -10,6 +10,7 @@ from gguf import GGMLQuantizationType as Q
 
 from engine import hf_loader
 from engine.gguf_loader import GGUFModel
+from engine.layers import GatedFFN
 from engine.model import Transformer
 from engine.moe import Experts
 from engine.weights import DictSource
@@ -86,13 +87,40 @@ def test_shared_expert_matches_qwen3_next_moe_block():
     with torch.no_grad():
         for p in block.parameters():
             p.normal_(0, 0.3)
-    shared = (DenseLinear(torch.cat([block.shared_expert.gate_proj.weight, block.shared_expert.up_proj.weight]).detach()),
-              DenseLinear(block.shared_expert.down_proj.weight.detach()), block.shared_expert_gate.weight.detach())
+    dense = GatedFFN()
+    dense.w_gate_up = DenseLinear(torch.cat([block.shared_expert.gate_proj.weight, block.shared_expert.up_proj.weight]).detach())
+    dense.w_down = DenseLinear(block.shared_expert.down_proj.weight.detach())
+    shared = (dense, block.shared_expert_gate.weight.detach())
     ours = Experts(block.gate.weight.detach(), block.experts.gate_up_proj.detach(), block.experts.down_proj.detach(),
                    3, True, shared)
     h = torch.randn(2, 5, 64)
     with torch.no_grad():
         torch.testing.assert_close(ours(h), block(h), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("way", ["grouped", "gathered"])
+def test_silu_times_up_is_rounded_once_as_in_the_dense_ffn(way):
+    # bf16 experts: with a one-hot input the gate/up products are the weights' own bf16 values,
+    # and with an identity-like down the output is SiLU(gate) * up as it reached the down product:
+    # computed in float32 and rounded once (a bf16 SiLU, then a bf16 product, rounds twice)
+    dim, inter = 64, 32
+    gen = torch.Generator().manual_seed(7)
+    gate, up = torch.randn(inter, generator=gen).bfloat16(), torch.randn(inter, generator=gen).bfloat16()
+    gate_up = torch.zeros(2, 2 * inter, dim, dtype=torch.bfloat16)
+    gate_up[0, :, 0] = torch.cat([gate, up])
+    down = torch.zeros(2, dim, inter, dtype=torch.bfloat16)
+    down[0, :inter].copy_(torch.eye(inter))
+    router = torch.zeros(2, dim)
+    router[0, 0] = 5.0  # expert 0, weight 1 (top 1, renormalized)
+    experts = Experts(router, gate_up, down, top_k=1, normalize=True)
+    x = torch.zeros(1, dim, dtype=torch.bfloat16)
+    x[0, 0] = 1
+    weights, chosen = experts.route(x)
+    out = (experts._grouped if way == "grouped" else experts._gathered)(x, weights, chosen)
+    once = (torch.nn.functional.silu(gate.float()) * up.float()).bfloat16()
+    assert torch.equal(out[0, :inter], once)
+    twice = torch.nn.functional.silu(gate) * up
+    assert not torch.equal(twice, once)  # the test can tell the two apart
 
 
 def test_only_the_routed_experts_are_read():
