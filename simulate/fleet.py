@@ -137,10 +137,19 @@ class Outcome:
     slots: int = 0  # per worker
 
 
-def prompt_of(index: int, length: int) -> list[int]:
-    """A prompt that shares no prefix with any other (its first id is its own), so no slot's cache
-    is reused by accident (rule 9) and the JSON stays short."""
-    return [index + 1] + [7] * (length - 1)
+SHARED = 10**9  # a shared prefix's first id: beyond every request's own (index + 1)
+MODEL_LEN = 8192  # --max-model-len's default here: the bundled profile's model's (SmolLM2's) own context
+KV_BLOCK = 64  # the torch engine's block (engine/model.py), so prefix reuse ends where it would
+
+
+def prompt_of(index: int, length: int, shared: int = 0, group: int = 0) -> list[int]:
+    """A prompt that shares no prefix with any other (the first id after its class's shared
+    header is its own), so no cached block is reused by accident, and the JSON stays short; the
+    first `shared` tokens are the same for every request of `group` (a system prompt, a few-shot
+    header), which the worker's KV pool then serves from its cached blocks, as in production."""
+    head = ([SHARED + group] + [8] * (shared - 1))[:max(0, min(shared, length - 1))]
+    rest = length - len(head)
+    return head + [index + 1] + [7] * (rest - 1)
 
 
 def run(arrivals: Sequence[Arrival], client: redis.Redis, settings: WorkerSettings, profile: CostProfile, *,
@@ -166,7 +175,10 @@ def _serve(arrivals: Sequence[Arrival], client: redis.Redis, settings: WorkerSet
     queue = QueueState()
     fleet = []
     for n in range(workers):
-        engine = FakeEngine(num_slots=settings.parallel, ctx=settings.ctx, profile=profile)
+        # the worker's paged KV pool, as `strata worker` builds it: --kv-tokens in 64-token blocks,
+        # admission by memory, prefix blocks shared (workers/kv_pool.py does the bookkeeping)
+        engine = FakeEngine(num_slots=settings.parallel, ctx=settings.max_model_len or MODEL_LEN, profile=profile,
+                            kv_tokens=settings.pool_tokens(), kv_block=KV_BLOCK)
         claims = WatchedClaims(client, MODEL, f"sim-{n}", retention_s=settings.retention_s,
                                lease_ms=settings.lease_ms if exact_reports else LONG_LEASE_MS,
                                max_attempts=settings.max_attempts, ended=ended, exact=exact_reports, queue=queue)
@@ -194,7 +206,7 @@ def _serve(arrivals: Sequence[Arrival], client: redis.Redis, settings: WorkerSet
         while i < len(arrivals) and arrivals[i].at_ms <= now:
             a = arrivals[i]
             request = QueuedRequest(id=a.id, priority=0 if ignore_priority else a.priority,
-                                    prompt=prompt_of(i, a.prompt_tokens), max_tokens=a.max_tokens, ignore_eos=True,
+                                    prompt=prompt_of(i, a.prompt_tokens, a.shared_prefix_tokens, a.group), max_tokens=a.max_tokens, ignore_eos=True,
                                     temperature=0)
             if replay.enqueue(request, a.at_ms, a.queue_timeout_ms):
                 pending.add(a.id)

@@ -98,6 +98,8 @@ class TrafficClass(BaseModel):
     prompt_tokens: Lengths
     max_tokens: Lengths
     queue_timeout_s: float | None = Field(None, gt=0)
+    shared_prefix_tokens: int = Field(0, ge=0, description="the first N prompt tokens are the same for every "
+                                                           "request of the class (a system prompt, a few-shot header)")
     start_s: float = Field(0.0, ge=0, description="Poisson arrivals begin then")
     stop_s: float | None = Field(None, gt=0, description="Poisson arrivals end then (default: duration_s)")
 
@@ -149,6 +151,8 @@ class Arrival:
     max_tokens: int
     queue_timeout_ms: int | None
     name: str  # its traffic class
+    shared_prefix_tokens: int = 0  # its first tokens, the same for every request of `group`
+    group: int = 0
 
 
 def load(path: Path) -> WorkloadFile:
@@ -228,7 +232,7 @@ def arrivals(workload: WorkloadFile, seed: int | None = None) -> list[Arrival]:
         timeout = None if cls.queue_timeout_s is None else round(cls.queue_timeout_s * 1000)
         for n, at in enumerate(times):
             arrival = Arrival(f"{cls.name}-{n}", round(at * 1000), cls.priority, cls.prompt_tokens.draw(rng),
-                              cls.max_tokens.draw(rng), timeout, cls.name)
+                              cls.max_tokens.draw(rng), timeout, cls.name, cls.shared_prefix_tokens, c)
             out.append((arrival.at_ms, c, n, arrival))
     for n, req in enumerate(workload.requests):
         timeout = None if req.queue_timeout_s is None else round(req.queue_timeout_s * 1000)

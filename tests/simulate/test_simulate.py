@@ -139,3 +139,41 @@ def test_the_loop_s_step_overhead_is_charged_once_per_busy_step(redis_client):
         times[overhead] = (int(record["first_token_ms"]), int(record["finished_ms"]), record["completion_tokens"])
     assert times[0.0] == (4, 4 + 4 * 10, "5")  # a 4-token read, then four 10 ms decode steps
     assert times[3.0] == (3 + 4, 3 + 4 + 4 * (3 + 10), "5")
+
+
+def _ttft(outcome, rid: str) -> int:
+    record = outcome.records[rid]
+    return int(record["first_token_ms"]) - int(record["enqueued_ms"])
+
+
+def test_the_simulated_pool_serves_a_shared_prefix_from_its_cached_blocks(redis_client):
+    # one request reads a 1 500-token header; two more with it, arriving together later, read
+    # only what follows the header's last full 64-token block (1 472 tokens cached)
+    arrivals = [Arrival(rid, at, 0, 1570, 4, None, "agent", 1500, 0)
+                for rid, at in (("first", 0), ("second", 20_000), ("third", 20_000))]
+    outcome = fleet.run(arrivals, redis_client, WorkerSettings(parallel=2, prefill_chunk=256), FLAT)
+    first = _ttft(outcome, "first")
+    assert first >= 1570  # 1 ms a prompt token, read whole
+    for rid in ("second", "third"):
+        assert _ttft(outcome, rid) <= 0.3 * first, (rid, _ttft(outcome, rid), first)
+    # without the header shared, each reads its whole prompt
+    redis_client.flushdb()
+    alone = [Arrival(a.id, a.at_ms, 0, 1570, 4, None, "agent") for a in arrivals]
+    outcome = fleet.run(alone, redis_client, WorkerSettings(parallel=2, prefill_chunk=256), FLAT)
+    assert all(_ttft(outcome, a.id) >= 1570 for a in alone)
+
+
+def test_the_simulated_pool_admits_by_memory_and_a_waiting_head_is_not_overtaken(redis_client):
+    # 16 blocks of 64: two running requests reserve 6 each; the urgent one needs 9 and waits for
+    # one to end; a small one behind it would fit in the 4 left but does not overtake it
+    arrivals = [Arrival("a", 0, 0, 300, 60, None, "t"), Arrival("b", 0, 0, 300, 60, None, "t"),
+                Arrival("urgent", 100, 9, 500, 20, None, "t"), Arrival("small", 200, 0, 50, 10, None, "t")]
+    outcome = fleet.run(arrivals, redis_client, WorkerSettings(parallel=4, prefill_chunk=256, kv_tokens=1024), FLAT)
+    r = outcome.records
+    assert all(r[rid]["status"] == "finished" for rid in ("a", "b", "urgent", "small"))
+    assert int(r["urgent"]["claimed_ms"]) >= min(int(r["a"]["finished_ms"]), int(r["b"]["finished_ms"]))
+    assert int(r["small"]["claim_seq"]) > int(r["urgent"]["claim_seq"])
+    # with room for all (the default pool, --parallel x --ctx) nobody waits for memory
+    redis_client.flushdb()
+    outcome = fleet.run(arrivals, redis_client, WorkerSettings(parallel=4, prefill_chunk=256), FLAT)
+    assert int(outcome.records["urgent"]["claimed_ms"]) < int(outcome.records["a"]["finished_ms"])
