@@ -1,7 +1,7 @@
 """Decode and prompt speed of the newer families on random-weight models of a real checkpoint's
 layer shapes, with fewer layers (and experts) so they fit this shared machine:
 
-    .venv/bin/python -m bench.models_speed [--family qwen3moe gemma3 dense] [--steps 8]
+    .venv/bin/python -m bench.models_speed [--family qwen3moe gemma3 dense qwen3next] [--steps 8]
 
 - qwen3moe: Qwen3-30B-A3B's layer (dim 2048, 32 heads / 4 kv of 128, 8 of the experts of
   768 each per token), 32 experts instead of 128, 4 layers instead of 48, vocabulary 32 000.
@@ -9,11 +9,18 @@ layer shapes, with fewer layers (and experts) so they fit this shared machine:
   layer global), 6 layers instead of 26, vocabulary 32 000.
 - dense: a Qwen3 layer of the MoE's active size (FFN 8 x 768 = 6144), 4 layers: what the MoE's
   routing and gathering cost beside a dense FFN of the same arithmetic.
+- qwen3next: Qwen3-Next-80B-A3B's layers (dim 2048; Gated DeltaNet of 16 key / 32 value heads of
+  128, kernel 4; gated attention of 16 heads / 2 kv of 256, RoPE on 64 dims; 10 of the experts
+  of 512 each per token and a shared expert of 512), 32 experts instead of 512, 4 layers (3
+  DeltaNet, 1 attention, its 3:1 pattern) instead of 48, vocabulary 32 000.
 
 Model level (no tokenizer, no worker), eager, CPU bf16 as `strata serve` builds a Q8_0 file
-(bf16 oneDNN-prepacked linears, bf16 experts, float32 routing and attention): decode tok/s at
-1 and 4 rows over ~200 cached tokens, prompt tok/s of one 512-token chunk. Random weights: speed
-only. Not asserted; the cores are shared, so compare numbers measured in one run."""
+(bf16 oneDNN-prepacked linears where the CPU has them, bf16 experts, float32 routing, attention
+and recurrent state): decode tok/s at 1 and 4 rows over ~200 cached tokens, prompt tok/s of one
+512-token chunk (bench/step_timing.py's loop, shared with bench/quant_speed.py). Random weights:
+speed only. Not asserted; the cores are shared, so compare numbers measured in one run.
+llama-server beside it on the same shapes needs a GGUF of them and /work/llbuild's build (not
+finished this session): not done here."""
 
 from __future__ import annotations
 
@@ -22,7 +29,9 @@ import time
 
 import torch
 
-from engine.model import CacheIndex, ModelConfig, Transformer
+from bench.step_timing import measure
+from engine.deltanet import DeltaNetShape
+from engine.model import ModelConfig, Transformer
 from engine.weights import DictSource
 
 CONTEXT, PROMPT = 200, 512
@@ -42,6 +51,11 @@ def config(family: str) -> tuple[ModelConfig, int, int]:
                            sliding_layers=tuple((i + 1) % 6 != 0 for i in range(6)), rope_theta=1e6,
                            rope_local_theta=1e4, attn_scale=256 ** -0.5, embed_scale=1152 ** 0.5,
                            activation="gelu_tanh"), 0, 0
+    if family == "qwen3next":
+        return ModelConfig(dim=2048, n_layers=4, n_heads=16, n_kv_heads=2, head_dim=256, hidden_dim=512,
+                           vocab_size=32000, qk_norm=True, n_experts_used=10, tie_embeddings=False, rope_theta=1e7,
+                           linear_layers=(True, True, True, False), rotary_dim=64, attn_gate=True,
+                           linear=DeltaNetShape(n_k_heads=16, n_v_heads=32, k_dim=128, v_dim=128, kernel=4)), 32, 512
     raise ValueError(family)
 
 
@@ -56,9 +70,20 @@ def random_weights(cfg: ModelConfig, experts: int, expert_ffn: int) -> dict[str,
         w["output"] = rand(cfg.vocab_size, cfg.dim)
     for i in range(cfg.n_layers):
         p = f"layers.{i}."
-        w |= {p + "attn_norm": torch.ones(cfg.dim), p + "ffn_norm": torch.ones(cfg.dim),
-              p + "q": rand(cfg.q_size, cfg.dim), p + "k": rand(cfg.kv_size, cfg.dim), p + "v": rand(cfg.kv_size, cfg.dim),
-              p + "o": rand(cfg.dim, cfg.q_size)}
+        w |= {p + "attn_norm": torch.ones(cfg.dim), p + "ffn_norm": torch.ones(cfg.dim)}
+        if cfg.is_linear(i):
+            s = cfg.linear
+            assert s is not None
+            w |= {p + "lin_qkv": rand(s.conv_dim, cfg.dim), p + "lin_z": rand(s.value_size, cfg.dim),
+                  p + "lin_b": rand(s.n_v_heads, cfg.dim), p + "lin_a": rand(s.n_v_heads, cfg.dim),
+                  p + "lin_conv": rand(s.conv_dim, s.kernel).float(), p + "lin_dt_bias": torch.ones(s.n_v_heads),
+                  p + "lin_a_neg": -torch.ones(s.n_v_heads), p + "lin_norm": torch.ones(s.v_dim),
+                  p + "lin_out": rand(cfg.dim, s.value_size)}
+        else:
+            w |= {p + "q": rand(cfg.q_size, cfg.dim), p + "k": rand(cfg.kv_size, cfg.dim),
+                  p + "v": rand(cfg.kv_size, cfg.dim), p + "o": rand(cfg.dim, cfg.q_size)}
+            if cfg.attn_gate:
+                w[p + "q_gate"] = rand(cfg.q_size, cfg.dim)
         if cfg.qk_norm:
             w |= {p + "q_norm": torch.ones(cfg.head_dim), p + "k_norm": torch.ones(cfg.head_dim)}
         if cfg.embed_scale != 1.0:  # Gemma's post norms
@@ -66,6 +91,9 @@ def random_weights(cfg: ModelConfig, experts: int, expert_ffn: int) -> dict[str,
         if experts:
             w |= {p + "router": rand(experts, cfg.dim).float(), p + "experts_gate": rand(experts, expert_ffn, cfg.dim),
                   p + "experts_up": rand(experts, expert_ffn, cfg.dim), p + "experts_down": rand(experts, cfg.dim, expert_ffn)}
+            if cfg.linear is not None:  # Qwen3-Next's shared expert, as large as one routed expert
+                w |= {p + "shared_gate": rand(expert_ffn, cfg.dim), p + "shared_up": rand(expert_ffn, cfg.dim),
+                      p + "shared_down": rand(cfg.dim, expert_ffn), p + "shared_router": rand(1, cfg.dim).float()}
         else:
             w |= {p + "gate": rand(cfg.hidden_dim, cfg.dim), p + "up": rand(cfg.hidden_dim, cfg.dim),
                   p + "down": rand(cfg.dim, cfg.hidden_dim)}
@@ -80,28 +108,11 @@ def run(family: str, batches: list[int], steps: int) -> None:
     slots = max(batches)
     model.allocate_cache(slots, CONTEXT + PROMPT + steps + 8)
     print(f"{family}: forms {model.forms}, built in {time.perf_counter() - started:.1f}s")
-    gen = torch.Generator().manual_seed(0)
-    with torch.inference_mode():
-        for s in range(slots):  # ~200 tokens of context in every slot
-            ids = torch.randint(0, cfg.vocab_size, (1, CONTEXT), generator=gen)
-            model(ids, CacheIndex.for_slots([s], torch.arange(CONTEXT).unsqueeze(0), CONTEXT))
-        for batch in batches:
-            rows = list(range(batch))
-            tokens = torch.randint(0, cfg.vocab_size, (batch, 1), generator=gen)
-            times = []
-            for step in range(steps + 1):
-                pos = torch.full((batch, 1), CONTEXT + step)
-                started = time.perf_counter()
-                h = model(tokens, CacheIndex.for_slots(rows, pos, 256 * ((CONTEXT + step) // 256 + 1)))
-                tokens = model.logits(h).argmax(-1, keepdim=True)
-                times.append(time.perf_counter() - started)
-            per_step = sorted(times[1:])[len(times[1:]) // 2]
-            print(f"  decode B={batch}: {batch / per_step:.1f} tok/s ({per_step * 1000:.0f} ms a step, median of {steps})")
-        ids = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=gen)
-        start = CONTEXT + steps + 1
-        started = time.perf_counter()
-        model(ids, CacheIndex.for_slots([0], torch.arange(start, start + PROMPT).unsqueeze(0), start + PROMPT))
-        print(f"  prompt: {PROMPT / (time.perf_counter() - started):.1f} tok/s (one {PROMPT}-token chunk)")
+    decode, read = measure(model, batches, steps, CONTEXT, PROMPT)
+    for batch, step in decode.items():
+        print(f"  decode B={batch}: {step.per_second(batch):.1f} tok/s ({step.wall_s * 1000:.0f} ms a step, "
+              f"median of {steps})")
+    print(f"  prompt: {read.per_second(PROMPT):.1f} tok/s (one {PROMPT}-token chunk)")
 
 
 def main() -> None:

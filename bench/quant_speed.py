@@ -4,9 +4,9 @@ written in one of llama.cpp's mixes (tests/helpers/quant_models.py's recipes):
 
     .venv/bin/python -m bench.quant_speed --mix Q4_K_M [--batches 1 4] [--steps 8]
 
-Model level (no tokenizer, no worker), eager, CPU bf16 as `strata serve` builds it (int4 for
-Q4_0/Q4_1 matrices without their bf16 prefill copy, which alone would be 3.4 GB here: more than
-this shared machine gives one developer): decode tok/s at each batch size over 64 cached
+Model level (no tokenizer, no worker), eager, bench/step_timing.py's loop, CPU bf16 as `strata
+serve` builds it (int4 for Q4_0/Q4_1 matrices without their bf16 prefill copy, which alone would
+be 3.4 GB here: more than this shared machine gives one developer): decode tok/s at each batch size over 64 cached
 tokens, prompt tok/s of one 128-token chunk, the weight bytes the model holds against the file's
 tensor bytes, and RSS. The file is written once under the temporary folder and reused. Random
 weights: speed only, the text means nothing. Not asserted; the cores are shared, so compare
@@ -21,10 +21,11 @@ from pathlib import Path
 
 import torch
 
+from bench.step_timing import measure
 from engine.gguf_loader import GGUFModel
-from engine.model import CacheIndex, Transformer
+from engine.load import release_freed_memory
+from engine.model import Transformer
 from engine.quants.blocks import held_bytes
-from engine.runner import release_freed_memory
 from tests.helpers.quant_models import Shape, write_mix
 
 SHAPES = {"smollm2-1.7b": Shape(dim=2048, hidden=8192, layers=24, heads=32, kv=32, vocab=49152),
@@ -73,31 +74,12 @@ def main() -> None:
     model.allocate_cache(slots, 255)  # one decode span (256) of positions, ~100 MiB a slot at this shape
     print(f"{args.mix} {args.shape}: forms {model.forms}, load {load_s:.1f}s, held {held / 2**20:.0f} MiB "
           f"/ file tensors {file_bytes / 2**20:.0f} MiB = {held / file_bytes:.3f}x, {rss()}")
-    gen = torch.Generator().manual_seed(0)
-    with torch.inference_mode():
-        for s in range(slots):  # 64 tokens of context in every slot
-            ids = torch.randint(0, source.config.vocab_size, (1, CONTEXT), generator=gen)
-            model(ids, CacheIndex.for_slots([s], torch.arange(CONTEXT).unsqueeze(0), CONTEXT))
-        for batch in args.batches:
-            rows = list(range(batch))
-            tokens = torch.randint(0, source.config.vocab_size, (batch, 1), generator=gen)
-            times, cpu = [], []
-            for step in range(args.steps + 1):
-                pos = torch.full((batch, 1), CONTEXT + step)
-                started, used = time.perf_counter(), time.process_time()
-                h = model(tokens, CacheIndex.for_slots(rows, pos, 256))
-                tokens = model.logits(h).argmax(-1, keepdim=True)
-                times.append(time.perf_counter() - started)
-                cpu.append(time.process_time() - used)
-            per_step, cpu_step = sorted(times[1:])[len(times[1:]) // 2], sorted(cpu[1:])[len(cpu[1:]) // 2]
-            print(f"  decode B={batch}: {batch / per_step:.2f} tok/s ({per_step * 1000:.0f} ms a step wall, "
-                  f"{cpu_step * 1000:.0f} ms CPU (all threads), median of {args.steps})")
-        ids = torch.randint(0, source.config.vocab_size, (1, PROMPT), generator=gen)
-        start = CONTEXT + args.steps + 1
-        started, used = time.perf_counter(), time.process_time()
-        model(ids, CacheIndex.for_slots([0], torch.arange(start, start + PROMPT).unsqueeze(0), start + PROMPT))
-        print(f"  prompt: {PROMPT / (time.perf_counter() - started):.1f} tok/s (one {PROMPT}-token chunk; "
-              f"{(time.process_time() - used) * 1000 / PROMPT:.1f} ms CPU a token)")
+    decode, read = measure(model, args.batches, args.steps, CONTEXT, PROMPT)
+    for batch, step in decode.items():
+        print(f"  decode B={batch}: {step.per_second(batch):.2f} tok/s ({step.wall_s * 1000:.0f} ms a step wall, "
+              f"{step.cpu_s * 1000:.0f} ms CPU (all threads), median of {args.steps})")
+    print(f"  prompt: {read.per_second(PROMPT):.1f} tok/s (one {PROMPT}-token chunk; "
+          f"{read.cpu_s * 1000 / PROMPT:.1f} ms CPU a token)")
     print(f"  after: {rss()}")
 
 

@@ -4,10 +4,11 @@
 tokens across positions and owns the layer's per-slot state: `Attention` (K/V buffers) today; a
 sliding-window layer is an `Attention` with a `window`, which reads the step's sliding-window
 mask and local RoPE rows (Gemma 3), and a recurrent layer is another mixer with its own state
-buffers beside the attention layers' K/V (Qwen3-Next's `engine.deltanet.GatedDeltaNet`). The FFN is `GatedFFN` (SwiGLU, or Gemma's GELU) or
-the experts of an MoE layer (`engine.moe.Experts`, set by `Transformer.build`). Every layer runs on the step's `StepInputs`
-(engine/step.py), built once a step, and on its own state as the step sees it, so the one layer
-loop (`step.run_layers`) serves eager, compiled, exported and CUDA-graphed running alike.
+buffers beside the attention layers' K/V (Qwen3-Next's `engine.deltanet.GatedDeltaNet`). The
+FFN is `GatedFFN` (SwiGLU, or Gemma's GELU) or the experts of an MoE layer (`engine.moe.Experts`,
+set by `Transformer.build`). Every layer runs on the step's `StepInputs` (engine/step.py), built
+once a step, and on its own state as the step sees it, so the one layer loop (`step.run_layers`)
+serves eager, compiled, exported and CUDA-graphed running alike.
 
 A mixer declares its state in `STATE`: each buffer's attribute name and which of its dims follow
 the slot count ("slots", dim 0 of a buffer kept per slot) or the pool's size ("tokens": the K/V
