@@ -292,3 +292,25 @@ def test_bf16_from_a_q8_0_gguf_stays_close(tmp_path):
     model.allocate_cache(num_slots=4, ctx=256)
     assert model.layers[0].mixer.ssm_state.dtype == torch.float32
     check_prefill_and_decode(hf, model, atol=0.1)
+
+
+def test_loaded_as_a_worker_loads_it_prompt_lookup_stays_off(tiny_model, tmp_path):
+    # load_engine (a worker's loader) on an HF folder with SmolLM2's tokenizer: on the CPU with two
+    # slots prompt lookup is on by default, but not for a model whose state cannot take a guess back
+    import shutil
+
+    from engine.load import load_engine
+
+    hf = qwen3_next()
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    for name in tiny_model.iterdir():
+        if "token" in name.name or name.name.endswith((".jinja", ".txt")) and "vocab" not in name.name:
+            shutil.copy(name, tmp_path / name.name)
+    engine = load_engine(tmp_path, num_slots=2, ctx=256, dtype="float32", compile=False)
+    assert not engine.rewinds and not engine.prompt_lookup
+    prompt = _prompt(20, 8)
+    engine.begin(1, SamplingParams(temperature=0.0))
+    tokens = [engine.read(1, prompt, sample=True)]
+    for _ in range(3):
+        tokens += engine.decode([1], [tokens[-1]])[0]
+    assert tokens == hf_greedy(hf, prompt, 4)
