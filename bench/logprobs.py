@@ -2,17 +2,19 @@
 asking for them costs a decode step.
 
     .venv/bin/python -m bench.logprobs --precision [--tokens 32] [--prompts 12]
-    .venv/bin/python -m bench.logprobs --speed [--steps 48] [--rounds 3]
+    .venv/bin/python -m bench.logprobs --speed [--steps 48] [--rounds 3] [--compiled]
 
 --precision: for bench.precision's chat prompts, the default engine (bf16 activations, int4
 linears, int8 head with its exact top rows) decodes greedily with logprobs; each sampled token's
 logprob is compared with log_softmax of the float32 engine's logits at the same position, fed the
 same tokens (teacher-forced), and so are the prompt's own tokens (echo scoring, read in chunks
-of 64). Prints max and mean |delta| for both, and the largest error the int8 head alone makes in
-the normaliser and the top-20 logprobs (the head's logits against the file's float32 rows times
-the same residual).
+of 64). Prints max and mean |delta| for both, and the largest error in the normaliser and the
+top-20 logprobs of the int8 head alone and of the rows that ask for logprobs (every logit
+recomputed from the file's rows, engine/exact_head.py), against the file's float32 rows times the
+same residual.
 --speed: decode tokens/s with logprobs off and on (top 5), alternating --rounds times, at 1 and 8
-slots, eager, one run: each pair's ratio and their median.
+slots, one run: each pair's ratio and their median. Eager, or with --compiled the default step
+(the packages compiled ahead of time, built first if not cached).
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ import time
 import torch
 
 
-def _default():
+def _default(compiled: bool = False):
     from engine import load_engine
 
-    return load_engine(None, num_slots=8, ctx=1024, threads=2, compile=False, prompt_lookup=False)
+    return load_engine(None, num_slots=8, ctx=1024, threads=2, compile=compiled, prompt_lookup=False)
 
 
 def _engines():
@@ -74,36 +76,51 @@ def precision(tokens: int, prompts: int) -> None:
 
 def head_normaliser(default, reference, prompts: list[list[int]]) -> None:
     """The head's share alone: the default engine's own residuals h, its head's logits (int8, the
-    candidates for the top recomputed exactly) against h times the file's float32 rows. The
-    difference of their log-sum-exp is the normaliser's error; the top-20 logprobs' too."""
+    candidates for the top recomputed exactly; and a scored row's, every logit recomputed) against
+    h times the file's float32 rows. The difference of their log-sum-exp is the normaliser's error;
+    the top-20 logprobs' too."""
     from engine.model import CacheIndex
 
     exact_rows = reference.model.head.weight  # float32 [V, dim]: the file's rows dequantized
-    worst_lse = worst_top = 0.0
+    from engine.weights import HeadBound
+
+    worst = {"int8 head": [0.0, 0.0], "scored rows": [0.0, 0.0]}
+    bounds, errors = [], []  # the int8 head's per-logit bound (HeadBound) and its error, every logit
     rows = 0
     for ids in prompts:
         index = CacheIndex.for_slots([0], torch.arange(len(ids)).unsqueeze(0), len(ids))
         with torch.inference_mode():
             h = default.model.forward_all(torch.tensor([ids]), index)[0]
-            head = default.model.logits(h)
-            exact = h.float() @ exact_rows.t()
-        lse_head, lse_exact = torch.logsumexp(head, -1), torch.logsumexp(exact, -1)
-        worst_lse = max(worst_lse, float((lse_head - lse_exact).abs().max()))
+            exact = h.double() @ exact_rows.double().t()
+            heads = {"int8 head": default.model.logits(h.clone()),
+                     "scored rows": default.model.logits(h.clone(), scored=torch.ones(len(ids), dtype=torch.bool))}
+            cheap = default.model.head_logits(h.clone())[0].double()
+            bound = default.model.head_bound.coefficients(h, h.to(torch.bfloat16)) @ default.model.head_bound.table
+            bound = bound.double() + HeadBound.ROUNDING * cheap.abs()
+        bounds.append(bound.flatten())
+        errors.append((cheap - exact).abs().flatten())
         top = torch.topk(exact, 20, dim=-1).indices
-        delta = (torch.log_softmax(head, -1).gather(1, top) - torch.log_softmax(exact, -1).gather(1, top)).abs()
-        worst_top = max(worst_top, float(delta.max()))
+        for name, head in heads.items():
+            head = head.double()
+            lse = float((torch.logsumexp(head, -1) - torch.logsumexp(exact, -1)).abs().max())
+            delta = (torch.log_softmax(head, -1).gather(1, top) - torch.log_softmax(exact, -1).gather(1, top)).abs()
+            worst[name] = [max(worst[name][0], lse), max(worst[name][1], float(delta.max()))]
         rows += len(ids)
-    print(f"int8 head, {rows} positions: normaliser max |delta| {worst_lse:.2e}, top-20 logprobs max |delta| {worst_top:.2e}")
+    bound, error = torch.cat(bounds), torch.cat(errors)
+    print(f"int8 head's logits before the exact top: bound mean {bound.mean():.3f} max {bound.max():.3f}, "
+          f"error mean {error.mean():.3f} max {error.max():.3f}")
+    for name, (lse, top20) in worst.items():
+        print(f"{name}, {rows} positions: normaliser max |delta| {lse:.2e}, top-20 logprobs max |delta| {top20:.2e}")
 
 
-def speed(steps: int, rounds: int) -> None:
+def speed(steps: int, rounds: int, compiled: bool) -> None:
     """Off and on alternate, `rounds` times each, in one run: a load that drifts (the cores are
     shared) touches both alike; the ratio of each pair and their median are printed."""
     import statistics
 
     from engine.protocol import SamplingParams
 
-    default = _default()  # no float32 reference: speed needs none
+    default = _default(compiled)  # no float32 reference: speed needs none
     prompt = default.tokenizer.encode("The history of the city begins")
 
     def rate(rows: int, logprobs: int | None) -> float:
@@ -123,7 +140,7 @@ def speed(steps: int, rounds: int) -> None:
         pairs = [(rate(rows, None), rate(rows, 5)) for _ in range(rounds)]
         ratios = [off / on for off, on in pairs]
         shown = ", ".join(f"{off:.1f}/{on:.1f}" for off, on in pairs)
-        print(f"{rows} slots, {steps} steps x {rounds} rounds: tok/s off/on {shown}; off/on each "
+        print(f"{'compiled' if compiled else 'eager'}, {rows} slots, {steps} steps x {rounds} rounds: tok/s off/on {shown}; off/on each "
               f"{', '.join(f'{r:.3f}' for r in ratios)}, median {statistics.median(ratios):.3f}x "
               f"(load average {', '.join(f'{x:.1f}' for x in __import__('os').getloadavg())})", flush=True)
 
@@ -136,11 +153,12 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=12, help="how many of bench.precision's prompts")
     parser.add_argument("--steps", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=3, help="--speed: off/on pairs, alternating")
+    parser.add_argument("--compiled", action="store_true", help="--speed: the default step, not eager")
     args = parser.parse_args()
     if args.precision:
         precision(args.tokens, args.prompts)
     if args.speed:
-        speed(args.steps, args.rounds)
+        speed(args.steps, args.rounds, args.compiled)
 
 
 if __name__ == "__main__":

@@ -121,12 +121,12 @@ class CompiledDecode:
         return torch.compile(self.model.head_step, fullgraph=True, dynamic=None)
 
     def __call__(self, tokens: Tensor, slots: Tensor, positions: Tensor, span: int,
-                 allowed: Tensor | None = None) -> Tensor:
+                 allowed: Tensor | None = None, scored: Tensor | None = None) -> Tensor:
         """tokens, slots, positions: [B] long -> logits [B, V] float32 (Transformer.logits';
-        allowed: constrained rows' tokens, `Transformer.exact_top`)."""
+        allowed: constrained rows' tokens, scored: rows asking for logprobs, `Transformer.exact_top`)."""
         if self.graphs is not None:
-            return self.graphs(tokens, slots, positions, span, allowed)
-        return self.model.exact_top(*self.step(tokens, slots, positions, span), allowed)
+            return self.graphs(tokens, slots, positions, span, allowed, scored)
+        return self.model.exact_top(*self.step(tokens, slots, positions, span), allowed, scored)
 
     def step(self, tokens: Tensor, slots: Tensor, positions: Tensor, span: int,
              scratch: list[tuple[Tensor, ...]] | None = None) -> HeadOut:

@@ -76,9 +76,9 @@ class GraphedDecode:
         self._pool: object = None
 
     def __call__(self, tokens: Tensor, slots: Tensor, positions: Tensor, span: int,
-                 allowed: Tensor | None = None) -> Tensor:
+                 allowed: Tensor | None = None, scored: Tensor | None = None) -> Tensor:
         """tokens, slots, positions: [n] long -> logits [n, V] float32 (Transformer.logits'), a
-        view of the recording's output: read it before the next step."""
+        view of the recording's output: read it before the next step (allowed, scored: exact_top's)."""
         n = tokens.shape[0]
         rows = next(r for r in self.rows if r >= n)
         graph = self.graphs.get((rows, span)) or self._record(rows, span)
@@ -88,7 +88,7 @@ class GraphedDecode:
         self.positions[:n].copy_(positions)
         replay, (h, logits, candidates) = graph
         replay()
-        return self.model.exact_top(h[:n], logits[:n], None if candidates is None else candidates[:n], allowed)
+        return self.model.exact_top(h[:n], logits[:n], None if candidates is None else candidates[:n], allowed, scored)
 
     def warm(self) -> float:
         """Record every (rows, span) bucket now. Returns the seconds it took."""

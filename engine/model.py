@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from engine import kv_dtype
 from engine.deltanet import DeltaNetShape, GatedDeltaNet
 from engine.layers import Attention, Block, GatedFFN
+from engine.exact_head import exact_logits
 from engine.memory import ensure_kv_fits
 from engine.moe import Experts
 from engine.quants.blocks import INT4_TYPES, INT8_HEAD_TYPES, QuantLinear, QuantRows
@@ -521,8 +522,8 @@ class Transformer(nn.Module):
         h = self.last_normed(x)
         return (h, *self.head_logits(h))
 
-    def logits(self, h: Tensor, allowed: Tensor | None = None) -> Tensor:
-        """h: [B, dim] float32 (from `forward`) -> logits [B, V] float32 (allowed: `exact_top`'s).
+    def logits(self, h: Tensor, allowed: Tensor | None = None, scored: Tensor | None = None) -> Tensor:
+        """h: [B, dim] float32 (from `forward`) -> logits [B, V] float32 (allowed, scored: `exact_top`'s).
 
         A low-precision head is off by up to its `HeadBound` on each logit (int8 weights: up to
         ~0.8 at SmolLM2's logits of 15-30; bf16 rounding of the output alone puts values 1/8
@@ -538,7 +539,7 @@ class Transformer(nn.Module):
         |c_n| <= |c_j| + c_j - c_n, so it suffices that
             (1 - u) c_n + Q_n >= c_j - Q_j - u (2|c_j| + c_j),
         whose left side is one addmm over the vocabulary."""
-        return self.exact_top(h, *self.head_logits(h), allowed)
+        return self.exact_top(h, *self.head_logits(h), allowed, scored)
 
     def head_logits(self, h: Tensor) -> tuple[Tensor, Tensor | None]:
         """h: [B, dim] -> the head's logits [B, V] float32 and, for a low-precision head, the
@@ -556,16 +557,24 @@ class Transformer(nn.Module):
         return logits, lhs >= c_top - q_top - u * (2 * c_top.abs() + c_top)
 
     def exact_top(self, h: Tensor, logits: Tensor, candidates: Tensor | None,
-                  allowed: Tensor | None = None) -> Tensor:
+                  allowed: Tensor | None = None, scored: Tensor | None = None) -> Tensor:
         """The candidates' logits recomputed in float32 from the file's exact rows (in place).
         allowed: [B, V] bool, the tokens a constrained row may take (engine/grammar.py; a free row
         all True): the candidates computed around the head's top token could all be forbidden, so
-        a constrained row's are computed again around its top *allowed* token, among the allowed."""
+        a constrained row's are computed again around its top *allowed* token, among the allowed.
+        scored: [B] bool, the rows that ask for logprobs: every logit of theirs recomputed
+        (engine/exact_head.py), so their normaliser and top entries are exact too."""
         if candidates is not None and self.head_rows is not None:
             if allowed is not None and self.head_bound is not None:
                 candidates = self._candidates_among(h, logits, candidates, allowed)
+            if scored is not None:
+                candidates = candidates & ~scored.unsqueeze(1)
             rows, cols = candidates.nonzero(as_tuple=True)
-            logits[rows, cols] = (h[rows] * self.head_rows(cols)).sum(-1)
+            if rows.numel():
+                logits[rows, cols] = (h[rows] * self.head_rows(cols)).sum(-1)
+            if scored is not None and bool(scored.any()):
+                rows = scored.nonzero().squeeze(1)
+                logits[rows] = exact_logits(self.head_rows, h[rows], logits.shape[1])
         cap = self.cfg.final_softcap
         if cap:  # monotonic: the candidates for the top are the same before and after
             logits = torch.tanh(logits / cap) * cap

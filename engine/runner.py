@@ -276,7 +276,7 @@ class TorchEngine:
                     if failed:
                         raise failed[slot]
                 hidden = self.model(ids, index)
-                logits = self.model.logits(hidden, allowed) if sample else None
+                logits = self.model.logits(hidden, allowed, self._scored([slot])) if sample else None
             else:
                 logits = self._score_prompt(slot, list(tokens), self.model.forward_all(ids, index)[0], scoring)
                 logits = logits if sample else None
@@ -323,7 +323,8 @@ class TorchEngine:
         Logits are made SCORE_ROWS rows at a time (a [T, V] float32 block is 200 KB a row)."""
         carry = self._carry[slot]
         for lo in range(0, h.shape[0], SCORE_ROWS):
-            logits = self.model.logits(h[lo:lo + SCORE_ROWS])
+            part = h[lo:lo + SCORE_ROWS]  # every row scores a token: all of them exact
+            logits = self.model.logits(part, scored=torch.ones(part.shape[0], dtype=torch.bool, device=part.device))
             rows = logits[:-1] if carry is None else torch.cat([carry, logits[:-1]])
             first = lo + (1 if carry is None else 0)
             targets = tokens[first:lo + logits.shape[0]]
@@ -363,7 +364,8 @@ class TorchEngine:
                 if mask is not None:
                     allowed = torch.ones(len(rows), mask.shape[1], dtype=torch.bool, device=mask.device)
                     allowed[-1] = mask[0]
-            logits = self._step([slot] * len(rows), rows, list(range(position, position + len(rows))), allowed)
+            scored = self._scored([slot] * len(rows))
+            logits = self._step([slot] * len(rows), rows, list(range(position, position + len(rows))), allowed, scored)
             self._fed(slot, rows)
         if not sample:
             return None
@@ -394,7 +396,7 @@ class TorchEngine:
             allowed = allowed[kept] if allowed is not None and kept else None
         out: dict[int, list[int]] = {}
         if slots:
-            logits = self._step(slots, tokens, [self._positions[s] for s in slots], allowed)
+            logits = self._step(slots, tokens, [self._positions[s] for s in slots], allowed, self._scored(slots))
             for slot, token in zip(slots, tokens):
                 self._fed(slot, [token])
             sampled = sample_tokens(logits, [self._samplers[s] for s in slots], self.eos_token_ids)
@@ -419,7 +421,8 @@ class TorchEngine:
         room = min(self.num_slots - 1, self.ctx - position - 2, self.room(slot) - position - 1)
         guesses = self._lookups[slot].guess(token)[:max(room, 0)]  # never past the slot's blocks
         rows = [token, *guesses]
-        logits = self._step([slot] * len(rows), rows, list(range(position, position + len(rows))))
+        logits = self._step([slot] * len(rows), rows, list(range(position, position + len(rows))),
+                            scored=self._scored([slot] * len(rows)))
         sampler = self._samplers[slot]
         out = sample_tokens(logits[:1], [sampler], self.eos_token_ids)
         for row, guess in enumerate(guesses, start=1):
@@ -429,14 +432,20 @@ class TorchEngine:
         self._fed(slot, rows[:len(out)])
         return out
 
+    def _scored(self, slots: Sequence[int]) -> torch.Tensor | None:
+        """[rows] bool on the device: the rows whose request asks for logprobs, every logit of
+        theirs exact (Transformer.exact_top); None when no row does."""
+        scored = [self._samplers[slot].params.logprobs is not None for slot in slots]
+        return torch.tensor(scored, device=self.device) if any(scored) else None
+
     def _step(self, slots: list[int], tokens: list[int], positions: list[int],
-              allowed: torch.Tensor | None = None) -> torch.Tensor:
+              allowed: torch.Tensor | None = None, scored: torch.Tensor | None = None) -> torch.Tensor:
         """Rows of one token each at these positions of their slots -> logits [rows, V] (allowed:
-        constrained rows' tokens, for the head's exact top; `_allowed`)."""
+        constrained rows' tokens, for the head's exact top, `_allowed`; scored: `_scored`)."""
         span = min(self.ctx, -(-(max(positions) + 1) // KV_BUCKET) * KV_BUCKET)
         compiled = [self.compiled is not None and not self._eager[slot] for slot in slots]
         if all(path == compiled[0] for path in compiled):
-            return self._step_on(compiled[0], slots, tokens, positions, span, allowed)
+            return self._step_on(compiled[0], slots, tokens, positions, span, allowed, scored)
         # requests begun before the switch beside newer ones: each part on its own path (a row's
         # logits do not depend on what shares its step)
         parts = []
@@ -444,7 +453,8 @@ class TorchEngine:
             rows = [i for i, c in enumerate(compiled) if c == path]
             parts.append((rows, self._step_on(path, [slots[i] for i in rows], [tokens[i] for i in rows],
                                               [positions[i] for i in rows], span,
-                                              None if allowed is None else allowed[rows])))
+                                              None if allowed is None else allowed[rows],
+                                              None if scored is None else scored[rows])))
         with torch.inference_mode():
             logits = parts[0][1].new_empty(len(slots), parts[0][1].shape[1])
             for rows, part in parts:
@@ -452,16 +462,16 @@ class TorchEngine:
         return logits
 
     def _step_on(self, compiled: bool, slots: list[int], tokens: list[int], positions: list[int],
-                 span: int, allowed: torch.Tensor | None = None) -> torch.Tensor:
+                 span: int, allowed: torch.Tensor | None = None, scored: torch.Tensor | None = None) -> torch.Tensor:
         dev = self.device
         with torch.inference_mode():
             pos = torch.tensor(positions, dtype=torch.long, device=dev)
             ids = torch.tensor(tokens, dtype=torch.long, device=dev)
             if compiled:
                 assert self.compiled is not None
-                return self.compiled(ids, torch.tensor(slots, dtype=torch.long, device=dev), pos, span, allowed)
+                return self.compiled(ids, torch.tensor(slots, dtype=torch.long, device=dev), pos, span, allowed, scored)
             index = CacheIndex.for_slots(slots, pos.unsqueeze(1), span)
-            return self.model.exact_top(*self.model.decode(ids.unsqueeze(1), index), allowed)
+            return self.model.exact_top(*self.model.decode(ids.unsqueeze(1), index), allowed, scored)
 
     def _fed(self, slot: int, tokens: list[int]) -> None:
         self._positions[slot] += len(tokens)

@@ -1,0 +1,114 @@
+"""A row that asks for logprobs gets the float32 head's logits over the whole vocabulary
+(engine/exact_head.py), so its normaliser and its top entries are exact, not only the candidates
+for the top that the low-precision head's bound picks (docs/engine.md "Log-probabilities")."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.exact_head import exact_logits
+from engine.protocol import SamplingParams
+from tests.engine.test_head import _model_with_head
+
+STEPS = 8
+
+
+def _spread_head() -> tuple[torch.Tensor, torch.Tensor]:
+    """h [4, 256] and a head [2048, 256] whose logits are spread (many tokens of some mass), where
+    an int8 head's error moves the normaliser and the entries below its top."""
+    torch.manual_seed(3)
+    weight = torch.randn(2048, 256) * torch.rand(2048, 1)
+    h = torch.randn(4, 256) * 0.6
+    return h, weight
+
+
+def test_scored_rows_get_every_logit_exact_and_the_others_keep_the_heads():
+    h, weight = _spread_head()
+    model = _model_with_head(weight)
+    exact = (h.double() @ weight.double().T).float()
+    plain = model.logits(h.clone())
+    scored = model.logits(h.clone(), scored=torch.tensor([True, False, True, False]))
+    torch.testing.assert_close(scored[[0, 2]], exact[[0, 2]], rtol=0, atol=1e-4)
+    assert torch.equal(scored[[1, 3]], plain[[1, 3]])
+    # the head alone: its normaliser is off by more than float32's rounding (what this fixes)
+    lse = torch.logsumexp
+    assert float((lse(plain, -1) - lse(exact, -1)).abs().max()) > 1e-3
+    assert float((lse(scored[[0, 2]], -1) - lse(exact[[0, 2]], -1)).abs().max()) < 1e-5
+    # top 20 of each scored row: the float32 head's tokens and values
+    for row in (0, 2):
+        got, want = torch.topk(torch.log_softmax(scored[row], -1), 20), torch.topk(torch.log_softmax(exact[row], -1), 20)
+        assert torch.equal(got.indices, want.indices)
+        torch.testing.assert_close(got.values, want.values, rtol=0, atol=1e-5)
+
+
+def test_a_scored_row_is_the_same_alone_or_beside_others():
+    h, weight = _spread_head()
+    model = _model_with_head(weight)
+    together = model.logits(h.clone(), scored=torch.ones(4, dtype=torch.bool))
+    for row in range(4):
+        alone = model.logits(h[row:row + 1].clone(), scored=torch.ones(1, dtype=torch.bool))
+        assert torch.equal(alone[0], together[row])
+
+
+def assert_exact_logprobs(engine, ids: list[int], steps: int = STEPS) -> None:
+    """A greedy answer to `ids` with top_logprobs 20 through `engine` (whichever step it decodes
+    with) carries, at every position, log_softmax of the step's own residual times the head's
+    exact rows (float64 here), every entry; the prompt's echo scores too."""
+    model = engine.model
+    vocab = model.cfg.vocab_size
+    with torch.inference_mode():
+        exact_rows = model.head_rows(torch.arange(vocab)).double()
+    residuals = []  # each exact_top call's h: the rows the head was given
+    exact_top = model.exact_top
+
+    def recording(h, *args, **kwargs):
+        residuals.append(h.detach().clone())
+        return exact_top(h, *args, **kwargs)
+
+    model.exact_top = recording
+    try:
+        engine.begin(0, SamplingParams(temperature=0.0, logprobs=20, prompt_logprobs=5))
+        out = [engine.read(0, ids, sample=True)]
+        rows = [residuals[-1]]  # the prompt's rows (one call: under SCORE_ROWS)
+        while len(out) < steps:
+            new = engine.decode([0], [out[-1]])[0]
+            rows.append(residuals[-1][:len(new)])  # guessed rows past the first wrong guess unused
+            out += new
+    finally:
+        del model.exact_top
+    scores, prompt_scores = engine.logprobs(0), engine.prompt_logprobs(0)
+    engine.truncate(0, 0)
+    prompt_rows, answer_rows = rows[0], torch.cat([rows[0][-1:], *rows[1:]])
+    assert prompt_rows.shape[0] == len(ids) and len(scores) == answer_rows.shape[0] >= steps
+    expected = torch.log_softmax(answer_rows.double() @ exact_rows.T, -1)
+    worst = 0.0
+    for i, score in enumerate(scores):
+        assert score.token == out[i] == int(expected[i].argmax())
+        want = torch.topk(expected[i], 20)
+        assert [t for t, _ in score.top] == want.indices.tolist(), i
+        worst = max(worst, abs(score.logprob - float(expected[i, score.token])),
+                    max(abs(v - w) for (_, v), w in zip(score.top, want.values.tolist())))
+    expected = torch.log_softmax(prompt_rows.double() @ exact_rows.T, -1)
+    assert len(prompt_scores) == len(ids) - 1
+    for i, score in enumerate(prompt_scores):
+        assert score.token == ids[i + 1]
+        worst = max(worst, abs(score.logprob - float(expected[i, ids[i + 1]])))
+    assert worst < 1e-4, worst  # float32 against float64 rounding only
+
+
+@pytest.mark.smollm2
+def test_the_default_engines_logprobs_are_the_float32_heads_on_its_own_residual(smollm2, smollm2_default):
+    """Eager, the default's int8 head with the file's Q8_0 rows (engine/quants' op); the
+    packages compiled ahead of time: tests/engine/test_compiled.py."""
+    assert_exact_logprobs(smollm2_default, smollm2.tokenizer.encode_chat(
+        [{"role": "user", "content": "Write a short poem about the sea."}]))
+
+
+def test_exact_logits_of_dense_rows_match_a_float64_product():
+    h, weight = _spread_head()
+    from engine.weights import DenseRows
+
+    got = exact_logits(DenseRows(weight.bfloat16()), h, 2048)
+    want = h.double() @ weight.bfloat16().double().T
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-4)
