@@ -14,8 +14,13 @@ other in one run: the ratio is this run's.
 
     .venv/bin/python -m bench.short_requests [--baseline /tmp/base] [--only stack,worker]
         [--seconds 15] [--clients 64] [--api-workers 1] [--parallel 64] [--requests 3000]
+        [--client aiohttp|httpx]
 
-Every result line carries the machine's load average: the cores are shared.
+Every result line carries the machine's load average: the cores are shared. Where the time goes
+is measured as CPU time, which a loaded machine does not inflate the way it does wall time: for the
+stack, each process's CPU milliseconds per answered request (the API, the worker, Redis, `strata
+serve` itself, and this client) over the whole run; two cores can answer at most 2000 / (their
+sum) requests a second.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 
 from bench.load import served
 from queues.settings import environ_without_settings
@@ -38,8 +44,37 @@ def load() -> str:
     return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-async def measure(base: str, clients: int, seconds: float, warm_s: float) -> tuple[float, int]:
-    """(answers per second over `seconds` after `warm_s`, failures)."""
+def cpu_seconds(serve_pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) so far of `strata serve` and each of its children, by role,
+    and of this process (the client)."""
+    out: dict[str, float] = {}
+    root = psutil.Process(serve_pid)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            line = " ".join(proc.cmdline())
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        role = ("serve" if proc.pid == serve_pid else "redis" if "redis" in line or "valkey" in line
+                else "api" if " api" in line else "worker" if " worker" in line else "other")
+        out[role] = out.get(role, 0.0) + times.user + times.system
+    me = psutil.Process().cpu_times()
+    out["client"] = me.user + me.system
+    return out
+
+
+def cpu_per_request(before: dict[str, float], after: dict[str, float], answered: int) -> str:
+    spent = {role: 1000 * (after[role] - before.get(role, 0.0)) / max(answered, 1) for role in after}
+    shown = ", ".join(f"{role} {ms:.2f}" for role, ms in sorted(spent.items(), key=lambda kv: -kv[1]))
+    return f"CPU ms per answered request: {shown}; total {sum(spent.values()):.2f}"
+
+
+async def measure(base: str, clients: int, seconds: float, warm_s: float, client_kind: str = "httpx",
+                  ) -> tuple[float, int, int]:
+    """(answers per second over `seconds` after `warm_s`, failures, answers in all). `client_kind`:
+    httpx, or aiohttp (a third of httpx's CPU a request here: the client shares the cores)."""
+    if client_kind == "aiohttp":
+        return await _measure_aiohttp(base, clients, seconds, warm_s)
     done: list[float] = []
     failures = 0
     stop_at = time.monotonic() + warm_s + seconds
@@ -63,7 +98,37 @@ async def measure(base: str, clients: int, seconds: float, warm_s: float) -> tup
         start = time.monotonic()
         await asyncio.gather(*(client(http) for _ in range(clients)))
     counted = [t for t in done if start + warm_s <= t <= start + warm_s + seconds]
-    return len(counted) / seconds, failures
+    return len(counted) / seconds, failures, len(done)
+
+
+async def _measure_aiohttp(base: str, clients: int, seconds: float, warm_s: float) -> tuple[float, int, int]:
+    import aiohttp
+
+    done: list[float] = []
+    failures = 0
+    stop_at = time.monotonic() + warm_s + seconds
+    body = {"prompt": "The capital of France is", "max_tokens": 1, "temperature": 0}
+
+    async def client(http: aiohttp.ClientSession) -> None:
+        nonlocal failures
+        while time.monotonic() < stop_at:
+            try:
+                async with http.post(f"{base}/v1/completions", json=body) as r:
+                    await r.read()
+                    ok = r.status == 200
+            except aiohttp.ClientError:
+                ok = False
+            if ok:
+                done.append(time.monotonic())
+            else:
+                failures += 1
+
+    connector = aiohttp.TCPConnector(limit=clients)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as http:
+        start = time.monotonic()
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+    counted = [t for t in done if start + warm_s <= t <= start + warm_s + seconds]
+    return len(counted) / seconds, failures, len(done)
 
 
 # Run in a child started from the checkout measured: only what both old and new loops share.
@@ -114,6 +179,8 @@ def main() -> None:
     parser.add_argument("--api-workers", type=int, default=1)
     parser.add_argument("--requests", type=int, default=3000, help="the worker measure's one-token requests")
     parser.add_argument("--only", default="stack,worker")
+    parser.add_argument("--client", choices=("httpx", "aiohttp"), default="aiohttp",
+                        help="the stack measure's HTTP client (it runs on the same cores)")
     args = parser.parse_args()
     here = Path(__file__).resolve().parent.parent
     runs = ([("baseline", args.baseline)] if args.baseline else []) + [("this checkout", here)]
@@ -124,10 +191,13 @@ def main() -> None:
             if measure_name == "stack":
                 with served("--parallel", str(args.parallel), "--fake-decode-ms-per-step", "1",
                             "--api-workers", str(args.api_workers), cwd=repo) as stack:
-                    rate, failures = asyncio.run(measure(stack.base, args.clients, args.seconds, args.warm_s))
+                    before = cpu_seconds(stack.serve.pid)
+                    rate, failures, answered = asyncio.run(measure(stack.base, args.clients, args.seconds,
+                                                                   args.warm_s, args.client))
+                    spent = cpu_per_request(before, cpu_seconds(stack.serve.pid), answered)
                 print(f"stack, {name} ({repo}): {rate:.0f} one-token requests/s end to end, {failures} failed; "
-                      f"{args.clients} clients, {args.parallel} slots, api workers {args.api_workers}; {load()}",
-                      flush=True)
+                      f"{args.clients} {args.client} clients, {args.parallel} slots, api workers {args.api_workers}; {load()}\n"
+                      f"  {spent}", flush=True)
             else:
                 rate = worker_rate(repo, args.requests, args.parallel)
                 print(f"worker, {name} ({repo}): {rate:.0f} one-token requests/s, the worker loop alone; "
