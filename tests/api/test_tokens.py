@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tests.helpers.api import FakeTokenizer
-from tests.api.test_errors import assert_error
+from tests.helpers.api import assert_error
 
 HI = [{"role": "user", "content": "hi"}]
 

@@ -20,7 +20,7 @@ from engine import aot
 from engine.background import BackgroundBuild, cpu_seconds, read_shapes, write_shapes
 from engine.runner import TorchEngine
 from engine.step import StepInputs, step_body
-from tests.engine.test_compiled import GREEDY, _tiny_engine
+from tests.helpers.tiny_engine import GREEDY, tiny_engine
 
 
 class Shifted:
@@ -80,17 +80,17 @@ A, B = [(3 * i + 1) % 256 for i in range(40)], [(7 * i + 2) % 256 for i in range
 
 
 def test_a_request_begun_before_the_switch_ends_on_the_eager_step_and_later_ones_run_compiled():
-    eager = _tiny_engine()
+    eager = tiny_engine()
     alone = {0: _start(eager, 0, A)}
     _steps(eager, alone, 40)
-    compiled = _compiled_from_start(_tiny_engine())
+    compiled = _compiled_from_start(tiny_engine())
     other = {1: _start(compiled, 1, B)}
     _steps(compiled, other, 30)
     again = {0: _start(compiled, 0, A)}
     _steps(compiled, again, 10)
     assert again[0] != alone[0][:11]  # the stand-in's tokens are not eager's: a mix would show
 
-    engine = _tiny_engine()
+    engine = tiny_engine()
     build = Build([Shifted(engine), Shifted(engine)])
     engine.building = build
     assert engine.decode_path().kind == "compiling" and engine.decode_path().percent == 40
@@ -112,7 +112,7 @@ def test_a_request_begun_before_the_switch_ends_on_the_eager_step_and_later_ones
 
 def test_the_child_gets_the_models_shapes_and_names_the_parents_packages(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    engine = _tiny_engine()
+    engine = tiny_engine()
     write_shapes(engine.model, tmp_path / "shapes.pickle")
     copy = read_shapes(tmp_path / "shapes.pickle")
     assert [aot.PackagedStep(copy, b).path for b in (False, True)] == [p.path for p in aot.packages(engine.model)]
@@ -136,7 +136,7 @@ def test_a_build_in_the_background_takes_over_with_the_packages_and_a_copied_cac
     rather than building the packages again, and a copy of the cache folder in a fresh place (the original gone) loads them."""
     built = tmp_path / "built"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(built))
-    engine, twin, loaded = _tiny_engine(), _tiny_engine(), _tiny_engine()
+    engine, twin, loaded = tiny_engine(), tiny_engine(), tiny_engine()
     try:
         _build_takes_over_then_a_copy_loads(engine, twin, loaded, built, tmp_path / "fresh", monkeypatch)
     finally:  # a failed check leaves no compiler running
@@ -211,7 +211,7 @@ def test_the_cpu_seconds_of_a_process_count_the_children_it_waited_for():
 
 
 def test_the_percent_follows_the_builds_cpu_seconds_between_its_milestones(caplog):
-    engine = _tiny_engine()
+    engine = tiny_engine()
     build = BackgroundBuild(engine.model, aot.packages(engine.model))
     build._cpu_at = float("inf")  # the CPU seconds set below, not read from /proc
     build._cpu = 0.3 * build._expected_cpu_s

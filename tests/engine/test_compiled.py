@@ -10,47 +10,12 @@ import zipfile
 import pytest
 import torch
 
-from engine.model import ModelConfig, Transformer
-from engine.protocol import SamplingParams
 from engine.runner import TorchEngine
-from engine.weights import DictSource
-
-GREEDY = SamplingParams(temperature=0.0)
-
-
-def _tiny_engine(num_slots: int = 4, device: str = "cpu", ctx: int = 400) -> TorchEngine:
-    torch.manual_seed(0)
-    cfg = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=128, vocab_size=256,
-                      tie_embeddings=True)
-    weights = {"embed": torch.randn(256, 64) * 0.5, "norm": torch.ones(64)}
-    shapes = {"q": (64, 64), "k": (32, 64), "v": (32, 64), "o": (64, 64), "gate": (128, 64), "up": (128, 64),
-              "down": (64, 128)}
-    for i in range(cfg.n_layers):
-        weights[f"layers.{i}.attn_norm"] = weights[f"layers.{i}.ffn_norm"] = torch.ones(64)
-        for name, shape in shapes.items():
-            weights[f"layers.{i}.{name}"] = torch.randn(shape) * 0.2
-    model = Transformer.build(cfg, DictSource(weights), dtype=torch.float32, device=torch.device(device))
-    model.allocate_cache(num_slots=num_slots, ctx=ctx)
-    return TorchEngine(model, None, eos_token_ids=frozenset())
-
-
-def _run(engine: TorchEngine) -> list[list[int]]:
-    """Four slots with prompts of different lengths; decode steps alternate all four in order
-    (sliced when eager) and two scattered ones, and cross the 256-token attention bucket."""
-    out = []
-    for slot in range(4):
-        engine.begin(slot, GREEDY)
-        out.append([engine.read(slot, [(7 * slot + i) % 256 for i in range(10 + 60 * slot)], sample=True)])
-    for step in range(120):
-        active = [0, 1, 2, 3] if step % 3 else [3, 1]
-        for slot, new in zip(active, engine.decode(active, [out[s][-1] for s in active])):
-            out[slot] += new
-    return out
-
+from tests.helpers.tiny_engine import GREEDY, packaged_run, run_four_slots, tiny_engine
 
 def test_compiled_decode_gives_eager_tokens_without_recompiling():
-    engine = _tiny_engine()
-    eager = _run(engine)
+    engine = tiny_engine()
+    eager = run_four_slots(engine)
     caches = [t.clone() for block in engine.model.layers for t in block.state()]
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
@@ -61,22 +26,8 @@ def test_compiled_decode_gives_eager_tokens_without_recompiling():
     assert all(torch.equal(a, b) for a, b in
                zip(caches, [t for block in engine.model.layers for t in block.state()]))
     with torch._dynamo.config.patch(error_on_recompile=True):  # new batch sizes and spans reuse them
-        compiled = _run(engine)
+        compiled = run_four_slots(engine)
     assert compiled == eager
-
-
-def _packaged_run(engine: TorchEngine) -> list[list[int]]:
-    """Slot 2 alone (a prompt, one-row steps across the 256-token attention bucket), then slots
-    0, 2 and 3 together, then 3 and 1."""
-    out = {}
-    for slot, length in ((2, 200), (0, 30), (3, 90), (1, 5)):
-        engine.begin(slot, GREEDY)
-        out[slot] = [engine.read(slot, [(5 * i + slot) % 256 for i in range(length)], sample=True)]
-    for group, steps in (([2], 70), ([0, 2, 3], 40), ([3, 1], 20)):
-        for _ in range(steps):
-            for slot, new in zip(group, engine.decode(group, [out[s][-1] for s in group])):
-                out[slot] += new
-    return [out[s] for s in range(4)]
 
 
 def _pair_run(engine: TorchEngine) -> list[list[int]]:
@@ -111,14 +62,14 @@ def test_steps_ahead_of_time_give_the_per_layer_graphs_tokens(tmp_path, monkeypa
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(aot, "head_inside", lambda model: head_inside)
-    regional, ahead = _tiny_engine(), _tiny_engine()
+    regional, ahead = tiny_engine(), tiny_engine()
     regional.compile_decode(warm=True, ahead=False)
     ahead.compile_decode(warm=True)
     assert not regional.compiled.packaged
     assert [p.batched for p in ahead.compiled.packaged] == [False, True]
     assert all(p.ready and p.head is head_inside for p in ahead.compiled.packaged)
     calls = _counted(ahead, monkeypatch)
-    assert _packaged_run(ahead) == _packaged_run(regional)
+    assert packaged_run(ahead) == packaged_run(regional)
     assert (len(calls[False]), len(calls[True])) == (70, 60)  # every step went through a package
     graphs = {"_layer", "_head"} & set(vars(ahead.compiled))
     assert graphs == (set() if head_inside else {"_head"})
@@ -131,7 +82,7 @@ def test_packages_serve_any_slot_count_and_context_and_a_failed_build_leaves_the
     from engine import aot
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    first = _tiny_engine()
+    first = tiny_engine()
     first.compile_decode(warm=True)
     paths = {p.path for p in first.compiled.packaged}
     assert len(paths) == 2 and {p.name for p in (tmp_path / "strata-aot").iterdir()} == {p.name for p in paths}
@@ -145,30 +96,30 @@ def test_packages_serve_any_slot_count_and_context_and_a_failed_build_leaves_the
 
     with monkeypatch.context() as patch:  # same shapes: loaded, neither exported nor compiled
         patch.setattr(aot.PackagedStep, "export", no_export)
-        again = _tiny_engine()
+        again = tiny_engine()
         again.compile_decode(warm=True)
         assert {p.path for p in again.compiled.packaged} == paths and all(p.ready for p in again.compiled.packaged)
         # another slot count and context (the K/V buffers' sizes are dynamic): the same packages
-        wider, two = _tiny_engine(num_slots=6, ctx=700), _tiny_engine(num_slots=2, ctx=100)
+        wider, two = tiny_engine(num_slots=6, ctx=700), tiny_engine(num_slots=2, ctx=100)
         for engine in (wider, two):
             engine.compile_decode(warm=True)
             assert {p.path for p in engine.compiled.packaged} == paths
             assert all(p.ready for p in engine.compiled.packaged)
-    regional, small = _tiny_engine(num_slots=6, ctx=700), _tiny_engine(num_slots=2, ctx=100)
+    regional, small = tiny_engine(num_slots=6, ctx=700), tiny_engine(num_slots=2, ctx=100)
     for engine in (regional, small):
         engine.compile_decode(warm=True, ahead=False)
-    assert _packaged_run(wider) == _packaged_run(regional)
+    assert packaged_run(wider) == packaged_run(regional)
     assert _pair_run(two) == _pair_run(small)
     # nothing cached; the batched package fails to build, so neither is used
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "fresh"))
     real = aot.PackagedStep.start_build
     monkeypatch.setattr(aot.PackagedStep, "start_build", lambda self, program: real(
         self, program if not self.batched else str(tmp_path / "missing.pt2")))
-    other, reference = _tiny_engine(num_slots=5), _tiny_engine(num_slots=5)
+    other, reference = tiny_engine(num_slots=5), tiny_engine(num_slots=5)
     other.compile_decode(warm=True)
     reference.compile_decode(warm=True, ahead=False)
     assert other.compiled.packaged == [] and not list((tmp_path / "fresh" / "strata-aot").glob("exported-*"))
-    assert _packaged_run(other) == _packaged_run(reference)
+    assert packaged_run(other) == packaged_run(reference)
 
 
 @pytest.mark.smollm2
@@ -250,7 +201,7 @@ _COMPILE_WORKERS = """
 import os, sys
 from pathlib import Path
 from torch._inductor.async_compile import AsyncCompile
-from tests.engine.test_compiled import _run, _tiny_engine
+from tests.helpers.tiny_engine import run_four_slots, tiny_engine
 
 def sidecars():  # inductor's compile-worker sidecar: a child of this process
     found = []
@@ -263,12 +214,12 @@ def sidecars():  # inductor's compile-worker sidecar: a child of this process
             pass
     return found
 
-engine = _tiny_engine()
+engine = tiny_engine()
 AsyncCompile.warm_pool()
 print(len(sidecars()))
 engine.compile_decode(warm=True, ahead=False)
 print(len(sidecars()))
-print(_run(engine) == _run(_tiny_engine()))  # compiled after the shutdown, and eager
+print(run_four_slots(engine) == run_four_slots(tiny_engine()))  # compiled after the shutdown, and eager
 """
 
 

@@ -14,9 +14,9 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 
 def test_cuda_bf16_matches_cpu_float32(tmp_path):
-    from tests.engine.test_int4 import _tiny_file
+    from tests.helpers.gguf_llama import tiny_llama_file
 
-    loaded = _tiny_file(tmp_path, Q.Q8_0)
+    loaded = tiny_llama_file(tmp_path, Q.Q8_0)
     logits = {}
     for device, dtype in ((torch.device("cpu"), torch.float32), (torch.device("cuda:0"), torch.bfloat16)):
         model = Transformer.build(loaded.config, loaded, dtype=dtype, device=device, int4=True)
@@ -43,10 +43,10 @@ def test_cuda_graphs_replay_the_compiled_steps():
     """Every (rows, span) bucket recorded at start; the replayed steps give the tokens of the same
     compiled step launched kernel by kernel (steps of one, two, three rows (a padding row) and
     four, across the 256-token span)."""
-    from tests.engine.test_compiled import _packaged_run, _run, _tiny_engine
+    from tests.helpers.tiny_engine import packaged_run, run_four_slots, tiny_engine
 
     def engine(graphs: bool):
-        built = _tiny_engine(device="cuda:0")
+        built = tiny_engine(device="cuda:0")
         built.compile_decode(warm=True, ahead=False)
         assert built.compiled is not None and built.compiled.graphs is not None
         if not graphs:
@@ -55,4 +55,4 @@ def test_cuda_graphs_replay_the_compiled_steps():
 
     with_graphs = engine(True)
     assert sorted(with_graphs.compiled.graphs.graphs) == [(r, s) for r in (1, 2, 4) for s in (256, 400)]
-    assert _packaged_run(with_graphs) + _run(engine(True)) == _packaged_run(engine(False)) + _run(engine(False))
+    assert packaged_run(with_graphs) + run_four_slots(engine(True)) == packaged_run(engine(False)) + run_four_slots(engine(False))

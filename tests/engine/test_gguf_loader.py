@@ -6,27 +6,13 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFReader, GGUFWriter
-from gguf.quants import dequantize, quantize
+from gguf import GGUFReader
+from gguf.quants import dequantize
 
 from engine.gguf_loader import GGUFModel, unpermute_rope_rows
 from engine.model import Transformer
 from tests.engine.conftest import prefill_logits
-
-N_HEADS, N_KV = 4, 2
-GGUF_NAMES = {
-    "q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
-    "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down",
-    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-}
-
-
-def llamacpp_permute(weight: np.ndarray, n_heads: int) -> np.ndarray:
-    """What llama.cpp's converter does to Q/K rows: within a head, pair row i with i + hd/2
-    as neighbours (interleaved RoPE)."""
-    rows = weight.shape[0]
-    return weight.reshape(n_heads, 2, rows // n_heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
-
+from tests.helpers.gguf_llama import N_HEADS, N_KV, gguf_tensors, write_gguf
 
 @pytest.fixture(scope="module")
 def hf_model():
@@ -38,54 +24,6 @@ def hf_model():
         num_key_value_heads=N_KV, vocab_size=256, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
     )
     return LlamaForCausalLM(cfg).float().eval()
-
-
-def gguf_tensors(hf) -> dict[str, np.ndarray]:
-    out = {}
-    for name, p in hf.state_dict().items():
-        w = p.detach().numpy().astype(np.float32)
-        if name == "model.embed_tokens.weight":
-            out["token_embd.weight"] = w
-        elif name == "model.norm.weight":
-            out["output_norm.weight"] = w
-        elif name == "lm_head.weight":
-            out["output.weight"] = w
-        else:
-            parts = name.split(".")  # model.layers.{i}[.self_attn|.mlp].{proj}.weight
-            i, proj = parts[2], parts[-2]
-            if proj == "q_proj":
-                w = llamacpp_permute(w, N_HEADS)
-            elif proj == "k_proj":
-                w = llamacpp_permute(w, N_KV)
-            out[f"blk.{i}.{GGUF_NAMES[proj]}.weight"] = w
-    return out
-
-
-def write_gguf(path, tensors: dict[str, np.ndarray], qtype_of, extra=None) -> None:
-    writer = GGUFWriter(path, "llama")
-    if extra is not None:
-        extra(writer)
-    writer.add_block_count(2)
-    writer.add_context_length(512)
-    writer.add_embedding_length(64)
-    writer.add_feed_forward_length(128)
-    writer.add_head_count(N_HEADS)
-    writer.add_head_count_kv(N_KV)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_vocab_size(256)
-    for name, w in tensors.items():
-        qtype = qtype_of(name, w)
-        if qtype == Q.F32:
-            writer.add_tensor(name, w)
-        elif qtype == Q.F16:
-            writer.add_tensor(name, w.astype(np.float16))
-        else:
-            writer.add_tensor(name, quantize(w, qtype), raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
 
 
 def test_f32_file_gives_hf_weights_and_logits(hf_model, tmp_path):

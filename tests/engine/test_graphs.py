@@ -10,7 +10,7 @@ import torch
 from engine.graphs import GraphedDecode, HeadOut, row_buckets, spans
 from engine.model import CacheIndex, Transformer
 from engine.runner import TorchEngine
-from tests.engine.test_compiled import GREEDY, _packaged_run, _run, _tiny_engine
+from tests.helpers.tiny_engine import GREEDY, packaged_run, run_four_slots, tiny_engine
 
 
 def test_buckets_cover_every_batch_and_span():
@@ -64,19 +64,19 @@ def _caches(engine: TorchEngine) -> list[torch.Tensor]:
 
 
 def test_replayed_steps_give_the_eager_tokens():
-    eager = _packaged_run(_tiny_engine()) + _run(_tiny_engine())
+    eager = packaged_run(tiny_engine()) + run_four_slots(tiny_engine())
     recorder = Recorder()
-    engine = _graphed(_tiny_engine(), recorder)
+    engine = _graphed(tiny_engine(), recorder)
     # every bucket recorded at start: rows 1, 2, 4 for each span (256 and ctx 400)
     assert recorder.recorded == 6 and sorted(engine.compiled.graphs.graphs) == [(r, s) for r in (1, 2, 4) for s in (256, 400)]
-    graphed = _packaged_run(engine)  # one row, three (a padding row), two; across the 256 span
-    graphed += _run(_graphed(_tiny_engine(), recorder))
+    graphed = packaged_run(engine)  # one row, three (a padding row), two; across the 256 span
+    graphed += run_four_slots(_graphed(tiny_engine(), recorder))
     assert graphed == eager
     assert recorder.recorded == 12  # the steps replayed, none recorded again
 
 
 def test_padding_rows_and_recording_touch_no_slot():
-    engine = _tiny_engine()
+    engine = tiny_engine()
     model, ctx = engine.model, engine.ctx
     spare = model.spare_block * model.kv_block  # the pools' first position past every block
     for slot in range(4):
@@ -100,7 +100,7 @@ def test_padding_rows_and_recording_touch_no_slot():
 
 
 def test_a_step_reads_the_buffers_as_they_are_at_replay():
-    engine = _tiny_engine(num_slots=2)
+    engine = tiny_engine(num_slots=2)
     model = engine.model
     graphs = GraphedDecode(model, _eager_step(model), Recorder())
     reference = _eager_step(model)

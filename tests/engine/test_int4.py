@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType as Q
 
-from engine.gguf_loader import GGUFModel
 from engine.model import Transformer
 from engine.protocol import SamplingParams
 from engine.weights import Int4Blocks, Int4Linear, dequantize_int4
 from tests.engine.conftest import decode_logits, prefill_logits
+from tests.helpers.gguf_llama import tiny_llama_file
 
 GREEDY = SamplingParams(temperature=0.0)
 STEPS = 16
@@ -28,25 +28,10 @@ def kernel_weight(blocks: Int4Blocks) -> torch.Tensor:
     return (q.float() - 8) * s.repeat_interleave(group, 1) + z.repeat_interleave(group, 1)
 
 
-def _tiny_file(tmp_path, qtype):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from tests.engine.test_gguf_loader import gguf_tensors, write_gguf
-
-    torch.manual_seed(0)
-    hf = LlamaForCausalLM(LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=256, tie_word_embeddings=False,
-    )).float().eval()
-    path = tmp_path / f"tiny-{qtype.name}.gguf"
-    write_gguf(path, gguf_tensors(hf), lambda name, w: qtype if w.ndim == 2 else Q.F32)
-    return GGUFModel(path)
-
-
 def test_q4_0_file_blocks_are_the_dequantized_weights(tmp_path):
     # A tiny llama-arch file, every matrix Q4_0: the blocks (un-permuted like dense()) dequantize
     # to exactly the float32 weights, and the int4 model decodes close to the float32 one.
-    loaded = _tiny_file(tmp_path, Q.Q4_0)
+    loaded = tiny_llama_file(tmp_path, Q.Q4_0)
     blocks = loaded.int4_blocks()
     assert blocks is not None and len(blocks) == 2 * 7
     for name, b in blocks.items():
@@ -65,7 +50,7 @@ def test_q4_0_file_blocks_are_the_dequantized_weights(tmp_path):
 
 
 def test_f16_file_has_no_int4_blocks_and_runs_packed_bf16(tmp_path):
-    loaded = _tiny_file(tmp_path, Q.F16)
+    loaded = tiny_llama_file(tmp_path, Q.F16)
     assert loaded.int4_blocks() is None and not loaded.is_quantized()
     model = Transformer.build(loaded.config, loaded, dtype=torch.bfloat16, device=torch.device("cpu"), int4=True)
     assert model.forms == {"bf16-packed": 8}

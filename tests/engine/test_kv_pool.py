@@ -10,13 +10,13 @@ import torch
 
 from engine.model import KV_BLOCK
 from engine.protocol import SamplingParams
-from tests.engine.test_compiled import _tiny_engine
+from tests.helpers.tiny_engine import tiny_engine
 
 SCORED = SamplingParams(temperature=0.0, logprobs=5)
 
 
 def pooled(kv_blocks: int, num_slots: int = 3):
-    engine = _tiny_engine(num_slots=num_slots)
+    engine = tiny_engine(num_slots=num_slots)
     model = engine.model
     model.allocate_cache(num_slots, engine.ctx, kv_tokens=kv_blocks * KV_BLOCK)
     return type(engine)(model, None, eos_token_ids=frozenset())
@@ -43,7 +43,7 @@ def test_a_prompt_reusing_another_requests_prefix_blocks_gives_the_cold_run():
     engine.begin(1, SCORED, keep=len(header))
     warm_first = engine.read(1, second[len(header):], sample=True)
     warm = answer(engine, 1, second, warm_first)
-    cold_engine = _tiny_engine(num_slots=3)
+    cold_engine = tiny_engine(num_slots=3)
     cold_engine.begin(0, SCORED)
     cold_first = cold_engine.read(0, second, sample=True)
     cold = answer(cold_engine, 0, second, cold_first)
@@ -71,7 +71,7 @@ def test_rows_in_scattered_blocks_decode_as_each_slot_alone():
         return out
 
     tables = [[11, 3], [0, 9, 4], [7, 1, 10, 2]]  # 64, 192 and 256 positions, interleaved in the pool
-    assert run(pooled(kv_blocks=12), tables) == run(_tiny_engine(num_slots=3), None)
+    assert run(pooled(kv_blocks=12), tables) == run(tiny_engine(num_slots=3), None)
 
 
 def test_a_write_past_the_slots_blocks_is_refused_naming_it():

@@ -9,7 +9,7 @@ import pytest
 from engine.lookup import Lookup
 from engine.protocol import SamplingParams
 from engine.runner import TorchEngine
-from tests.engine.test_compiled import _tiny_engine
+from tests.helpers.tiny_engine import tiny_engine
 
 
 def test_the_guess_is_what_followed_the_longest_earlier_run():
@@ -67,8 +67,8 @@ PROMPT = [(i * 7) % 23 + 3 for i in range(40)] * 5
                                     SamplingParams(temperature=0.6, top_k=20, seed=5)],
                          ids=["greedy", "top_p", "top_k"])
 def test_confirmed_guesses_give_the_tokens_of_one_step_each(params):
-    plain = _tiny_engine()
-    guessing = _tiny_engine()
+    plain = tiny_engine()
+    guessing = tiny_engine()
     guessing.use_prompt_lookup()
     want, none = _generate(plain, params, PROMPT, 150)
     got, more = _generate(guessing, params, PROMPT, 150)
@@ -87,8 +87,8 @@ def test_a_step_keeps_the_guesses_up_to_the_first_wrong_one(params, wrong):
     itself), the `wrong`-th of them made wrong: each step yields the next token and the guesses
     before the wrong one (all three right: four tokens), and the tokens are those of one step each."""
     prompt = PROMPT[:50]
-    want, _ = _generate(_tiny_engine(), params, prompt, 80)
-    engine = _tiny_engine()
+    want, _ = _generate(tiny_engine(), params, prompt, 80)
+    engine = tiny_engine()
     engine.use_prompt_lookup()
     lookup = engine._lookups[1]
 
@@ -108,9 +108,9 @@ def test_a_step_keeps_the_guesses_up_to_the_first_wrong_one(params, wrong):
 
 
 def test_end_of_text_stays_masked_until_min_tokens_across_a_two_token_step():
-    engine = _tiny_engine()
+    engine = tiny_engine()
     engine.use_prompt_lookup()
-    plain = _tiny_engine()
+    plain = tiny_engine()
     first, _ = _generate(plain, SamplingParams(temperature=0.0), PROMPT, 60)
     eos = first[30]  # a token the free run produces: made end-of-text, masked for 40 tokens
     for e in (engine, plain):
@@ -126,7 +126,7 @@ def test_guesses_never_fill_the_slot_nor_outnumber_the_slots(guessed):
     """A full slot ends its request, so a step's guessed rows must not take the last position:
     with guesses at every step, the rows shrink near the end and the last row of a step is at
     most at ctx - 2. And a step has no more rows than slots (the batched package's largest)."""
-    engine = _tiny_engine(num_slots=3)
+    engine = tiny_engine(num_slots=3)
     engine.use_prompt_lookup()
     engine._lookups[0].guess = lambda last: list(guessed)  # always guesses (right or not)
     steps: list[list[int]] = []  # each model step's positions
@@ -144,13 +144,13 @@ def test_guesses_never_fill_the_slot_nor_outnumber_the_slots(guessed):
 
 
 def test_only_where_rows_do_not_depend_on_their_neighbours_and_two_rows_fit():
-    engine = _tiny_engine()
+    engine = tiny_engine()
     engine.device = type(engine.device)("cuda", 0)  # as a GPU engine would say
     with pytest.raises(ValueError, match="the CPU"):
         engine.use_prompt_lookup()
     # one slot: its compiled steps take one row (a one-row package only)
     with pytest.raises(ValueError, match="two slots"):
-        _tiny_engine(num_slots=1).use_prompt_lookup()
+        tiny_engine(num_slots=1).use_prompt_lookup()
 
 
 def test_a_one_slot_engine_loads_without_lookup(tiny_model):

@@ -49,9 +49,9 @@ def test_two_form_linear_prompt_tokens_take_the_bf16_copy_generated_ones_int4(tm
     from gguf import GGMLQuantizationType as Q
 
     from engine.weights import Int4Linear, PackedLinear, TwoFormLinear, dequantize_int4, prompt_form
-    from tests.engine.test_int4 import _tiny_file
+    from tests.helpers.gguf_llama import tiny_llama_file
 
-    loaded = _tiny_file(tmp_path, Q.Q4_0)
+    loaded = tiny_llama_file(tmp_path, Q.Q4_0)
     blocks, exact = loaded.int4("layers.1.down"), loaded.dense("layers.1.down")
     assert torch.equal(dequantize_int4(blocks), exact)
     int4, packed = Int4Linear(blocks), PackedLinear(exact.bfloat16())
@@ -79,9 +79,9 @@ def test_prompt_reads_of_any_length_use_the_bf16_copy_and_decode_the_int4_kernel
 
     from engine.model import Transformer
     from tests.engine.conftest import decode_logits, prefill_logits
-    from tests.engine.test_int4 import _tiny_file
+    from tests.helpers.gguf_llama import tiny_llama_file
 
-    loaded = _tiny_file(tmp_path, Q.Q4_0)
+    loaded = tiny_llama_file(tmp_path, Q.Q4_0)
     cpu = torch.device("cpu")
     models = {}
     for name, kwargs in (("both", {"int4": True, "prefill_bf16": True}), ("int4", {"int4": True}),
