@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from engine.runner import TorchEngine
+from engine.weights import can_prepack
 from tests.helpers.tiny_engine import GREEDY, packaged_run, run_four_slots, tiny_engine
 
 def test_compiled_decode_gives_eager_tokens_without_recompiling():
@@ -175,6 +176,7 @@ def test_default_engine_decodes_compiled_and_a_row_does_not_depend_on_its_neighb
     assert_exact_logprobs(engine, prompts[1], steps=12)
 
 
+@pytest.mark.skipif(not can_prepack(), reason="oneDNN cannot prepack bf16 on this CPU (AVX2 alone): no prepacked linears")
 def test_prepacked_linears_decode_eagerly_instead_of_failing_to_compile(tiny_model):
     """bf16 without int4 (`--no-int4`, a Q8_0 file) keeps oneDNN-prepacked linears, which
     inductor cannot lower: the default (compile) must still load and decode, eagerly."""
