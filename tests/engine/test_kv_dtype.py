@@ -13,6 +13,7 @@ from engine.load import build_engine
 from engine.model import KV_BLOCK, ModelConfig
 from engine.protocol import SamplingParams
 from engine.weights import DictSource
+from tests.helpers.tiny_engine import run_four_slots
 from workers.settings import WorkerSettings
 
 SCORED = SamplingParams(temperature=0.0, logprobs=5)
@@ -103,11 +104,9 @@ def test_a_narrow_pool_answers_within_its_stated_cost_of_the_float32_pool(kv):
 def test_an_int8_pool_compiled_gives_the_eager_tokens():
     """The per-layer graphs run the same store/load (the scale in the entry's last bytes: still
     one K and one V buffer a layer, so the steps' inputs are as before)."""
-    from tests.engine.test_compiled import _run
-
-    eager = _run(_engine("int8", num_slots=4))
+    eager = run_four_slots(_engine("int8", num_slots=4))
     engine = _engine("int8", num_slots=4)
     torch._dynamo.reset()
     engine.compile_decode(warm=True, ahead=False)
     assert engine.compiled is not None and not engine.compiled.packaged
-    assert _run(engine) == eager
+    assert run_four_slots(engine) == eager
