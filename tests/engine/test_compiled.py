@@ -132,7 +132,7 @@ def test_default_engine_decodes_compiled_and_a_row_does_not_depend_on_its_neighb
     logits, bit for bit. Alone, a row also checks guessed tokens (prompt lookup, the default):
     a confirmed guess is a second row of the batched package, and gives the same tokens."""
     from engine.load import load_engine
-    from tests.engine.test_exact_logprobs import assert_exact_logprobs
+    from tests.helpers.logprobs import assert_exact_logprobs
 
     engine = load_engine(None, num_slots=4, ctx=512, cache_dir=tmp_path)
     assert engine.compiled is not None and [p.batched for p in engine.compiled.packaged] == [False, True]

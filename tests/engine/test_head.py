@@ -7,21 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.model import CacheIndex, ModelConfig, Transformer
-from engine.weights import DenseRows, HeadBound, Int8Linear
+from engine.model import CacheIndex
+from engine.weights import HeadBound, Int8Linear
+from tests.helpers.logprobs import model_with_head as _model_with_head
 
 PROMPTS = ["What is the capital of France?", "Write a short poem about the sea.", "What is 17 times 23?"]
 STEPS = 12
-
-
-def _model_with_head(weight: torch.Tensor) -> Transformer:
-    """A model with no layers: only `logits` (int8 head, its bound, exact rows) is used."""
-    vocab, dim = weight.shape
-    model = Transformer(ModelConfig(dim=dim, n_layers=0, n_heads=1, n_kv_heads=1, head_dim=dim, hidden_dim=dim,
-                                    vocab_size=vocab))
-    head = Int8Linear(weight)
-    model.head, model.head_bound, model.head_rows = head, HeadBound(weight, head.dequantized), DenseRows(weight)
-    return model
 
 
 class RowCounter(torch.nn.Module):
