@@ -124,6 +124,7 @@ def test_packages_serve_any_slot_count_and_context_and_a_failed_build_leaves_the
 
 
 @pytest.mark.smollm2
+@pytest.mark.timeout(1800)  # builds SmolLM2's packages: ~10 min on 2 busy cores, past the 600 s default
 def test_default_engine_decodes_compiled_and_a_row_does_not_depend_on_its_neighbours(tmp_path):
     """Compiled and eager greedy tokens can part at near-ties (bf16 rounding inside fused
     kernels; docs/engine.md), so a worker never mixes them: the default compiles at load, and a

@@ -131,7 +131,7 @@ def test_guesses_never_fill_the_slot_nor_outnumber_the_slots(guessed):
     engine._lookups[0].guess = lambda last: list(guessed)  # always guesses (right or not)
     steps: list[list[int]] = []  # each model step's positions
     step = engine._step
-    engine._step = lambda slots, tokens, positions: steps.append(positions) or step(slots, tokens, positions)
+    engine._step = lambda slots, tokens, positions, *rest, **named: steps.append(positions) or step(slots, tokens, positions, *rest, **named)
     engine.begin(0, SamplingParams(temperature=0.0))
     token = engine.read(0, PROMPT[: engine.ctx - 8], sample=True)
     while engine.position(0) < engine.ctx:

@@ -33,7 +33,7 @@ def test_calibration_times_steps_without_guesses_and_gives_the_engine_back_as_it
     assert engine.prompt_lookup
     steps: list[list[int]] = []  # each model step's slots, one a row
     step = engine._step
-    engine._step = lambda slots, tokens, positions, *rest: steps.append(slots) or step(slots, tokens, positions, *rest)
+    engine._step = lambda slots, tokens, positions, *rest, **named: steps.append(slots) or step(slots, tokens, positions, *rest, **named)
     # a prompt that repeats itself: unless lookup is off, the one-row steps would guess
     calibrate(engine, [5, 6] * 128, dataclasses.replace(Plan.quick(), overhead_steps=0), {})
     assert [len(s) for s in steps].count(1) > 0
