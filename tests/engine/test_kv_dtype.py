@@ -12,8 +12,7 @@ from engine.errors import ConfigError
 from engine.load import build_engine
 from engine.model import KV_BLOCK, ModelConfig
 from engine.protocol import SamplingParams
-from engine.weights import DictSource
-from tests.helpers.tiny_engine import run_four_slots
+from tests.helpers.tiny_engine import TINY, run_four_slots, tiny_weights
 from workers.settings import WorkerSettings
 
 SCORED = SamplingParams(temperature=0.0, logprobs=5)
@@ -58,17 +57,7 @@ def test_the_flag_and_its_variable(monkeypatch):
 
 
 def _engine(kv: str | None, num_slots: int = 2):
-    torch.manual_seed(0)
-    cfg = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=128, vocab_size=256,
-                      tie_embeddings=True)
-    weights = {"embed": torch.randn(256, 64) * 0.5, "norm": torch.ones(64)}
-    shapes = {"q": (64, 64), "k": (32, 64), "v": (32, 64), "o": (64, 64), "gate": (128, 64), "up": (128, 64),
-              "down": (64, 128)}
-    for i in range(cfg.n_layers):
-        weights[f"layers.{i}.attn_norm"] = weights[f"layers.{i}.ffn_norm"] = torch.ones(64)
-        for name, shape in shapes.items():
-            weights[f"layers.{i}.{name}"] = torch.randn(shape) * WEIGHT
-    return build_engine(cfg, DictSource(weights), None, num_slots=num_slots, ctx=320, device=CPU,
+    return build_engine(TINY, tiny_weights(WEIGHT), None, num_slots=num_slots, ctx=320, device=CPU,
                         dtype=torch.float32, eos_token_ids=frozenset(), kv_dtype=kv)
 
 

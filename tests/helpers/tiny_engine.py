@@ -13,18 +13,25 @@ from engine.weights import DictSource
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def tiny_engine(num_slots: int = 4, device: str = "cpu", ctx: int = 400) -> TorchEngine:
+TINY = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=128, vocab_size=256,
+                   tie_embeddings=True)
+
+
+def tiny_weights(scale: float = 0.2) -> DictSource:
+    """TINY's random weights (seed 0): embeddings at 0.5, every linear at `scale`, unit norms."""
     torch.manual_seed(0)
-    cfg = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=128, vocab_size=256,
-                      tie_embeddings=True)
     weights = {"embed": torch.randn(256, 64) * 0.5, "norm": torch.ones(64)}
     shapes = {"q": (64, 64), "k": (32, 64), "v": (32, 64), "o": (64, 64), "gate": (128, 64), "up": (128, 64),
               "down": (64, 128)}
-    for i in range(cfg.n_layers):
+    for i in range(TINY.n_layers):
         weights[f"layers.{i}.attn_norm"] = weights[f"layers.{i}.ffn_norm"] = torch.ones(64)
         for name, shape in shapes.items():
-            weights[f"layers.{i}.{name}"] = torch.randn(shape) * 0.2
-    model = Transformer.build(cfg, DictSource(weights), dtype=torch.float32, device=torch.device(device))
+            weights[f"layers.{i}.{name}"] = torch.randn(shape) * scale
+    return DictSource(weights)
+
+
+def tiny_engine(num_slots: int = 4, device: str = "cpu", ctx: int = 400) -> TorchEngine:
+    model = Transformer.build(TINY, tiny_weights(), dtype=torch.float32, device=torch.device(device))
     model.allocate_cache(num_slots=num_slots, ctx=ctx)
     return TorchEngine(model, None, eos_token_ids=frozenset())
 
