@@ -117,6 +117,17 @@ def read_config(folder: str | Path) -> ModelConfig:
     )
 
 
+def _layer_kinds(raw: dict, other: str, every: int) -> list[str]:
+    """Each layer's kind: `layer_types`, else every `every`-th layer "full_attention" and the rest
+    `other` (Gemma 3's sliding_window_pattern, Qwen3-Next's full_attention_interval)."""
+    kinds = raw.get("layer_types") or [
+        "full_attention" if (i + 1) % every == 0 else other for i in range(raw["num_hidden_layers"])]
+    unknown = set(kinds) - {"full_attention", other}
+    if unknown:
+        raise ConfigError(f"unsupported layer_types {sorted(unknown)}")
+    return kinds
+
+
 def _gemma(raw: dict, head_dim: int) -> dict:
     """Gemma 3's fields: sliding layers (`layer_types`, or every `sliding_window_pattern`-th layer
     global), a local RoPE base for them and the global one with its scaling (transformers 5 nests
@@ -124,13 +135,7 @@ def _gemma(raw: dict, head_dim: int) -> dict:
     query_pre_attn_scalar, the logits' soft-cap, embeddings scaled by sqrt(dim). Its
     attn_logit_softcapping is not applied, as transformers' and llama.cpp's Gemma 3 do not (a
     Gemma 2 field; Gemma 3's configs leave it null)."""
-    n_layers = raw["num_hidden_layers"]
-    kinds = raw.get("layer_types") or [
-        "full_attention" if (i + 1) % raw.get("sliding_window_pattern", 6) == 0 else "sliding_attention"
-        for i in range(n_layers)]
-    unknown = set(kinds) - {"full_attention", "sliding_attention"}
-    if unknown:
-        raise ConfigError(f"unsupported layer_types {sorted(unknown)}")
+    kinds = _layer_kinds(raw, "sliding_attention", raw.get("sliding_window_pattern", 6))
     params = raw.get("rope_parameters") or {}
     if "full_attention" in params:
         full, local = params["full_attention"] or {}, params.get("sliding_attention") or {}
@@ -156,13 +161,7 @@ def _qwen3_next(raw: dict, head_dim: int) -> dict:
     """Qwen3-Next's fields: which layers are Gated DeltaNet (`layer_types`, else every
     `full_attention_interval`-th layer attention), their shape, partial RoPE, the attention's output
     gate. Refused: dense layers between the MoE ones (llama.cpp's qwen3next has none either)."""
-    n_layers = raw["num_hidden_layers"]
-    kinds = raw.get("layer_types") or [
-        "full_attention" if (i + 1) % raw.get("full_attention_interval", 4) == 0 else "linear_attention"
-        for i in range(n_layers)]
-    unknown = set(kinds) - {"full_attention", "linear_attention"}
-    if unknown:
-        raise ConfigError(f"unsupported layer_types {sorted(unknown)}")
+    kinds = _layer_kinds(raw, "linear_attention", raw.get("full_attention_interval", 4))
     if raw.get("mlp_only_layers") or raw.get("decoder_sparse_step", 1) != 1 or not raw.get("num_experts"):
         raise ConfigError("qwen3_next with dense FFN layers (mlp_only_layers, decoder_sparse_step) is not supported")
     params = {**(raw.get("rope_parameters") or {}), **({"partial_rotary_factor": raw["partial_rotary_factor"]}
