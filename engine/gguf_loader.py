@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -161,7 +161,8 @@ class GGUFModel:
     def _split_qwen3next(self) -> None:
         """Each attention layer's attn_q [heads x (query, gate) x head_dim, dim] as q and q_gate;
         each DeltaNet layer's projections as lin_qkv, lin_z, lin_b, lin_a (engine/deltanet.py).
-        Each part is made from its tensor when asked for (nothing kept: build asks once)."""
+        A tensor is dequantized and split once when its first part is asked for; each part is
+        kept only until it is taken (build takes each once)."""
         cfg = self.config
         assert cfg.linear is not None
         shape = cfg.linear
@@ -171,18 +172,19 @@ class GGUFModel:
                 ba = self._tensors.pop(p + "lin_ba")
                 if p + "lin_qkvz" in self._tensors:  # legacy: every part interleaved per key head
                     qkvz = self._tensors.pop(p + "lin_qkvz")
-                    parts = (lambda qkvz=qkvz, ba=ba: deinterleave(self._dense(qkvz), self._dense(ba), shape))
+                    parts = _split_once(lambda qkvz=qkvz, ba=ba: deinterleave(self._dense(qkvz), self._dense(ba), shape))
                     names = ("lin_qkv", "lin_z", "lin_b", "lin_a")
                 else:
-                    parts = (lambda ba=ba: split_ba(self._dense(ba), shape))
+                    parts = _split_once(lambda ba=ba: split_ba(self._dense(ba), shape))
                     names = ("lin_b", "lin_a")
-                for j, name in enumerate(names):
-                    self._derived[p + name] = lambda parts=parts, j=j: parts()[j]
             else:
                 joint = self._tensors.pop(p + "q")
-                halves = (lambda joint=joint: self._dense(joint).reshape(cfg.n_heads, 2, cfg.head_dim, -1).unbind(1))
-                for j, name in enumerate(("q", "q_gate")):
-                    self._derived[p + name] = lambda halves=halves, j=j: halves()[j].reshape(cfg.q_size, -1)
+                parts = _split_once(lambda joint=joint: [
+                    half.reshape(cfg.q_size, -1)
+                    for half in self._dense(joint).reshape(cfg.n_heads, 2, cfg.head_dim, -1).unbind(1)])
+                names = ("q", "q_gate")
+            for j, name in enumerate(names):
+                self._derived[p + name] = lambda parts=parts, j=j: parts(j)
 
     def eos_token_ids(self) -> list[int]:
         keys = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
@@ -392,3 +394,16 @@ def _map_name(gguf_name: str, overrides: dict[str, str] | None = None) -> str | 
         return None
     suffix = "_bias" if parts[-1] == "bias" else ""
     return f"layers.{parts[1]}.{base}{suffix}"
+
+
+def _split_once(make: Callable[[], Sequence[Tensor]]) -> Callable[[int], Tensor]:
+    """Part j of what `make` splits a tensor into, made once for all its parts: each part is held
+    until asked for, then let go (asked again, the tensor is split again)."""
+    held: dict[int, Tensor] = {}
+
+    def part(j: int) -> Tensor:
+        if j not in held:
+            held.update(enumerate(make()))
+        return held.pop(j)
+
+    return part
