@@ -32,7 +32,10 @@ class Child:
     process: subprocess.Popen | None = None
 
     def start(self) -> None:
-        self.process = subprocess.Popen(self.argv, env=self.env, pass_fds=self.pass_fds)
+        # its own process group: the terminal's Ctrl-C reaches serve alone, which stops every child
+        # with SIGTERM; a SIGINT to a child mid-import could surface inside a library as another
+        # error (pydantic_core wraps it in a SchemaError) and print a traceback
+        self.process = subprocess.Popen(self.argv, env=self.env, pass_fds=self.pass_fds, process_group=0)
 
     def exited(self) -> int | None:
         return None if self.process is None else self.process.poll()
