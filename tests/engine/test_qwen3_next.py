@@ -314,3 +314,22 @@ def test_loaded_as_a_worker_loads_it_prompt_lookup_stays_off(tiny_model, tmp_pat
     for _ in range(3):
         tokens += engine.decode([1], [tokens[-1]])[0]
     assert tokens == hf_greedy(hf, prompt, 4)
+
+
+@pytest.mark.parametrize("seq", [1, 5, 64, 70, 130])
+def test_chunked_delta_rule_matches_the_token_loop(seq):
+    # batch 2, 2 value heads per key head's worth (8 heads), a nonzero state from a parked read
+    import torch.nn.functional as F
+    from engine.deltanet import delta_rule_chunked, delta_rule_steps
+    gen = torch.Generator().manual_seed(seq)
+    bsz, heads, dk, dv = 2, 8, 16, 8
+    q = F.normalize(torch.randn(bsz, seq, heads, dk, generator=gen), dim=-1) * dk ** -0.5
+    k = F.normalize(torch.randn(bsz, seq, heads, dk, generator=gen), dim=-1)
+    v = torch.randn(bsz, seq, heads, dv, generator=gen)
+    beta = torch.rand(bsz, seq, heads, generator=gen)
+    g = -F.softplus(torch.randn(bsz, seq, heads, generator=gen))
+    s0 = torch.randn(bsz, heads, dk, dv, generator=gen)
+    want_out, want_state = delta_rule_steps(q, k, v, beta, g, s0)
+    out, state = delta_rule_chunked(q, k, v, beta, g, s0)
+    assert (out - want_out).abs().max() <= 1e-5 * want_out.abs().max()
+    assert (state - want_state).abs().max() <= 1e-5 * want_state.abs().max()
