@@ -93,7 +93,7 @@ def head_normaliser(default, reference, prompts: list[list[int]]) -> None:
             h = default.model.forward_all(torch.tensor([ids]), index)[0]
             exact = h.double() @ exact_rows.double().t()
             heads = {"int8 head": default.model.logits(h.clone()),
-                     "scored rows": default.model.logits(h.clone(), scored=torch.ones(len(ids), dtype=torch.bool))}
+                     "scored rows": default.model.logits(h.clone(), scored=torch.ones(len(ids), dtype=torch.bool))[len(ids):]}
             cheap = default.model.head_logits(h.clone())[0].double()
             bound = default.model.head_bound.coefficients(h, h.to(torch.bfloat16)) @ default.model.head_bound.table
             bound = bound.double() + HeadBound.ROUNDING * cheap.abs()

@@ -46,9 +46,9 @@ def capture(path: str) -> None:
     rows: list = []
     choose = runner.sample_tokens
 
-    def keep(logits, samplers, eos):  # noqa: ANN001, ANN202
+    def keep(logits, samplers, eos, reported=None):  # noqa: ANN001, ANN202
         rows.append(logits.detach().clone())
-        return choose(logits, samplers, eos)
+        return choose(logits, samplers, eos, reported)
 
     runner.sample_tokens = keep
     try:

@@ -523,7 +523,8 @@ class Transformer(nn.Module):
         return (h, *self.head_logits(h))
 
     def logits(self, h: Tensor, allowed: Tensor | None = None, scored: Tensor | None = None) -> Tensor:
-        """h: [B, dim] float32 (from `forward`) -> logits [B, V] float32 (allowed, scored: `exact_top`'s).
+        """h: [B, dim] float32 (from `forward`) -> logits [B, V] float32 (allowed, scored: `exact_top`'s;
+        [2B, V] when a row is scored).
 
         A low-precision head is off by up to its `HeadBound` on each logit (int8 weights: up to
         ~0.8 at SmolLM2's logits of 15-30; bf16 rounding of the output alone puts values 1/8
@@ -562,19 +563,26 @@ class Transformer(nn.Module):
         allowed: [B, V] bool, the tokens a constrained row may take (engine/grammar.py; a free row
         all True): the candidates computed around the head's top token could all be forbidden, so
         a constrained row's are computed again around its top *allowed* token, among the allowed.
-        scored: [B] bool, the rows that ask for logprobs: every logit of theirs recomputed
-        (engine/exact_head.py), so their normaliser and top entries are exact too."""
+        scored: [B] bool, the rows that ask for logprobs. When one does, the result is [2B, V]:
+        the B rows every row samples from, then the B rows its logprobs report, the scored ones
+        with every logit recomputed (engine/exact_head.py) so that their normaliser and top entries
+        are exact too. A row samples from the same logits whether it asks for logprobs or not:
+        asking must not change a sampled answer."""
+        reported = None
         if candidates is not None and self.head_rows is not None:
             if allowed is not None and self.head_bound is not None:
                 candidates = self._candidates_among(h, logits, candidates, allowed)
-            if scored is not None:
-                candidates = candidates & ~scored.unsqueeze(1)
             rows, cols = candidates.nonzero(as_tuple=True)
             if rows.numel():
                 logits[rows, cols] = (h[rows] * self.head_rows(cols)).sum(-1)
             if scored is not None and bool(scored.any()):
                 rows = scored.nonzero().squeeze(1)
-                logits[rows] = exact_logits(self.head_rows, h[rows], logits.shape[1])
+                reported = logits.clone()
+                reported[rows] = exact_logits(self.head_rows, h[rows], logits.shape[1])
+        if scored is not None and reported is None and bool(scored.any()):
+            reported = logits  # an exact head: what is sampled is what is reported
+        if reported is not None:
+            logits = torch.cat([logits, reported])
         cap = self.cfg.final_softcap
         if cap:  # monotonic: the candidates for the top are the same before and after
             logits = torch.tanh(logits / cap) * cap

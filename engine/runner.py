@@ -25,6 +25,19 @@ log = logging.getLogger(__name__)
 
 SCORE_ROWS = 128  # prompt scoring: positions whose logits are made at once
 
+Drawn = tuple[torch.Tensor, torch.Tensor | None]
+"""A step's logits [rows, V], which every row samples from, and, when some row asks for
+logprobs, the logits those report ([rows, V], the scored rows exact: Transformer.exact_top)."""
+
+
+def _halves(out: torch.Tensor, rows: int) -> Drawn:
+    """exact_top's result -> `Drawn`: [2 * rows, V] when one of the rows was scored, else [rows, V]."""
+    return (out[:rows], out[rows:]) if out.shape[0] == 2 * rows else (out, None)
+
+
+def _rows(logits: Drawn, rows: slice) -> Drawn:
+    return logits[0][rows], None if logits[1] is None else logits[1][rows]
+
 
 class TorchEngine:
     """Satisfies engine.protocol.Engine. Not thread-safe: one worker loop drives it."""
@@ -62,7 +75,7 @@ class TorchEngine:
         self._carry: list[torch.Tensor | None] = [None] * self.num_slots
         # the logits a read's first answer token was drawn from: its sibling answers' first tokens
         # are drawn from them too (fork)
-        self._drawn_from: list[torch.Tensor | None] = [None] * self.num_slots
+        self._drawn_from: list[Drawn | None] = [None] * self.num_slots
 
     @property
     def prompt_lookup(self) -> bool:
@@ -276,7 +289,7 @@ class TorchEngine:
                     if failed:
                         raise failed[slot]
                 hidden = self.model(ids, index)
-                logits = self.model.logits(hidden, allowed, self._scored([slot])) if sample else None
+                logits = _halves(self.model.logits(hidden, allowed, self._scored([slot])), 1) if sample else None
             else:
                 logits = self._score_prompt(slot, list(tokens), self.model.forward_all(ids, index)[0], scoring)
                 logits = logits if sample else None
@@ -286,9 +299,10 @@ class TorchEngine:
         self._drawn_from[slot] = logits
         return self._sampled_one(slot, logits)
 
-    def _sampled_one(self, slot: int, logits: torch.Tensor) -> int:
-        """logits [1, V] -> the slot's next token; its grammar's failure raised (this request's)."""
-        token = sample_tokens(logits, [self._samplers[slot]], self.eos_token_ids)[0]
+    def _sampled_one(self, slot: int, logits: Drawn) -> int:
+        """logits ([1, V], [1, V] or None: `Drawn`) -> the slot's next token; its grammar's
+        failure raised (this request's)."""
+        token = sample_tokens(logits[0], [self._samplers[slot]], self.eos_token_ids, logits[1])[0]
         error = self._grammar_error(slot)
         if error is not None:
             raise error
@@ -315,24 +329,29 @@ class TorchEngine:
             tokens.append(self._sampled_one(target, logits))
         return tokens
 
-    def _score_prompt(self, slot: int, tokens: list[int], h: torch.Tensor, top: int) -> torch.Tensor:
+    def _score_prompt(self, slot: int, tokens: list[int], h: torch.Tensor, top: int) -> Drawn:
         """h [T, dim]: this chunk's final-normed rows. Row i's logits score token i + 1; the
         previous chunk's last row scores this chunk's first token, and this chunk's last row waits
         for the next chunk (returned: it is also what the first answer token is drawn from). A read
         that gives way keeps these (the slot's state): its scores are those of one whole read.
         Logits are made SCORE_ROWS rows at a time (a [T, V] float32 block is 200 KB a row)."""
         carry = self._carry[slot]
+        drawn: Drawn | None = None
         for lo in range(0, h.shape[0], SCORE_ROWS):
             part = h[lo:lo + SCORE_ROWS]  # every row scores a token: all of them exact
-            logits = self.model.logits(part, scored=torch.ones(part.shape[0], dtype=torch.bool, device=part.device))
+            sampled, logits = _halves(self.model.logits(part, scored=torch.ones(part.shape[0], dtype=torch.bool,
+                                                                                 device=part.device)), part.shape[0])
+            assert logits is not None
             rows = logits[:-1] if carry is None else torch.cat([carry, logits[:-1]])
             first = lo + (1 if carry is None else 0)
             targets = tokens[first:lo + logits.shape[0]]
             if targets:
                 self._prompt_scores[slot] += score_prompt(rows.cpu(), targets, top)
             carry = logits[-1:].clone()
+            drawn = (sampled[-1:].clone(), carry)
         self._carry[slot] = carry
-        return carry
+        assert drawn is not None
+        return drawn
 
     def replay(self, slot: int, tokens: Sequence[int], sample: bool) -> int | None:
         """Append tokens this slot's request generated before (a resumed request's answer so far)
@@ -370,7 +389,7 @@ class TorchEngine:
         if not sample:
             return None
         assert logits is not None
-        return self._sampled_one(slot, logits[-1:])
+        return self._sampled_one(slot, _rows(logits, slice(-1, None)))
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> list[list[int]]:
         if len(slots) != len(tokens):
@@ -399,7 +418,7 @@ class TorchEngine:
             logits = self._step(slots, tokens, [self._positions[s] for s in slots], allowed, self._scored(slots))
             for slot, token in zip(slots, tokens):
                 self._fed(slot, [token])
-            sampled = sample_tokens(logits, [self._samplers[s] for s in slots], self.eos_token_ids)
+            sampled = sample_tokens(logits[0], [self._samplers[s] for s in slots], self.eos_token_ids, logits[1])
             for slot, token in zip(slots, sampled):
                 error = self._grammar_error(slot)
                 if error is not None:
@@ -424,11 +443,12 @@ class TorchEngine:
         logits = self._step([slot] * len(rows), rows, list(range(position, position + len(rows))),
                             scored=self._scored([slot] * len(rows)))
         sampler = self._samplers[slot]
-        out = sample_tokens(logits[:1], [sampler], self.eos_token_ids)
-        for row, guess in enumerate(guesses, start=1):
-            if out[-1] != guess:
+        out: list[int] = []
+        for row in range(len(rows)):
+            if row and out[-1] != guesses[row - 1]:
                 break
-            out += sample_tokens(logits[row:row + 1], [sampler], self.eos_token_ids)
+            sampling, reported = _rows(logits, slice(row, row + 1))
+            out += sample_tokens(sampling, [sampler], self.eos_token_ids, reported)
         self._fed(slot, rows[:len(out)])
         return out
 
@@ -439,27 +459,33 @@ class TorchEngine:
         return torch.tensor(scored, device=self.device) if any(scored) else None
 
     def _step(self, slots: list[int], tokens: list[int], positions: list[int],
-              allowed: torch.Tensor | None = None, scored: torch.Tensor | None = None) -> torch.Tensor:
-        """Rows of one token each at these positions of their slots -> logits [rows, V] (allowed:
-        constrained rows' tokens, for the head's exact top, `_allowed`; scored: `_scored`)."""
+              allowed: torch.Tensor | None = None, scored: torch.Tensor | None = None) -> Drawn:
+        """Rows of one token each at these positions of their slots -> logits [rows, V] and, when a
+        row is scored, what they report (`Drawn`; allowed: constrained rows' tokens, for the head's
+        exact top, `_allowed`; scored: `_scored`)."""
         span = min(self.ctx, -(-(max(positions) + 1) // KV_BUCKET) * KV_BUCKET)
         compiled = [self.compiled is not None and not self._eager[slot] for slot in slots]
         if all(path == compiled[0] for path in compiled):
-            return self._step_on(compiled[0], slots, tokens, positions, span, allowed, scored)
+            return _halves(self._step_on(compiled[0], slots, tokens, positions, span, allowed, scored), len(slots))
         # requests begun before the switch beside newer ones: each part on its own path (a row's
         # logits do not depend on what shares its step)
         parts = []
         for path in (False, True):
             rows = [i for i, c in enumerate(compiled) if c == path]
-            parts.append((rows, self._step_on(path, [slots[i] for i in rows], [tokens[i] for i in rows],
-                                              [positions[i] for i in rows], span,
-                                              None if allowed is None else allowed[rows],
-                                              None if scored is None else scored[rows])))
+            part = self._step_on(path, [slots[i] for i in rows], [tokens[i] for i in rows],
+                                 [positions[i] for i in rows], span,
+                                 None if allowed is None else allowed[rows],
+                                 None if scored is None else scored[rows])
+            parts.append((rows, _halves(part, len(rows))))
         with torch.inference_mode():
-            logits = parts[0][1].new_empty(len(slots), parts[0][1].shape[1])
-            for rows, part in parts:
-                logits[rows] = part
-        return logits
+            first = parts[0][1][0]
+            logits = first.new_empty(len(slots), first.shape[1])
+            reported = logits.clone() if any(r is not None for _, (_, r) in parts) else None
+            for rows, (sampling, told) in parts:
+                logits[rows] = sampling
+                if reported is not None:
+                    reported[rows] = sampling if told is None else told
+        return logits, reported
 
     def _step_on(self, compiled: bool, slots: list[int], tokens: list[int], positions: list[int],
                  span: int, allowed: torch.Tensor | None = None, scored: torch.Tensor | None = None) -> torch.Tensor:

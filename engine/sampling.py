@@ -108,9 +108,30 @@ class SlotSampler:
             self.constraint.accept(token)
 
 
-def sample_tokens(logits: Tensor, samplers: Sequence[SlotSampler], eos_token_ids: frozenset[int]) -> list[int]:
+def sample_tokens(logits: Tensor, samplers: Sequence[SlotSampler], eos_token_ids: frozenset[int],
+                  reported: Tensor | None = None) -> list[int]:
     """logits: [B, V] (any device/dtype) -> one token id per row; each sampler counts its token
-    (and, with params.logprobs set, keeps its TokenLogprob)."""
+    (and, with params.logprobs set, keeps its TokenLogprob, from `reported` [B, V] when given: the
+    exact rows of Transformer.exact_top, processed as the sampled ones are)."""
+    logits = _processed(logits, samplers, eos_token_ids)
+    scores = logits if reported is None else _processed(reported, samplers, eos_token_ids)
+    # the argmax only where a row is greedy (it is a pass over the vocabulary)
+    greedy_rows = [row for row, sampler in enumerate(samplers) if sampler.is_greedy]
+    picked = logits if len(greedy_rows) == len(samplers) else logits[greedy_rows]
+    greedy = dict(zip(greedy_rows, picked.argmax(dim=-1).tolist())) if greedy_rows else {}
+    tokens = []
+    for row, sampler in enumerate(samplers):
+        token = greedy[row] if sampler.is_greedy else _sample_row(logits[row], sampler)
+        if sampler.params.logprobs is not None:
+            sampler.logprobs.append(score(scores[row], token, sampler.params.logprobs))
+        sampler._took(token)
+        tokens.append(token)
+    return tokens
+
+
+def _processed(logits: Tensor, samplers: Sequence[SlotSampler], eos_token_ids: frozenset[int]) -> Tensor:
+    """logits [B, V] -> float32 on the CPU, each row through its sampler's processing and
+    min_tokens' end-of-sequence mask (the module docstring's order)."""
     logits = logits.detach().to(device="cpu", dtype=torch.float32)
     processed = [i for i, s in enumerate(samplers) if not s.is_plain]
     young = [i for i, s in enumerate(samplers) if s.num_sampled < s.params.min_tokens] if eos_token_ids else []
@@ -122,18 +143,7 @@ def sample_tokens(logits: Tensor, samplers: Sequence[SlotSampler], eos_token_ids
         eos = torch.tensor(sorted(eos_token_ids), dtype=torch.long)
         eos = eos[eos < logits.shape[1]]
         logits[torch.tensor(young).unsqueeze(1), eos.unsqueeze(0)] = float("-inf")
-    # the argmax only where a row is greedy (it is a pass over the vocabulary)
-    greedy_rows = [row for row, sampler in enumerate(samplers) if sampler.is_greedy]
-    picked = logits if len(greedy_rows) == len(samplers) else logits[greedy_rows]
-    greedy = dict(zip(greedy_rows, picked.argmax(dim=-1).tolist())) if greedy_rows else {}
-    tokens = []
-    for row, sampler in enumerate(samplers):
-        token = greedy[row] if sampler.is_greedy else _sample_row(logits[row], sampler)
-        if sampler.params.logprobs is not None:
-            sampler.logprobs.append(score(logits[row], token, sampler.params.logprobs))
-        sampler._took(token)
-        tokens.append(token)
-    return tokens
+    return logits
 
 
 def score(logits: Tensor, token: int, top: int) -> TokenLogprob:

@@ -19,12 +19,16 @@ def _spread_head() -> tuple[torch.Tensor, torch.Tensor]:
     return h, weight
 
 
-def test_scored_rows_get_every_logit_exact_and_the_others_keep_the_heads():
+def test_scored_rows_report_every_logit_exact_and_every_row_samples_from_the_heads():
     h, weight = _spread_head()
     model = _model_with_head(weight)
     exact = (h.double() @ weight.double().T).float()
     plain = model.logits(h.clone())
-    scored = model.logits(h.clone(), scored=torch.tensor([True, False, True, False]))
+    both = model.logits(h.clone(), scored=torch.tensor([True, False, True, False]))
+    assert both.shape == (8, 2048)
+    sampled, scored = both[:4], both[4:]
+    # what is sampled does not depend on whether a row asks for logprobs
+    assert torch.equal(sampled, plain)
     torch.testing.assert_close(scored[[0, 2]], exact[[0, 2]], rtol=0, atol=1e-4)
     assert torch.equal(scored[[1, 3]], plain[[1, 3]])
     # the head alone: its normaliser is off by more than float32's rounding (what this fixes)
@@ -41,9 +45,9 @@ def test_scored_rows_get_every_logit_exact_and_the_others_keep_the_heads():
 def test_a_scored_row_is_the_same_alone_or_beside_others():
     h, weight = _spread_head()
     model = _model_with_head(weight)
-    together = model.logits(h.clone(), scored=torch.ones(4, dtype=torch.bool))
+    together = model.logits(h.clone(), scored=torch.ones(4, dtype=torch.bool))[4:]
     for row in range(4):
-        alone = model.logits(h[row:row + 1].clone(), scored=torch.ones(1, dtype=torch.bool))
+        alone = model.logits(h[row:row + 1].clone(), scored=torch.ones(1, dtype=torch.bool))[1:]
         assert torch.equal(alone[0], together[row])
 
 
