@@ -524,7 +524,7 @@ class Transformer(nn.Module):
 
     def logits(self, h: Tensor, allowed: Tensor | None = None, scored: Tensor | None = None) -> Tensor:
         """h: [B, dim] float32 (from `forward`) -> logits [B, V] float32 (allowed, scored: `exact_top`'s;
-        [2B, V] when a row is scored).
+        [2B, V] when a row is scored and the head is a low-precision one).
 
         A low-precision head is off by up to its `HeadBound` on each logit (int8 weights: up to
         ~0.8 at SmolLM2's logits of 15-30; bf16 rounding of the output alone puts values 1/8
@@ -563,12 +563,12 @@ class Transformer(nn.Module):
         allowed: [B, V] bool, the tokens a constrained row may take (engine/grammar.py; a free row
         all True): the candidates computed around the head's top token could all be forbidden, so
         a constrained row's are computed again around its top *allowed* token, among the allowed.
-        scored: [B] bool, the rows that ask for logprobs. When one does, the result is [2B, V]:
-        the B rows every row samples from, then the B rows its logprobs report, the scored ones
-        with every logit recomputed (engine/exact_head.py) so that their normaliser and top entries
-        are exact too. A row samples from the same logits whether it asks for logprobs or not:
-        asking must not change a sampled answer."""
-        reported = None
+        scored: [B] bool, the rows that ask for logprobs. When one does and the head is a low-
+        precision one, the result is [2B, V]: the B rows every row samples from, then the B rows
+        its logprobs report, the scored ones with every logit recomputed (engine/exact_head.py) so
+        that their normaliser and top entries are exact too (an exact head's [B, V] are both). A row
+        samples from the same logits whether it asks for logprobs or not: asking must not change
+        a sampled answer."""
         if candidates is not None and self.head_rows is not None:
             if allowed is not None and self.head_bound is not None:
                 candidates = self._candidates_among(h, logits, candidates, allowed)
@@ -577,12 +577,8 @@ class Transformer(nn.Module):
                 logits[rows, cols] = (h[rows] * self.head_rows(cols)).sum(-1)
             if scored is not None and bool(scored.any()):
                 rows = scored.nonzero().squeeze(1)
-                reported = logits.clone()
-                reported[rows] = exact_logits(self.head_rows, h[rows], logits.shape[1])
-        if scored is not None and reported is None and bool(scored.any()):
-            reported = logits  # an exact head: what is sampled is what is reported
-        if reported is not None:
-            logits = torch.cat([logits, reported])
+                logits = torch.cat([logits, logits])
+                logits[rows + h.shape[0]] = exact_logits(self.head_rows, h[rows], logits.shape[1])
         cap = self.cfg.final_softcap
         if cap:  # monotonic: the candidates for the top are the same before and after
             logits = torch.tanh(logits / cap) * cap

@@ -31,7 +31,8 @@ logprobs, the logits those report ([rows, V], the scored rows exact: Transformer
 
 
 def _halves(out: torch.Tensor, rows: int) -> Drawn:
-    """exact_top's result -> `Drawn`: [2 * rows, V] when one of the rows was scored, else [rows, V]."""
+    """exact_top's result -> `Drawn`: [2 * rows, V] when a scored row's reported logits are not
+    its sampled ones (a low-precision head), else [rows, V], both."""
     return (out[:rows], out[rows:]) if out.shape[0] == 2 * rows else (out, None)
 
 
@@ -339,9 +340,9 @@ class TorchEngine:
         drawn: Drawn | None = None
         for lo in range(0, h.shape[0], SCORE_ROWS):
             part = h[lo:lo + SCORE_ROWS]  # every row scores a token: all of them exact
-            sampled, logits = _halves(self.model.logits(part, scored=torch.ones(part.shape[0], dtype=torch.bool,
-                                                                                 device=part.device)), part.shape[0])
-            assert logits is not None
+            sampled, reported = _halves(self.model.logits(part, scored=torch.ones(part.shape[0], dtype=torch.bool,
+                                                                                   device=part.device)), part.shape[0])
+            logits = sampled if reported is None else reported
             rows = logits[:-1] if carry is None else torch.cat([carry, logits[:-1]])
             first = lo + (1 if carry is None else 0)
             targets = tokens[first:lo + logits.shape[0]]

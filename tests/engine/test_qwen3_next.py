@@ -318,7 +318,8 @@ def test_loaded_as_a_worker_loads_it_prompt_lookup_stays_off(tiny_model, tmp_pat
 
 @pytest.mark.parametrize("seq", [1, 5, 64, 70, 130])
 def test_chunked_delta_rule_matches_the_token_loop(seq):
-    # batch 2, 2 value heads per key head's worth (8 heads), a nonzero state from a parked read
+    # batch 2, 8 heads (q, k as delta_step hands them on, repeated per value head), a nonzero
+    # state as a parked read leaves it
     import torch.nn.functional as F
     from engine.deltanet import delta_rule_chunked, delta_rule_steps
     gen = torch.Generator().manual_seed(seq)
