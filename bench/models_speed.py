@@ -25,12 +25,14 @@ finished this session): not done here."""
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
+import torch.nn.functional as F
 
 from bench.step_timing import measure
-from engine.deltanet import DeltaNetShape
+from engine.deltanet import DeltaNetShape, delta_rule_chunked, delta_rule_steps
 from engine.model import ModelConfig, Transformer
 from engine.weights import DictSource
 
@@ -115,14 +117,43 @@ def run(family: str, batches: list[int], steps: int) -> None:
     print(f"  prompt: {read.per_second(PROMPT):.1f} tok/s (one {PROMPT}-token chunk)")
 
 
+def rule(rounds: int) -> None:
+    """The gated delta rule alone on the qwen3next shape's 32 value heads over one 512-token read:
+    its chunkwise form (what a prompt read runs) against the token loop (what it ran before),
+    alternating, CPU time (so other processes on the cores count less)."""
+    shape = config("qwen3next")[0].linear
+    assert shape is not None
+    gen = torch.Generator().manual_seed(0)
+    heads, dk, dv = shape.n_v_heads, shape.k_dim, shape.v_dim
+    q = F.normalize(torch.randn(1, PROMPT, heads, dk, generator=gen), dim=-1) * dk ** -0.5
+    k = F.normalize(torch.randn(1, PROMPT, heads, dk, generator=gen), dim=-1)
+    v = torch.randn(1, PROMPT, heads, dv, generator=gen)
+    beta, g = torch.rand(1, PROMPT, heads, generator=gen), -0.1 * torch.rand(1, PROMPT, heads, generator=gen)
+    state = torch.zeros(1, heads, dk, dv)
+    forms = {"chunked": delta_rule_chunked, "loop": delta_rule_steps}
+    spent: dict[str, list[float]] = {name: [] for name in forms}
+    for _ in range(rounds + 1):  # the first round warms both up and is not counted
+        for name, form in forms.items():
+            started = time.process_time()
+            form(q, k, v, beta, g, state)
+            spent[name].append(time.process_time() - started)
+    chunked, loop = (statistics.median(spent[n][1:]) for n in forms)
+    print(f"delta rule, {PROMPT} tokens x {heads} heads: chunked {chunked * 1000:.0f} ms, loop {loop * 1000:.0f} ms "
+          f"CPU (median of {rounds}): {loop / chunked:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--family", nargs="+", default=["qwen3moe", "dense", "gemma3"])
+    parser.add_argument("--family", nargs="*", default=["qwen3moe", "dense", "gemma3"])
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 4])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rule", type=int, default=0, metavar="ROUNDS",
+                        help="also time the delta rule alone, chunked vs token loop, this many rounds")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.rule:
+        rule(args.rule)
     for family in args.family:
         run(family, args.batches, args.steps)
 
