@@ -3,7 +3,7 @@ dependencies. Nothing else is shared between requests."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Annotated
 
 import redis.asyncio as aioredis
@@ -34,14 +34,22 @@ class Services:
     keys: KeyRing | None = None  # None: no keys file, the server is open
     started_ms: int = 0  # on the intake's clock: /health's reference before any worker beat
     replica: str = ""  # this API process, <host>-<pid>: answers name it (x-strata-replica) when several share a port
+    _rules_now: dict[tuple[int, int | None, int | None], Rules] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def model_name(self) -> str:
         return self.rules.model_name
 
     async def rules_now(self) -> Rules:
-        """The rules with the context, the KV pool and the slots the workers serve now."""
-        return replace(self.rules, ctx=await self.fit.ctx(), pool_tokens=await self.fit.pool(), slots=await self.fit.slots())
+        """The rules with the context, the KV pool and the slots the workers serve now (one copy
+        per change of them, not one per request)."""
+        ctx, pool, slots = await self.fit.limits()
+        made = self._rules_now.get((ctx, pool, slots))
+        if made is None:
+            made = replace(self.rules, ctx=ctx, pool_tokens=pool, slots=slots)
+            self._rules_now.clear()
+            self._rules_now[(ctx, pool, slots)] = made
+        return made
 
 
 # The dependencies are async although they wait for nothing: FastAPI runs a plain `def` dependency

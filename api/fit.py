@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import anyio
 import redis.asyncio as aioredis
 
 from queues import membership
@@ -27,25 +28,41 @@ class Fit:
         self._pool: int | None = None
         self._slots: int | None = None
         self._read_ms: int | None = None
+        self._refreshing: anyio.Event | None = None  # set when the read in flight has ended
 
     async def ctx(self) -> int:
-        await self._refresh()
-        return self._ctx
+        return (await self.limits())[0]
 
     async def pool(self) -> int | None:
         """The smallest live worker's KV pool in tokens (a request beyond it never runs); None until one has said."""
-        await self._refresh()
-        return self._pool
+        return (await self.limits())[1]
 
     async def slots(self) -> int | None:
         """The most slots one live worker has (n answers take n of one worker's); None until one has said."""
+        return (await self.limits())[2]
+
+    async def limits(self) -> tuple[int, int | None, int | None]:
+        """(ctx, pool, slots), as the three above, from one read."""
         await self._refresh()
-        return self._slots
+        return self._ctx, self._pool, self._slots
 
     async def _refresh(self) -> None:
-        now = self.clock()
-        if self._read_ms is None or now - self._read_ms >= self.ttl_ms:
-            published, self._pool = await membership.live_limits(self.client, self.model, now, self.live_within_ms)
+        # The requests that arrive while a read is in flight wait for that read instead of each
+        # sending its own: under load every request of those milliseconds used to read again.
+        # A read that failed leaves the facts stale, and the next one in line reads itself.
+        while True:
+            now = self.clock()
+            if self._read_ms is not None and now - self._read_ms < self.ttl_ms:
+                return
+            if self._refreshing is None:
+                break
+            await self._refreshing.wait()
+        self._refreshing = done = anyio.Event()
+        try:
+            published, self._pool, self._slots = await membership.live_facts(
+                self.client, self.model, now, self.live_within_ms)
             self._ctx = min(published or self.fallback, self.fallback)
-            self._slots = await membership.live_slots(self.client, self.model, now, self.live_within_ms)
             self._read_ms = now
+        finally:
+            self._refreshing = None
+            done.set()

@@ -125,31 +125,33 @@ async def live_ctx(client: aioredis.Redis, model: str, now_ms: int, within_ms: i
 async def live_limits(client: aioredis.Redis, model: str, now_ms: int, within_ms: int) -> tuple[int | None, int | None]:
     """The smallest ctx and the smallest KV pool (blocks_total x kv_block tokens) the live workers
     of `model` publish; None for one no live worker has said."""
-    k = Keys(model)
-    ids = await client.zrangebyscore(k.workers, now_ms - within_ms, "+inf")
-    if not ids:
-        return None, None
-    pipe = client.pipeline(transaction=False)
-    for wid in ids:
-        pipe.hmget(k.worker(text(wid)), "ctx", "blocks_total", "kv_block")
-    ctxs, pools = [], []
-    for ctx, blocks, block in await pipe.execute():
-        if ctx and text(ctx).isdigit() and int(ctx) > 0:
-            ctxs.append(int(ctx))
-        if blocks and block and text(blocks).isdigit() and text(block).isdigit() and int(blocks) * int(block) > 0:
-            pools.append(int(blocks) * int(block))
-    return min(ctxs, default=None), min(pools, default=None)
+    ctx, pool, _slots = await live_facts(client, model, now_ms, within_ms)
+    return ctx, pool
 
 
 async def live_slots(client: aioredis.Redis, model: str, now_ms: int, within_ms: int) -> int | None:
     """The most slots a live worker of `model` publishes; None when no live worker has said. A
     request of n answers takes n slots of one worker at once: more than this can never start."""
+    return (await live_facts(client, model, now_ms, within_ms))[2]
+
+
+async def live_facts(client: aioredis.Redis, model: str, now_ms: int, within_ms: int,
+                     ) -> tuple[int | None, int | None, int | None]:
+    """(smallest ctx, smallest KV pool in tokens, most slots) the live workers of `model` publish,
+    in two round trips; each None when no live worker has said."""
     k = Keys(model)
     ids = await client.zrangebyscore(k.workers, now_ms - within_ms, "+inf")
     if not ids:
-        return None
+        return None, None, None
     pipe = client.pipeline(transaction=False)
     for wid in ids:
-        pipe.hget(k.worker(text(wid)), "slots_total")
-    found = [int(c) for c in await pipe.execute() if c and text(c).isdigit() and int(c) > 0]
-    return max(found, default=None)
+        pipe.hmget(k.worker(text(wid)), "ctx", "blocks_total", "kv_block", "slots_total")
+    ctxs, pools, slots = [], [], []
+    for ctx, blocks, block, total in await pipe.execute():
+        if ctx and text(ctx).isdigit() and int(ctx) > 0:
+            ctxs.append(int(ctx))
+        if blocks and block and text(blocks).isdigit() and text(block).isdigit() and int(blocks) * int(block) > 0:
+            pools.append(int(blocks) * int(block))
+        if total and text(total).isdigit() and int(total) > 0:
+            slots.append(int(total))
+    return min(ctxs, default=None), min(pools, default=None), max(slots, default=None)
