@@ -3,6 +3,13 @@ real shape (SmolLM2-1.7B's by default: 24 layers, dim 2048, hidden 8192, vocabul
 written in one of llama.cpp's mixes (tests/helpers/quant_models.py's recipes):
 
     .venv/bin/python -m bench.quant_speed --mix Q4_K_M [--batches 1 4] [--steps 8]
+    .venv/bin/python -m bench.quant_speed --kernels [--size 2048] [--batches 1 4]
+
+--kernels: the products alone, one thread, per type: CPU time of a size x size product with
+random blocks at each batch size through `strata_quants::mm` (int8 activations, the layers'
+form; float32 activations, the head's; the portable build's int8 form) beside torch's int4 kernel
+on the same shape (a Q4_K matrix repacked, as the loader does), the reference, measured in the
+same run (median of interleaved rounds, so a load change hits all alike).
 
 Model level (no tokenizer, no worker), eager, bench/step_timing.py's loop, CPU bf16 as `strata
 serve` builds it (int4 for Q4_0/Q4_1 matrices without their bf16 prefill copy, which alone would
@@ -15,6 +22,7 @@ numbers measured in one run."""
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -44,6 +52,46 @@ def rss() -> str:
     return f"RSS {found['VmRSS']:.0f} MiB (anonymous {found['RssAnon']:.0f}, file pages {found['RssFile']:.0f})"
 
 
+def kernels(size: int, batches: list[int], rounds: int = 7) -> None:
+    """One thread: each product's median CPU time over `rounds` interleaved rounds."""
+    import numpy as np
+    from gguf import GGMLQuantizationType as Q
+
+    from engine.quants import blocks as quants
+    from engine.weights import Int4Linear
+    from tests.helpers.quant_models import random_blocks
+
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    ops = quants.ops()
+    types = [Q.Q8_0, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS, Q.IQ3_S]
+    raws = {q: torch.from_numpy(random_blocks(q, size, size, rng)) for q in types}
+    int4 = Int4Linear(quants.unpack_q4_k(quants.QuantBlocks(raws[Q.Q4_K], Q.Q4_K, size)))
+    calls: dict[tuple[str, str], object] = {}
+    for batch in batches:
+        x = torch.randn(batch, size)
+        xb = x.to(torch.bfloat16)
+        calls[("torch int4 (Q4_K repacked)", f"B={batch}")] = lambda xb=xb: int4(xb)
+        for q in types:
+            for form, args in (("int8 x", (True, False)), ("float32 x", (False, False)), ("portable int8 x", (True, True))):
+                calls[(f"{q.name} {form}", f"B={batch}")] = (
+                    lambda x=x, q=q, args=args: ops.mm(x, raws[q], int(q), quants.table(q), *args))
+    times: dict[tuple[str, str], list[float]] = {key: [] for key in calls}
+    for _ in range(rounds):
+        for key, call in calls.items():
+            started = time.thread_time()
+            for _ in range(5):
+                call()  # type: ignore[operator]
+            times[key].append((time.thread_time() - started) / 5)
+    names = dict.fromkeys(name for name, _ in calls)
+    print(f"{size}x{size} product, one thread, CPU ms (median of {rounds} rounds of 5 calls); "
+          f"load average {os.getloadavg()[0]:.2f}")
+    print(f"{'':28}" + "".join(f"{f'B={b}':>10}" for b in batches))
+    for name in names:
+        row = [sorted(times[(name, f"B={b}")])[rounds // 2] * 1000 for b in batches]
+        print(f"{name:28}" + "".join(f"{t:10.3f}" for t in row))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mix", default="Q4_K_M")
@@ -51,7 +99,12 @@ def main() -> None:
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 4])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--kernels", action="store_true", help="time the products alone (above)")
+    parser.add_argument("--size", type=int, default=2048, help="--kernels: the square matrix's side")
     args = parser.parse_args()
+    if args.kernels:
+        kernels(args.size, args.batches)
+        return
     torch.set_num_threads(args.threads)
     path = Path(tempfile.gettempdir()) / "strata-bench-cache" / f"random-{args.shape}-{args.mix}.gguf"
     path.parent.mkdir(exist_ok=True)

@@ -349,7 +349,7 @@ class Transformer(nn.Module):
             if held is not None and held.qtype not in INT8_HEAD_TYPES:
                 # K-quant / IQ heads (Q6_K in Q4_K_M files): the file's blocks, one copy for the
                 # head and its exact rows (and the embedding, if tied); e_n = 0 in its bound
-                head = QuantLinear([held], slabs=False)
+                head = QuantLinear([held], slabs=False, int8_x=False)  # float32 x: its bound
                 model.head, effective = head, head.dequantized
                 rows = QuantRows(held)
                 if head_name == "embed":

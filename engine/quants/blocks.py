@@ -2,9 +2,10 @@
 
 A `QuantBlocks` is a matrix's raw GGUF rows (uint8 [out, row_bytes]: every row whole blocks,
 rows already in HF order) and its type. `QuantLinear` multiplies by it: generated tokens (a decode
-step, calling the module) through `strata_quants::mm`, which unpacks one row of blocks at a time
-into a cache-sized buffer, bit for bit gguf's values, and dots it in float32 with every activation
-row; prompt tokens (its `prompt_form`, whatever their number) a slab of rows at a time, unpacked
+step, calling the module) through `strata_quants::mm`, which turns one row of blocks at a time into
+int8 codes and per-block scales (the exact weights) and sums codes times activations per 32
+weights (the activations quantized to int8 per 32, as llama.cpp does; float32 for the head), one
+scale applied per sum; prompt tokens (its `prompt_form`, whatever their number) a slab of rows at a time, unpacked
 to float32, rounded to bf16 and multiplied by oneDNN (`F.linear` in bf16, the default's prompt
 arithmetic), so no dense copy is ever held. Chosen by role, not by a call's length, like the int4
 matrices' bf16 copy (engine/weights.py `TwoFormLinear`): a cached repeat reads its last tokens as
@@ -101,15 +102,19 @@ class QuantLinear(nn.Module):
 
     Q4_K parts (with `int4`) are repacked once, exactly, into torch's int4 groups and run on its
     int4 kernel (`Int4Linear`, as Q4_0/Q4_1 files do: bf16 activations, each group's scale and
-    offset rounded to bf16), 4x faster than `strata_quants::mm` on them; the raw Q4_K bytes are
+    offset rounded to bf16), faster than `strata_quants::mm` on them at 4 rows (bench/quant_speed.py
+    --kernels) and with finer activations; the raw Q4_K bytes are
     not kept (int4 holds 0.625 bytes a weight against the file's 0.5625)."""
 
     def __init__(self, parts: list[QuantBlocks], bias: Tensor | None = None, *, slabs: bool = True,
-                 int4: bool = False) -> None:
+                 int4: bool = False, int8_x: bool = True) -> None:
         """slabs: prompt tokens (`prompt_form`) go through bf16 slabs (False: through `mm` too).
-        int4: Q4_K parts on torch's int4 kernel."""
+        int4: Q4_K parts on torch's int4 kernel. int8_x: `mm` quantizes the activations to int8
+        per 32 (llama.cpp's arithmetic, ~5e-3 relative error on the output); False keeps them
+        float32 (the head: its error bound, `HeadBound`, counts the weights as exact and the
+        activations as given)."""
         super().__init__()
-        self.slabs = slabs
+        self.slabs, self.int8_x = slabs, int8_x
         self.cols = parts[0].cols
         assert all(p.cols == self.cols for p in parts)
         self.out_features = sum(p.raw.shape[0] for p in parts)
@@ -141,7 +146,7 @@ class QuantLinear(nn.Module):
     def _product(self, x: Tensor, prompt: bool) -> Tensor:
         flat = x.reshape(-1, x.shape[-1])
         outs = [self.int4[p](flat).float() if isinstance(p, int)
-                else self._slabs(flat, p) if prompt else ops().mm(flat, p.raw, int(p.qtype), table(p.qtype))
+                else self._slabs(flat, p) if prompt else ops().mm(flat, p.raw, int(p.qtype), table(p.qtype), self.int8_x)
                 for p in self.parts]
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         if self.bias is not None:

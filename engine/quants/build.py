@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -24,9 +25,15 @@ import torch
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("dequant.cpp", "ops.cpp")
-# dequant.cpp must not fuse a product and a sum (numpy rounds each): bit-exact unpacking.
-FLAGS = {"dequant.cpp": ["-ffp-contract=off"], "ops.cpp": ["-fopenmp"]}
+SOURCES = ("dequant.cpp", "kernel.cpp", "ops.cpp")
+X86 = platform.machine() in ("x86_64", "AMD64")
+# (object, source, flags). dequant.cpp must not fuse a product and a sum (numpy rounds each):
+# bit-exact unpacking. kernel.cpp twice: AVX2 + FMA (picked at run time where the CPU has them,
+# AMD and Intel alike) and the baseline; ops.cpp must know whether the first exists.
+UNITS = [("dequant", "dequant.cpp", ["-ffp-contract=off"]),
+         ("kernel", "kernel.cpp", []),
+         *([("kernel_avx2", "kernel.cpp", ["-DSTRATA_AVX2", "-mavx2", "-mfma", "-mf16c"])] if X86 else []),
+         ("ops", "ops.cpp", ["-fopenmp", *(["-DSTRATA_HAVE_AVX2"] if X86 else [])])]
 COMMON = ["-O3", "-std=c++20", "-fPIC", "-fno-math-errno"]
 BUILD_DIR = HERE / "_build"
 
@@ -45,7 +52,7 @@ def library_path() -> Path:
     h = hashlib.sha1(torch.__version__.encode())
     for name in SOURCES:
         h.update((HERE / name).read_bytes())
-    h.update(repr((FLAGS, COMMON)).encode())
+    h.update(repr((UNITS, COMMON)).encode())
     return BUILD_DIR / f"strata_quants-{h.hexdigest()[:12]}.so"
 
 
@@ -65,10 +72,10 @@ def build() -> Path:
     BUILD_DIR.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(dir=BUILD_DIR) as tmp:
         objects = []
-        for name in SOURCES:
-            obj = Path(tmp) / (name + ".o")
+        for unit, name, flags in UNITS:
+            obj = Path(tmp) / (unit + ".o")
             extra = compile_flags if name == "ops.cpp" else []
-            subprocess.run([cxx, *COMMON, *FLAGS[name], *extra, "-c", str(HERE / name), "-o", str(obj)], check=True)
+            subprocess.run([cxx, *COMMON, *flags, *extra, "-c", str(HERE / name), "-o", str(obj)], check=True)
             objects.append(str(obj))
         out = Path(tmp) / target.name
         subprocess.run([cxx, "-shared", *objects, "-o", str(out), *link], check=True)

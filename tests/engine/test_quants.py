@@ -1,8 +1,9 @@
 """engine/quants: GGUF blocks kept as they are (Q8_0, Q5_0/Q5_1, K-quants, IQ4_XS, IQ3_S).
 
 Unpacking equals gguf's own dequantize bit for bit (random valid blocks; gguf's quantize where
-gguf-py has one); the product is within float32 rounding of float32 on the dequantized weights
-(generated tokens) or the bf16 product of their bf16 rounding (prompt tokens, any number); tiny models written by gguf's writer in the mixes
+gguf-py has one); the decode product is the exact weights times the activations quantized to
+int8 per 32 (llama.cpp's arithmetic) or, for the head, float32 ones, within float32 rounding; the
+prompt product the bf16 product of their bf16 rounding (prompt tokens, any number); tiny models written by gguf's writer in the mixes
 people download hold at most 1.15x the file's tensor bytes and give the dequantized-bf16 model's
 greedy tokens."""
 
@@ -73,29 +74,80 @@ def test_q4_k_on_torchs_int4_kernel_is_within_bf16_of_float32():
         assert float((linear(x).double() - reference).norm() / reference.norm()) <= 1e-2
 
 
+def int8_per_32(x: torch.Tensor) -> torch.Tensor:
+    """x as `strata_quants::mm` takes it with int8_x: per 32, xq = round(x * (127 / max|x|)) to
+    nearest even, in float32, times max|x| / 127; float64 out."""
+    chunks = x.reshape(x.shape[0], -1, 32)
+    amax = chunks.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    return (torch.round(chunks * inv).double() * (amax / 127.0).double()).reshape(x.shape)
+
+
+@pytest.mark.parametrize("qtype", sorted(quants.TYPES), ids=lambda q: q.name)
+def test_mm_is_the_exact_weights_times_the_activations(qtype):
+    """`strata_quants::mm` on random blocks against gguf's dequantize and a float64 matmul, in
+    every form (the AVX2 build this CPU picks and the portable one, int8 and float32 activations):
+    - float32 activations (the head's): relative error of the output <= 1e-5 (~1e-7 measured);
+    - int8 activations: against the activations quantized per 32 as the kernel does, <= 1e-5 (the
+      integer sums exact, float32 roundings only); against x itself <= 1.5e-2 (~5e-3 measured on
+      normal x: llama.cpp's error);
+    - the two builds agree within float32 rounding (the same integers summed), and a row's result
+      is the same alone and in a batch of 4 (bit for bit)."""
+    rng = np.random.default_rng(int(qtype) + 100)
+    rows, cols = 48, 1024
+    raw = torch.from_numpy(random_blocks(qtype, rows, cols, rng))
+    exact = torch.from_numpy(gguf_dequantize(raw.numpy(), qtype)).double()
+    torch.manual_seed(int(qtype))
+    x = torch.randn(4, cols) * torch.rand(4, 1)
+    x[1, :64] = 0  # a chunk of zeros (its int8 scale 0)
+    reference, reference_int8 = x.double() @ exact.T, int8_per_32(x) @ exact.T
+
+    def error(y: torch.Tensor, ref: torch.Tensor) -> float:
+        return float((y.double() - ref).norm() / ref.norm())
+
+    results = {}
+    for int8_x in (False, True):
+        for portable in (False, True):
+            y = quants.ops().mm(x, raw, int(qtype), quants.table(qtype), int8_x, portable)
+            assert y.shape == (4, rows) and y.dtype == torch.float32
+            if int8_x:
+                assert error(y, reference_int8) <= 1e-5, (qtype.name, portable)
+                assert error(y, reference) <= 1.5e-2, (qtype.name, portable)
+            else:
+                assert error(y, reference) <= 1e-5, (qtype.name, portable)
+            for i in range(4):
+                alone = quants.ops().mm(x[i:i + 1], raw, int(qtype), quants.table(qtype), int8_x, portable)
+                assert torch.equal(alone, y[i:i + 1]), (qtype.name, int8_x, portable, i)
+            results[int8_x, portable] = y
+        assert error(results[int8_x, True], results[int8_x, False].double()) <= 1e-6
+
+
 @pytest.mark.parametrize("qtype", NEW_TYPES, ids=lambda q: q.name)
-def test_product_is_float32_on_the_dequantized_weights(qtype):
-    """The decode form, any number of tokens a row: float32 products of the exact weights,
-    relative error of the output <= 1e-5 (float32 accumulation over 512 terms: ~1e-7 measured).
-    The prompt form (`prompt_form`), one token or many: exactly oneDNN's bf16 product of the
-    weights and activations rounded to bf16 (so a prompt's last tokens read alone after a cached
-    prefix go through the kernel they went through in the cold read)."""
+def test_product_is_the_kernel_on_the_exact_weights(qtype):
+    """QuantLinear: the decode form, any number of tokens a row, is `mm` with int8 activations
+    (relative error of the output <= 1.5e-2, see above); the head's (int8_x=False) float32 products
+    of the exact weights (<= 1e-5). The prompt form (`prompt_form`), one token or many: exactly
+    oneDNN's bf16 product of the weights and activations rounded to bf16 (so a prompt's last tokens
+    read alone after a cached prefix go through the kernel they went through in the cold read)."""
     rng = np.random.default_rng(1)
     rows, cols = 40, 512
     raw = random_blocks(qtype, rows, cols, rng)
     exact = torch.from_numpy(gguf_dequantize(raw, qtype)).double()
     blocks = quants.QuantBlocks(torch.from_numpy(raw), qtype, cols)
-    linear = quants.QuantLinear([blocks, blocks], bias=torch.arange(2 * rows, dtype=torch.float32))
-    torch.manual_seed(0)
     bias = torch.arange(2 * rows, dtype=torch.float32)
+    linear = quants.QuantLinear([blocks, blocks], bias=bias)
+    head = quants.QuantLinear([blocks, blocks], bias=bias, slabs=False, int8_x=False)
+    torch.manual_seed(0)
     bf16 = quants.dequantize(blocks).to(torch.bfloat16)  # each part's slab its own product
     for tokens in (1, 3, 20):
         x = torch.randn(2, tokens, cols)
-        y = linear(x)
-        assert y.shape == (2, tokens, 2 * rows) and y.dtype == torch.float32
         reference = x.double() @ torch.cat([exact, exact]).T + bias.double()
-        error = float((y.double() - reference).norm() / reference.norm())
-        assert error <= 1e-5, (qtype.name, tokens, error)
+        for module, bound in ((linear, 1.5e-2), (head, 1e-5)):
+            y = module(x)
+            assert y.shape == (2, tokens, 2 * rows) and y.dtype == torch.float32
+            error = float((y.double() - reference).norm() / reference.norm())
+            assert error <= bound, (qtype.name, tokens, error)
+        assert torch.equal(head.prompt_form(x), head(x))  # slabs=False: the kernel for prompt tokens too
         prompt = linear.prompt_form(x)
         part = F.linear(x.to(torch.bfloat16), bf16).float()
         assert torch.equal(prompt, torch.cat([part, part], dim=-1) + bias), (qtype.name, tokens)

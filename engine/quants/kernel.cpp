@@ -1,0 +1,472 @@
+// The decode product's inner loop: one row of a GGUF matrix (whole blocks) dotted with rows of
+// activations, each block's integer codes multiplied by the activations and the block's (or
+// sub-block's) scale applied once to their sum. No torch here and no header with inline C++
+// functions: build.py compiles this file twice, once for x86-64-v3 (AVX2 + FMA, STRATA_AVX2) and
+// once for the baseline, and ops.cpp picks one at run time, so no code compiled for AVX2 can be
+// linked into the baseline one (everything below is file-local but the two entry points).
+//
+// A row of blocks is first turned into "codes": signed int8 weights q (offsets subtracted,
+// codebook values looked up, signs applied), a float scale per 16 weights and a float minimum per
+// 32, so that every type's weight is w = s[e/16] * q[e] + m[e/32], the same real number as gguf's
+// dequantize (the codes are exact integers; the scales d*sc are exact in float32). Then, per 32
+// weights and activation row:
+//   int8 activations (x quantized per 32 as llama.cpp does: x ~ dx * xq, xq in [-127, 127]):
+//     sum_e w_e x_e ~ dx * (s0 * sum_{e<16} q_e xq_e + s1 * sum_{e>=16} q_e xq_e) + m * dx * sum xq
+//     the integer sums exact (int16 pair sums, at most 2 * 128 * 127), one float rounding each;
+//   float32 activations: the same with x itself, q_e * x_e in float32.
+#include <cstdint>
+#include <cstring>
+
+#ifdef STRATA_AVX2
+#include <immintrin.h>
+#define ENTRY(name) name##_avx2
+#else
+#define ENTRY(name) name##_portable
+#endif
+
+namespace {
+
+enum QType : int {  // GGMLQuantizationType values
+  Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14,
+  IQ3_S = 21, IQ4_XS = 23,
+};
+
+inline float f16(const uint8_t* p) {  // IEEE half (little-endian) -> float, exactly
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+#ifdef STRATA_AVX2
+  return _cvtsh_ss(h);  // F16C: the same exact conversion
+#endif
+  uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
+  if (exp == 0) {
+    float f = float(mant) * 5.9604644775390625e-8f;
+    return sign ? -f : f;
+  }
+  bits = exp == 31 ? (sign | 0x7f800000u | (mant << 13)) : (sign | ((exp + 112) << 23) | (mant << 13));
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// One block's codes: q[block weights], s[weights / 16], m[weights / 32].
+struct Codes {
+  int8_t* q;
+  float* s;
+  float* m;
+};
+
+inline void scale_min_k(const uint8_t* s, uint8_t* sc, uint8_t* mn) {
+  for (int j = 0; j < 4; ++j) {
+    sc[j] = s[j] & 0x3F;
+    mn[j] = s[j + 4] & 0x3F;
+    sc[j + 4] = (s[j + 8] & 0x0F) | ((s[j] >> 2) & 0x30);
+    mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 2) & 0x30);
+  }
+}
+
+// 32-weight types (block layouts: dequant.cpp).
+inline void codes_32(int qtype, const uint8_t* b, Codes c) {
+  float d = f16(b), m = 0.0f;
+  if (qtype == Q8_0) {
+    std::memcpy(c.q, b + 2, 32);
+  } else if (qtype == Q4_0 || qtype == Q4_1) {
+    const uint8_t* qs = b + (qtype == Q4_1 ? 4 : 2);
+    const int off = qtype == Q4_0 ? 8 : 0;
+    for (int l = 0; l < 16; ++l) {
+      c.q[l] = int8_t((qs[l] & 0x0F) - off);
+      c.q[l + 16] = int8_t((qs[l] >> 4) - off);
+    }
+    if (qtype == Q4_1) m = f16(b + 2);
+  } else {  // Q5_0, Q5_1
+    const bool with_min = qtype == Q5_1;
+    const uint8_t* p = b + (with_min ? 4 : 2);
+    uint32_t qh;
+    std::memcpy(&qh, p, 4);
+    const uint8_t* qs = p + 4;
+    const int off = with_min ? 0 : 16;
+    for (int l = 0; l < 16; ++l) {
+      c.q[l] = int8_t(((qs[l] & 0x0F) | (((qh >> l) & 1) << 4)) - off);
+      c.q[l + 16] = int8_t(((qs[l] >> 4) | (((qh >> (l + 16)) & 1) << 4)) - off);
+    }
+    if (with_min) m = f16(b + 2);
+  }
+  c.s[0] = c.s[1] = d;
+  c.m[0] = m;
+}
+
+// 256-weight types. kvalues: IQ4_XS's 16 codebook values; grid: IQ3_S's 512 x 4 bytes.
+inline void codes_256(int qtype, const uint8_t* b, Codes c, const int8_t* kvalues, const uint8_t* grid) {
+  switch (qtype) {
+    case Q4_K:
+    case Q5_K: {
+      const bool five = qtype == Q5_K;
+      const float d = f16(b), dmin = f16(b + 2);
+      uint8_t sc[8], mn[8];
+      scale_min_k(b + 4, sc, mn);
+      const uint8_t* qh = b + 16;
+      const uint8_t* qs = b + (five ? 48 : 16);
+      for (int s = 0; s < 8; ++s) {
+        const uint8_t* q = qs + 32 * (s / 2);
+        const int shift = 4 * (s % 2);
+        for (int l = 0; l < 32; ++l) {
+          int v = (q[l] >> shift) & 0x0F;
+          if (five) v |= ((qh[l] >> s) & 1) << 4;
+          c.q[32 * s + l] = int8_t(v);
+        }
+        c.s[2 * s] = c.s[2 * s + 1] = d * float(sc[s]);  // gguf's (d * sc) * q - dmin * m
+        c.m[s] = -(dmin * float(mn[s]));
+      }
+      break;
+    }
+    case Q6_K: {
+      const uint8_t* ql = b;
+      const uint8_t* qh = b + 128;
+      const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
+      const float d = f16(b + 208);
+      for (int h = 0; h < 2; ++h)
+        for (int j = 0; j < 4; ++j) {
+          const uint8_t* lo = ql + 64 * h + 32 * (j % 2);
+          const int shift = 4 * (j / 2);
+          int8_t* out = c.q + 128 * h + 32 * j;
+          for (int l = 0; l < 32; ++l)
+            out[l] = int8_t((((lo[l] >> shift) & 0x0F) | (((qh[32 * h + l] >> (2 * j)) & 3) << 4)) - 32);
+        }
+      for (int i = 0; i < 16; ++i) c.s[i] = d * float(scales[i]);
+      for (int i = 0; i < 8; ++i) c.m[i] = 0.0f;
+      break;
+    }
+    case IQ4_XS: {
+      const float d = f16(b);
+      uint16_t sh;
+      std::memcpy(&sh, b + 2, 2);
+      const uint8_t* sl = b + 4;
+      const uint8_t* qs = b + 8;
+      for (int s = 0; s < 8; ++s) {
+        const int scale = (((sl[s / 2] >> (4 * (s % 2))) & 0x0F) | (((sh >> (2 * s)) & 3) << 4)) - 32;
+        const uint8_t* q = qs + 16 * s;
+        for (int l = 0; l < 16; ++l) {
+          c.q[32 * s + l] = kvalues[q[l] & 0x0F];
+          c.q[32 * s + l + 16] = kvalues[q[l] >> 4];
+        }
+        c.s[2 * s] = c.s[2 * s + 1] = d * float(scale);
+        c.m[s] = 0.0f;
+      }
+      break;
+    }
+    case IQ3_S: {
+      const float d = f16(b);
+      const uint8_t* qs = b + 2;
+      const uint8_t* qh = b + 66;
+      const uint8_t* signs = b + 74;
+      const uint8_t* scales = b + 106;
+      for (int s = 0; s < 8; ++s) {
+        const uint8_t* q = qs + 8 * s;
+        const uint8_t* sg = signs + 4 * s;
+        const int high = qh[s];
+        for (int l = 0; l < 32; ++l) {
+          const int g = l >> 2;
+          const int v = grid[(int(q[g]) | (((high >> g) & 1) << 8)) * 4 + (l & 3)];
+          c.q[32 * s + l] = int8_t((sg[l >> 3] >> (l & 7)) & 1 ? -v : v);
+        }
+        c.s[2 * s] = c.s[2 * s + 1] = d * float(1 + 2 * ((scales[s / 2] >> (4 * (s % 2))) & 0x0F));
+        c.m[s] = 0.0f;
+      }
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+#ifdef STRATA_AVX2
+// The weights' codes with AVX2 (the same integers as the loops above, which the baseline build
+// runs): 32 at a time; the scales still from the scalar code above.
+inline __m256i bytes_from_bits(uint32_t bits) {  // byte e: 0xFF where bit e is set
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(int(bits)),
+      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201);
+  return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+}
+
+inline __m256i nibbles_16(const uint8_t* qs) {  // elements 0-15 low nibbles of qs[0..16], 16-31 high
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0F));
+}
+
+inline void store(int8_t* q, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), v); }
+
+inline __m256i load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+inline void codes_avx2(int qtype, const uint8_t* b, Codes c, const int8_t* kvalues, const uint8_t* grid) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  switch (qtype) {
+    case Q8_0:
+    case Q4_0:
+    case Q4_1:
+      codes_32(qtype, b, c);
+      if (qtype != Q8_0) store(c.q, _mm256_sub_epi8(nibbles_16(b + (qtype == Q4_1 ? 4 : 2)), _mm256_set1_epi8(qtype == Q4_0 ? 8 : 0)));
+      return;
+    case Q5_0:
+    case Q5_1: {
+      const bool with_min = qtype == Q5_1;
+      c.s[0] = c.s[1] = f16(b);
+      c.m[0] = with_min ? f16(b + 2) : 0.0f;
+      const uint8_t* p = b + (with_min ? 4 : 2);
+      uint32_t qh;
+      std::memcpy(&qh, p, 4);
+      __m256i v = _mm256_or_si256(nibbles_16(p + 4), _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10)));
+      store(c.q, with_min ? v : _mm256_sub_epi8(v, _mm256_set1_epi8(16)));
+      return;
+    }
+    case Q4_K:
+    case Q5_K: {
+      const bool five = qtype == Q5_K;
+      const float d = f16(b), dmin = f16(b + 2);
+      uint8_t sc[8], mn[8];
+      scale_min_k(b + 4, sc, mn);
+      for (int s = 0; s < 8; ++s) {
+        c.s[2 * s] = c.s[2 * s + 1] = d * float(sc[s]);
+        c.m[s] = -(dmin * float(mn[s]));
+      }
+      const uint8_t* qs = b + (five ? 48 : 16);
+      const __m256i qh = five ? load(b + 16) : _mm256_setzero_si256();
+      const __m256i one = _mm256_set1_epi8(1);
+      for (int j = 0; j < 4; ++j) {
+        const __m256i v = load(qs + 32 * j);
+        __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        if (five) {
+          lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), one), 4));
+          hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j + 1), one), 4));
+        }
+        store(c.q + 64 * j, lo);
+        store(c.q + 64 * j + 32, hi);
+      }
+      return;
+    }
+    case Q6_K: {
+      const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
+      const float d = f16(b + 208);
+      for (int i = 0; i < 16; ++i) c.s[i] = d * float(scales[i]);
+      for (int i = 0; i < 8; ++i) c.m[i] = 0.0f;
+      const __m256i three = _mm256_set1_epi8(3), bias = _mm256_set1_epi8(32);
+      for (int h = 0; h < 2; ++h) {
+        const __m256i a = load(b + 64 * h), bb = load(b + 64 * h + 32), qh = load(b + 128 + 32 * h);
+        const __m256i lo[4] = {_mm256_and_si256(a, low4), _mm256_and_si256(bb, low4),
+                               _mm256_and_si256(_mm256_srli_epi16(a, 4), low4),
+                               _mm256_and_si256(_mm256_srli_epi16(bb, 4), low4)};
+        for (int j = 0; j < 4; ++j) {
+          const __m256i top = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), three), 4);
+          store(c.q + 128 * h + 32 * j, _mm256_sub_epi8(_mm256_or_si256(lo[j], top), bias));
+        }
+      }
+      return;
+    }
+    case IQ4_XS: {
+      const float d = f16(b);
+      uint16_t sh;
+      std::memcpy(&sh, b + 2, 2);
+      const uint8_t* sl = b + 4;
+      const __m256i values = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kvalues)));
+      for (int s = 0; s < 8; ++s) {
+        const int scale = (((sl[s / 2] >> (4 * (s % 2))) & 0x0F) | (((sh >> (2 * s)) & 3) << 4)) - 32;
+        c.s[2 * s] = c.s[2 * s + 1] = d * float(scale);
+        c.m[s] = 0.0f;
+        store(c.q + 32 * s, _mm256_shuffle_epi8(values, nibbles_16(b + 8 + 16 * s)));
+      }
+      return;
+    }
+    case IQ3_S: {
+      const float d = f16(b);
+      const uint8_t* qs = b + 2;
+      const uint8_t* qh = b + 66;
+      const uint8_t* signs = b + 74;
+      const uint8_t* scales = b + 106;
+      for (int s = 0; s < 8; ++s) {
+        c.s[2 * s] = c.s[2 * s + 1] = d * float(1 + 2 * ((scales[s / 2] >> (4 * (s % 2))) & 0x0F));
+        c.m[s] = 0.0f;
+        const uint8_t* q = qs + 8 * s;
+        const int high = qh[s];
+        int32_t g[8];
+        for (int i = 0; i < 8; ++i) std::memcpy(&g[i], grid + 4 * (int(q[i]) | (((high >> i) & 1) << 8)), 4);
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g));
+        uint32_t bits;
+        std::memcpy(&bits, signs + 4 * s, 4);
+        const __m256i negative = bytes_from_bits(bits);
+        store(c.q + 32 * s, _mm256_sub_epi8(_mm256_xor_si256(v, negative), negative));
+      }
+      return;
+    }
+    default:
+      return;
+  }
+}
+#endif
+
+inline bool is_32(int qtype) {
+  return qtype == Q4_0 || qtype == Q4_1 || qtype == Q5_0 || qtype == Q5_1 || qtype == Q8_0;
+}
+
+inline bool has_min(int qtype) {
+  return qtype == Q4_1 || qtype == Q5_1 || qtype == Q4_K || qtype == Q5_K;
+}
+
+#ifdef STRATA_AVX2
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
+// out[r] = sum over the row of w * x_r for R rows at once (the weights loaded once), int8
+// activations: xq rows [K] codes, dx / xs rows [K/32] each chunk's scale and dx * sum(xq).
+template <int R>
+inline void dot_int8(const int8_t* q, const float* s, const float* m, bool mins, const int8_t* xq,
+                     const float* dx, const float* xs, int64_t K, float* out) {
+  const int64_t C = K / 32;
+  float bias[R] = {0.0f};
+  if (mins)
+    for (int r = 0; r < R; ++r)
+      for (int64_t c = 0; c < C; ++c) bias[r] += m[c] * xs[r * C + c];
+#ifdef STRATA_AVX2
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < C; ++c) {
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * c));
+    const __m256i magnitude = _mm256_sign_epi8(w, w);  // |w| as unsigned: -128 too
+    const __m256 scale = _mm256_set_m128(_mm_set1_ps(s[2 * c + 1]), _mm_set1_ps(s[2 * c]));  // lanes 0-3: e < 16
+    for (int r = 0; r < R; ++r) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * K + 32 * c));
+      // |w| times x with w's sign: no int8 overflow (x is never -128), int16 pairs <= 2 * 128 * 127
+      const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(x, w));
+      const __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+      acc[r] = _mm256_fmadd_ps(sums, _mm256_mul_ps(scale, _mm256_broadcast_ss(dx + r * C + c)), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + bias[r];
+#else
+  for (int r = 0; r < R; ++r) {
+    const int8_t* x = xq + r * K;
+    float acc = 0.0f;
+    for (int64_t c = 0; c < C; ++c) {
+      int32_t lo = 0, hi = 0;
+      for (int e = 0; e < 16; ++e) lo += int32_t(q[32 * c + e]) * x[32 * c + e];
+      for (int e = 16; e < 32; ++e) hi += int32_t(q[32 * c + e]) * x[32 * c + e];
+      const float d = dx[r * C + c];
+      acc += float(lo) * (s[2 * c] * d) + float(hi) * (s[2 * c + 1] * d);
+    }
+    out[r] = acc + bias[r];
+  }
+#endif
+}
+
+// The same with float32 activations x [K]; xs [K/32] each chunk's sum of x.
+inline float dot_float(const int8_t* q, const float* s, const float* m, bool mins, const float* x,
+                       const float* xs, int64_t K) {
+  float bias = 0.0f;
+  if (mins)
+    for (int64_t c = 0; c < K / 32; ++c) bias += m[c] * xs[c];
+#ifdef STRATA_AVX2
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t c = 0; c < K / 32; ++c) {
+    const int8_t* w = q + 32 * c;
+    const float* v = x + 32 * c;
+    __m256 f[4];
+    for (int i = 0; i < 4; ++i) {
+      __m128i b;
+      std::memcpy(&b, w + 8 * i, 8);  // low 8 bytes
+      f[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+    }
+    const __m256 lo = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(v + 8), _mm256_mul_ps(f[0], _mm256_loadu_ps(v)));
+    const __m256 hi = _mm256_fmadd_ps(f[3], _mm256_loadu_ps(v + 24), _mm256_mul_ps(f[2], _mm256_loadu_ps(v + 16)));
+    acc = _mm256_fmadd_ps(lo, _mm256_set1_ps(s[2 * c]), acc);
+    acc = _mm256_fmadd_ps(hi, _mm256_set1_ps(s[2 * c + 1]), acc);
+  }
+  return hsum(acc) + bias;
+#else
+  float acc = 0.0f;
+  for (int64_t c = 0; c < K / 32; ++c) {
+    float lo = 0.0f, hi = 0.0f;
+    for (int e = 0; e < 16; ++e) lo += float(q[32 * c + e]) * x[32 * c + e];
+    for (int e = 16; e < 32; ++e) hi += float(q[32 * c + e]) * x[32 * c + e];
+    acc += lo * s[2 * c] + hi * s[2 * c + 1];
+  }
+  return acc + bias;
+#endif
+}
+
+}  // namespace
+
+extern "C" {
+
+// x rows [M, K] float32 -> xq [M, K] int8, dx [M, K/32] (x ~ dx * xq), xs [M, K/32] (dx * sum xq):
+// per 32, dx = max|x| / 127 and xq = x * (127 / max|x|) rounded to nearest (even), the same
+// arithmetic in both builds.
+void ENTRY(strata_quantize_x)(const float* x, int64_t M, int64_t K, int8_t* xq, float* dx, float* xs) {
+  for (int64_t r = 0; r < M * K / 32; ++r) {
+    const float* v = x + 32 * r;
+    float amax = 0.0f;
+    for (int e = 0; e < 32; ++e) amax = amax > __builtin_fabsf(v[e]) ? amax : __builtin_fabsf(v[e]);
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int32_t sum = 0;
+    for (int e = 0; e < 32; ++e) {
+      const int32_t q = int32_t(__builtin_nearbyintf(v[e] * inv));
+      xq[32 * r + e] = int8_t(q);
+      sum += q;
+    }
+    dx[r] = amax / 127.0f;
+    xs[r] = dx[r] * float(sum);
+  }
+}
+
+// Rows [n0, n1) of y [M, N] (row stride N) = x @ W^T with W's rows rb bytes apart in src.
+// work: K bytes + K/16 + K/32 floats of scratch. int8 activations when xq is set (dx, xs from
+// strata_quantize_x), else float32 x with xs each chunk's sum of x.
+void ENTRY(strata_mm_rows)(int qtype, const uint8_t* src, int64_t rb, int64_t K, int64_t n0, int64_t n1,
+                           int64_t M, int64_t N, const float* x, const int8_t* xq, const float* dx,
+                           const float* xs, const int8_t* kvalues, const uint8_t* grid, float* y,
+                           void* work) {
+  int8_t* q = static_cast<int8_t*>(work);
+  float* s = reinterpret_cast<float*>(q + K);
+  float* m = s + K / 16;
+  const bool small = is_32(qtype), mins = has_min(qtype);
+  const int bw = small ? 32 : 256;
+  const int bb = qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : qtype == Q5_0 ? 22 : qtype == Q5_1 ? 24
+               : qtype == Q8_0 ? 34 : qtype == Q4_K ? 144 : qtype == Q5_K ? 176 : qtype == Q6_K ? 210
+               : qtype == IQ3_S ? 110 : 136;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = src + n * rb;
+    for (int64_t i = 0; i < K / bw; ++i) {
+      const Codes c{q + i * bw, s + i * bw / 16, m + i * bw / 32};
+#ifdef STRATA_AVX2
+      codes_avx2(qtype, row + i * bb, c, kvalues, grid);
+      continue;
+#endif
+      if (small)
+        codes_32(qtype, row + i * bb, c);
+      else
+        codes_256(qtype, row + i * bb, c, kvalues, grid);
+    }
+    if (!xq) {
+      for (int64_t r = 0; r < M; ++r) y[r * N + n] = dot_float(q, s, m, mins, x + r * K, xs + r * (K / 32), K);
+      continue;
+    }
+    const int64_t C = K / 32;
+    float out[4];
+    for (int64_t r = 0; r < M; r += 4) {  // four rows at a time, then the rest
+      const int8_t* xr = xq + r * K;
+      const float *dr = dx + r * C, *sr = xs + r * C;
+      const int64_t left = M - r;
+      if (left >= 4) dot_int8<4>(q, s, m, mins, xr, dr, sr, K, out);
+      else if (left == 3) dot_int8<3>(q, s, m, mins, xr, dr, sr, K, out);
+      else if (left == 2) dot_int8<2>(q, s, m, mins, xr, dr, sr, K, out);
+      else dot_int8<1>(q, s, m, mins, xr, dr, sr, K, out);
+      for (int64_t i = 0; i < (left < 4 ? left : 4); ++i) y[(r + i) * N + n] = out[i];
+    }
+  }
+}
+
+}  // extern "C"
