@@ -120,13 +120,8 @@ class Claims:
     def head(self, count: int = 1) -> list[Waiting]:
         """The first `count` waiting requests in service order. Their priority comes from their
         hashes: with aging the score no longer says it."""
-        members = [text(m) for m in self.client.zrange(self.keys.waiting, 0, count - 1)]
-        if not members:
-            return []
-        pipe = self.client.pipeline(transaction=False)
-        for member in members:
-            pipe.hmget(self.keys.req(Member.parse(member).id), "priority", "n")
-        return [Waiting.of(member, *fields) for member, fields in zip(members, pipe.execute())]
+        flat = scripts.run(self._scripts, scripts.head(self.keys, count))
+        return [Waiting.of(text(flat[i]), flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
 
     def claim(self, waiting: Waiting, now_ms: int) -> Claimed | None:
         """None when another worker took it first, or when its queue deadline had passed (it

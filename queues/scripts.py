@@ -20,6 +20,7 @@ from queues.keys import Keys, batch_key, batch_lease_key, batch_results_key
 
 # Lua has no import: the scripts that fence, end or cancel a request get _lib.lua in front.
 REQUEST_SCRIPTS = ("enqueue", "claim", "report", "finish", "requeue", "cancel", "expire")
+READ_SCRIPTS = ("head",)  # no state change: a read that takes one round trip instead of two
 WITH_LIB = ("claim", "report", "finish", "requeue", "expire", "cancel")
 BATCH_SCRIPTS = ("batch_result", "batch_lease", "batch_advance")
 
@@ -33,7 +34,7 @@ def script_text(name: str) -> str:
     return (source("_lib") + "\n" if name in WITH_LIB else "") + source(name)
 
 
-def register(client, names: Sequence[str] = REQUEST_SCRIPTS) -> dict:  # noqa: ANN001 - sync or asyncio client
+def register(client, names: Sequence[str] = REQUEST_SCRIPTS + READ_SCRIPTS) -> dict:  # noqa: ANN001 - sync or asyncio client
     """Scripts bound to a client (sync or asyncio), by name; run them with `run`."""
     return {name: client.register_script(script_text(name)) for name in names}
 
@@ -163,6 +164,10 @@ class ClaimResult(enum.IntEnum):
     GONE = 0  # another worker took it first
     CLAIMED = 1
     EXPIRED = 2  # its queue deadline had passed: it expired instead
+
+
+def head(keys: Keys, count: int) -> Call:
+    return Call("head", keys=dict(waiting=keys.waiting), args=dict(count=count, req_prefix=keys.req("")))
 
 
 def claim(keys: Keys, member: str, request_id: str, worker: str, now_ms: int, lease_deadline_ms: int,
@@ -322,7 +327,7 @@ def batch_result(batch_id: str, line: int, result: str, count: str) -> Call:
 
 # Every script's result enum (None: it answers a status, see above).
 RESULTS: dict[str, type[enum.IntEnum] | None] = {
-    "enqueue": None, "claim": ClaimResult, "report": ReportResult, "finish": FinishResult,
+    "enqueue": None, "head": None, "claim": ClaimResult, "report": ReportResult, "finish": FinishResult,
     "requeue": RequeueResult, "cancel": None, "expire": ExpireResult, "batch_advance": None,
     "batch_lease": LeaseResult, "batch_result": LineResult,
 }

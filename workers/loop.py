@@ -249,9 +249,7 @@ class Worker:
         lines = scheduler.next_read(self.slots, self.current, self.policy)
         if lines.gave_way:
             self._give_way(lines.gave_way, lines.read, out)
-        if lines.read is not self.current:
-            self.current = lines.read
-            self.upkeep.publish(self.describe(), now)  # the read in progress is visible in the worker hash
+        self.current = lines.read
         decoding = scheduler.decoding(self.slots)  # before the read, so a slot never gets two tokens in one step
         early = Verdict(frozenset(), frozenset())
         if lines.read:
@@ -288,6 +286,13 @@ class Worker:
         for slot in self.slots:
             if slot.request and slot.request.id in verdict.cancelled:
                 self._finish(slot, None, RequestStatus.CANCELLED)
+        # The read in progress is visible in the worker hash: published when it changes, as the
+        # step ends. A short read that starts and ends within one step is never in progress
+        # between steps, and costs no round trip of its own (a battery's step has several).
+        reading = self.current.request.id if self.current and self.current.request and \
+            self.current.phase is Phase.READING else ""
+        if reading != self.upkeep.shown_reading:
+            self.upkeep.publish(self.describe(), now)
         self.upkeep.note_idle(scheduler.is_idle(self.slots), now)
         return bool(lines.read or decoding)
 

@@ -15,7 +15,7 @@ from queues.membership import Membership
 from queues.worker_state import WorkerState
 from workers.admission import Admission
 from workers.blocks import BlockPool
-from workers.slot import Slot
+from workers.slot import Phase, Slot
 
 log = logging.getLogger("strata.worker")
 
@@ -29,6 +29,7 @@ class Upkeep:
         self.is_dead = is_dead  # another worker's id -> its process is known to be gone
         self._next_beat = 0
         self._idle: bool | None = None  # what the idle set says of us (None: not said yet)
+        self.shown_reading: str | None = None  # the read in progress the worker hash names (None: not said yet)
 
     def due(self, now: int) -> bool:
         return now >= self._next_beat
@@ -53,6 +54,7 @@ class Upkeep:
     def publish(self, state: WorkerState, now: int) -> None:
         """The worker hash, with a TTL of a few heartbeats: a dead worker's hash goes by itself."""
         self.membership.heartbeat(state, now, ttl_s=max(3, 5 * self.heartbeat_ms // 1000))
+        self.shown_reading = state.reading
 
     def note_idle(self, idle: bool, now: int) -> None:
         """Say whether a newcomer can land here (workers/scheduler.py `is_idle`), when it changes."""
@@ -67,6 +69,7 @@ class Upkeep:
     def redis_lost(self) -> None:
         """Redis went away: once it is back, say the idle signal again and beat at once."""
         self._idle = None
+        self.shown_reading = None
         self._next_beat = 0
 
 
@@ -74,7 +77,7 @@ def describe(slots: Sequence[Slot], current: Slot | None, *, device: str, ctx: i
              give_ways: int, decode_path: DecodePath = DecodePath(), prompt_tokens_read: int = 0,
              pool: BlockPool | None = None, waits: Admission = Admission()) -> WorkerState:
     """The worker hash an operator reads with HGETALL."""
-    read = current if current and current.request else None
+    read = current if current and current.request and current.phase is Phase.READING else None
     blocks = {}
     if pool is not None:
         blocks = dict(kv_block=pool.block_size, blocks_total=pool.num_blocks, blocks_free=pool.num_free,

@@ -22,6 +22,7 @@ REQUEST = QueuedRequest(id="r", priority=1, prompt=[1, 2], max_tokens=4)
 # One call of each builder, with the variable part each script reads past its named entries.
 CALLS = {
     "enqueue": scripts.enqueue(K, REQUEST, 0, 0, 0, {"key_name": "k"}, 1000),
+    "head": scripts.head(K, 4),
     "claim": scripts.claim(K, "000000000001:r", "r", "w", 0, 10, 60),
     "report": scripts.report(K, "w", 0, 10, [scripts.Reported("r", 1, 2, 0, True, None, 1, [{"type": "token", "text": "a", "ids": "5"}])]),
     "finish": scripts.finish(K, "r", "w", 1, "finished", 0, 60, 2, "stop", "10,20", {"type": "done"}),
@@ -61,7 +62,7 @@ def constants(name: str) -> dict[str, int]:
 
 def test_every_script_has_a_builder_and_a_result_entry():
     assert sorted(CALLS) == NAMES == sorted(scripts.RESULTS)
-    assert sorted(scripts.REQUEST_SCRIPTS + scripts.BATCH_SCRIPTS) == NAMES
+    assert sorted(scripts.REQUEST_SCRIPTS + scripts.READ_SCRIPTS + scripts.BATCH_SCRIPTS) == NAMES
 
 
 @pytest.mark.parametrize("name", NAMES)
