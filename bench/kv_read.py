@@ -4,19 +4,25 @@ turns so the shared cores' load hits all of them alike.
 
     .venv/bin/python -m bench.kv_read [--batches 1 4 8] [--context 200] [--rounds 30]
 
-For each batch size B (B slots, each with a `--context`-token prompt read), per round:
-- `step`: one eager decode step of the B rows (the engine as served, --no-compile);
-- `index_select`: every layer's K and V gathered as the step gathers them now
-  (engine/layers.py: `index_select` on the flattened pool), with the step's own `read_at`;
+For each batch size B (B slots, each with a `--context`-token prompt read; each slot its own run
+of blocks, as a fresh pool and the contiguous cache have them), per round:
+- `step`: one eager decode step of the B rows (the engine as served, --no-compile): its rows'
+  blocks are runs equally spaced, so it reads them as one strided view of each pool
+  (`Transformer.kv_view`);
+- `gathered`: the same step made to gather instead (`kv_view` None: rows whose blocks are
+  scattered, e.g. a shared prefix);
+- `index_select`: every layer's K and V gathered as the gathering step does (engine/layers.py:
+  `index_select` on the flattened pool), with the step's own `read_at`;
 - `advanced`: the same rows by advanced indexing `pool[heads, read_at]` (the pool's first read);
 - `view`: the contiguous cache's read before the pool, a view of each slot's rows (a run of
   slots is one view; B scattered rows would have been a gather too);
 - `bf16`, `int8`: the gather and conversion to float32 from a `--kv-dtype` bfloat16 / int8 pool
   of the same entries (engine/kv_dtype.py).
-The step against the contiguous cache is estimated as `step - index_select + view`: the pool
-changes only how the rows are read (the write is one index-put either way), so the ratio
-`(step - index_select + view) / step` is what the pool costs decode, and with `advanced` in
-place of `index_select` what its first read cost. Medians over the rounds.
+The step against the contiguous cache is estimated as `gathered - index_select + view`: the pool
+changes only how the rows are read (the write is one index-put either way), so `estimate / step`
+is what the pool costs decode as served, `estimate / gathered` what it costs rows in scattered
+blocks, and with `advanced` in place of `index_select` what its first read cost. Medians over
+the rounds. (bench.engine_speed --baseline f2bf933 measures the old engine itself.)
 """
 
 from __future__ import annotations
@@ -88,7 +94,14 @@ def main() -> None:
         def step():
             engine.decode(list(range(batch)), last)
 
-        runs = {"step": step, "index_select": lambda: isel([(m.k_cache, m.v_cache) for m in layers]),
+        def gathered():
+            model.kv_view = lambda index: None
+            try:
+                step()
+            finally:
+                del model.kv_view  # the class's own again
+
+        runs = {"step": step, "gathered": gathered, "index_select": lambda: isel([(m.k_cache, m.v_cache) for m in layers]),
                 "advanced": advanced, "view": view, "bf16": lambda: isel(narrow["bfloat16"]),
                 "int8": lambda: isel(narrow["int8"])}
         times: dict[str, list[float]] = {name: [] for name in runs}
@@ -103,13 +116,14 @@ def main() -> None:
 
     table = Table(title=f"decode step reads, eager, {args.context}-token contexts, {model.cfg.n_layers} layers; "
                         f"median of {args.rounds} interleaved rounds, ms")
-    for column in ("B", "step", "gather: index_select", "advanced", "view", "bf16 pool", "int8 pool",
-                   "pool vs contiguous", "first pool vs contiguous"):
+    for column in ("B", "step (view)", "step gathered", "gather: index_select", "advanced", "view", "bf16 pool",
+                   "int8 pool", "pool vs contiguous", "gathered vs contiguous", "first pool vs contiguous"):
         table.add_column(column, justify="right")
     for batch, t in rows:
-        old = t["step"] - t["index_select"] + t["view"]
-        table.add_row(str(batch), f"{t['step']:.1f}", f"{t['index_select']:.2f}", f"{t['advanced']:.2f}",
-                      f"{t['view']:.2f}", f"{t['bf16']:.2f}", f"{t['int8']:.2f}", f"{old / t['step']:.2f}x",
+        old = t["gathered"] - t["index_select"] + t["view"]
+        table.add_row(str(batch), f"{t['step']:.1f}", f"{t['gathered']:.1f}", f"{t['index_select']:.2f}",
+                      f"{t['advanced']:.2f}", f"{t['view']:.2f}", f"{t['bf16']:.2f}", f"{t['int8']:.2f}",
+                      f"{old / t['step']:.2f}x", f"{old / t['gathered']:.2f}x",
                       f"{old / (old - t['view'] + t['advanced']):.2f}x")
     Console(width=160).print(table)
 

@@ -81,23 +81,33 @@ class Attention(nn.Module):
         # One index-put per pool: [KV, B, T, hd] at the rows' places (write_at [B, T]).
         keys[:, inputs.write_at] = kv_dtype.store(k.permute(2, 0, 1, 3), keys.dtype)
         values[:, inputs.write_at] = kv_dtype.store(v.permute(2, 0, 1, 3), values.dtype)
-        # Each row's positions 0..span-1 gathered through its block table into [B, KV, span, hd],
-        # the contiguous rows attention reads (one gather a step, as the scattered slots of the
-        # contiguous cache had; docs/kv_pool.md weighs it against flex_attention's paged mask).
-        # index_select on the flattened pool with one index per (row, head, position): ~5-7x
-        # faster in eager than advanced indexing `keys[heads, read_at]` (docs/kv_pool.md).
-        span, pool = inputs.read_at.shape[1], keys.shape[1]
-        heads = torch.arange(self.n_kv_heads, device=keys.device).view(1, -1, 1) * pool
-        at = (inputs.read_at.unsqueeze(1) + heads).reshape(-1)
-        width = keys.shape[-1]
-        shape = (bsz, self.n_kv_heads, span, width)
-        keys = kv_dtype.load(keys.view(-1, width).index_select(0, at).view(shape), self.head_dim)
-        values = kv_dtype.load(values.view(-1, width).index_select(0, at).view(shape), self.head_dim)
+        # Each row's positions 0..span-1 as the [B, KV, span, hd] rows attention reads: a strided
+        # view of the pool where the rows' blocks are runs (an eager decode, `inputs.kv_view`), else
+        # gathered through the block tables (docs/kv_pool.md weighs it against flex_attention's paged
+        # mask). The gather: index_select on the flattened pool with one index per (row, head,
+        # position), ~5-7x faster in eager than advanced indexing `keys[heads, read_at]`.
+        span = inputs.read_at.shape[1]
+        keys = kv_dtype.load(self._rows(keys, inputs, bsz, span), self.head_dim)
+        values = kv_dtype.load(self._rows(values, inputs, bsz, span), self.head_dim)
         attention = attend_plain if inputs.pieces is None else attend_prompt
         out = attention(q.transpose(1, 2), keys, values, mask, self.scale)
         if gate:
             out = out * torch.sigmoid(gate[0])
         return in_pieces(self.wo, out, inputs.pieces)
+
+    def _rows(self, pool: Tensor, inputs: StepInputs, bsz: int, span: int) -> Tensor:
+        """pool [KV, N, width] -> [B, KV, span, width]: each row's first span positions."""
+        width = pool.shape[-1]
+        if inputs.kv_view is not None:
+            start, stride = inputs.kv_view
+            return pool.as_strided((bsz, self.n_kv_heads, span, width),
+                                   (stride * pool.stride(1), pool.stride(0), pool.stride(1), pool.stride(2)),
+                                   pool.storage_offset() + start * pool.stride(1))
+        at = inputs.kv_gather
+        if at is None or at.numel() != bsz * self.n_kv_heads * span:  # a compiled step's, or other heads
+            heads = torch.arange(self.n_kv_heads, device=pool.device).view(1, -1, 1) * pool.shape[1]
+            at = (inputs.read_at.unsqueeze(1) + heads).reshape(-1)
+        return pool.view(-1, width).index_select(0, at).view(bsz, self.n_kv_heads, span, width)
 
 
 class GatedFFN(nn.Module):
@@ -193,8 +203,19 @@ def attend_plain(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, scale: f
     qg = q.reshape(bsz, n_kv, group * seq, head_dim)
     # Scores, softmax and the weighted sum in float32 (bf16 scores are 1/8-1/4 apart at 16-64).
     qg = qg.float()
-    scores = torch.matmul(qg, keys.float().transpose(-1, -2)) * (scale or head_dim**-0.5)  # [B, KV, G*T, L]
+    scores = _per_head_matmul(qg, keys.float().transpose(-1, -2)) * (scale or head_dim**-0.5)  # [B, KV, G*T, L]
     scores = scores.view(bsz, n_kv, group, seq, -1).masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1).view(bsz, n_kv, group * seq, -1)
-    out = torch.matmul(probs, values.float()).to(q.dtype)  # [B, KV, G*T, hd]
+    out = _per_head_matmul(probs, values.float()).to(q.dtype)  # [B, KV, G*T, hd]
     return out.view(bsz, n_heads, seq, head_dim).transpose(1, 2).reshape(bsz, seq, n_heads * head_dim)
+
+
+def _per_head_matmul(a: Tensor, b: Tensor) -> Tensor:
+    """a [B, KV, m, k] @ b [B, KV, k, n]. One batched matmul where b's rows and heads fold into
+    one batch dim (gathered rows, or one row); a view of the pool (Attention._rows) does not fold,
+    and matmul would copy it whole, so there it is one matmul per KV head, each over the rows:
+    the same [m, k] @ [k, n] products with the same layout, the same bits (tests/engine/test_kv_pool.py)."""
+    # (the strides first: in a compiled step's gathered rows that test is true for any batch size)
+    if b.stride(0) == b.shape[1] * b.stride(1) or b.shape[0] == 1:
+        return torch.matmul(a, b)
+    return torch.stack([torch.matmul(a[:, h], b[:, h]) for h in range(b.shape[1])], dim=1)

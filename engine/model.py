@@ -178,12 +178,18 @@ class CacheIndex:
     sliced: bool
     reading: bool = False
     pieces: tuple[int, ...] = ()  # a read: its tokens' split at block boundaries (sums to T)
+    # An eager step's rows on the host: each row's slot and how many positions it holds once the
+    # step wrote them, so `Transformer.step_inputs` can read them without a device round trip
+    # (a strided view, `Transformer.kv_view`); empty: a compiled step's index, which needs neither.
+    slots: tuple[int, ...] = ()
+    ends: tuple[int, ...] = ()
 
     @classmethod
-    def for_slots(cls, slots: list[int], positions: Tensor, span: int) -> "CacheIndex":
+    def for_slots(cls, slots: list[int], positions: Tensor, span: int, ends: Sequence[int] = ()) -> "CacheIndex":
         lo, hi = min(slots), max(slots) + 1
         rows = torch.tensor([s - lo for s in slots], dtype=torch.long, device=positions.device).unsqueeze(1)
-        return cls(lo, hi, span, rows, positions, sliced=slots == list(range(lo, hi)))
+        return cls(lo, hi, span, rows, positions, sliced=slots == list(range(lo, hi)), slots=tuple(slots),
+                   ends=tuple(ends))
 
     @classmethod
     def for_read(cls, slot: int, start: int, end: int, device: torch.device | None = None) -> "CacheIndex":
@@ -191,7 +197,7 @@ class CacheIndex:
         cuts = [start, *range((start // PROMPT_BLOCK + 1) * PROMPT_BLOCK, end, PROMPT_BLOCK), end]
         positions = torch.arange(start, end, device=device).unsqueeze(0)
         return cls(slot, slot + 1, end, torch.zeros(1, 1, dtype=torch.long, device=device), positions, sliced=True,
-                   reading=True, pieces=tuple(b - a for a, b in zip(cuts, cuts[1:])))
+                   reading=True, pieces=tuple(b - a for a, b in zip(cuts, cuts[1:])), slots=(slot,), ends=(end,))
 
     def mask(self, window: int = 0) -> Tensor:
         """[B, 1, 1, T, span] bool: key j is seen by a token at position p iff j <= p (causal
@@ -227,6 +233,9 @@ class Transformer(nn.Module):
         self.kv_block = KV_BLOCK
         self.num_kv_blocks = self.spare_block = 0
         self.tables = torch.empty(0, dtype=torch.long)  # [slots, ctx / KV_BLOCK] pool block ids (allocate_cache)
+        # per slot, on the host: its table's first block and how many blocks from it are consecutive
+        # in the pool (a run: its positions are one slice of each pool, `kv_view`)
+        self.runs: list[tuple[int, int]] = []
         self.forms: dict[str, int] = {}  # linear form -> count, for logs and tests
 
     # ---- set-up ---------------------------------------------------------------------------
@@ -394,8 +403,10 @@ class Transformer(nn.Module):
         # the spare block's id: an entry no slot was given (read masked) and what padding rows write
         self.spare_block = num_blocks
         self.tables = torch.full((num_slots, per_slot), num_blocks, dtype=torch.long, device=self.device)
+        self.runs = [(num_blocks, 0)] * num_slots
         if num_blocks >= num_slots * per_slot:  # each slot its own run of blocks until told otherwise
             self.tables.copy_(torch.arange(num_slots * per_slot, device=self.device).view(num_slots, per_slot))
+            self.runs = [(s * per_slot, per_slot) for s in range(num_slots)]
         # Rows for position ctx too: a CUDA graph's padding rows sit there (engine/graphs.py).
         # Tables in float32 (angles past a few hundred lose their low bits in bf16); each step
         # rounds the rows it uses to the activations' dtype, as transformers does.
@@ -435,6 +446,34 @@ class Transformer(nn.Module):
         row = torch.full((self.tables.shape[1],), self.spare_block, dtype=torch.long)
         row[:len(blocks)] = torch.tensor(blocks, dtype=torch.long)
         self.tables[slot].copy_(row)
+        run = 1 if blocks else 0
+        while run < len(blocks) and blocks[run] == blocks[0] + run:
+            run += 1
+        self.runs[slot] = (blocks[0] if blocks else self.spare_block, run)
+
+    def kv_view(self, index: CacheIndex) -> tuple[int, int] | None:
+        """Where an eager decode step may read its rows' K/V as one strided view of each pool
+        instead of a gather: (the pool position of row 0's position 0, the distance from a row's to
+        the next's), or None. It may when every row's written positions lie in its table's first
+        run of consecutive blocks, the runs start equally spaced in row order, and each row's span
+        stays inside the pool: a fresh pool's slots (each its own run, as the contiguous cache had
+        them) and any consecutive blocks the worker's pool gave a slot. Positions past a row's own
+        are other blocks' entries (finite) where the gather read the spare block; the mask hides
+        both, and a hidden key's probability is exactly 0, so the logits are the gather's bit for
+        bit (tests/engine/test_kv_pool.py). Not for reads: their fused attention keeps the gather."""
+        if index.reading or not index.ends:
+            return None
+        bs, pool = self.kv_block, self.kv_pool_length
+        firsts = []
+        for slot, end in zip(index.slots, index.ends, strict=True):
+            first, run = self.runs[slot]
+            if run * bs < end or first * bs + index.span > pool:
+                return None
+            firsts.append(first)
+        stride = firsts[1] - firsts[0] if len(firsts) > 1 else 0
+        if stride < 0 or any(f != firsts[0] + b * stride for b, f in enumerate(firsts)):
+            return None
+        return firsts[0] * bs, stride * bs
 
     def pool_index(self, slots: Tensor, positions: Tensor) -> Tensor:
         """slots [B], positions [B, L] long -> [B, L] each position's place in the layers' pools,
@@ -496,9 +535,20 @@ class Transformer(nn.Module):
         whole = index.lo == 0 and not index.sliced
         if self.cfg.recurrent:  # a CUDA graph's padding rows (at ctx, whole buffers) write the spare state row
             extra["state_at"] = torch.where(index.positions[:, 0] < self.ctx, index.rows[:, 0], self.num_slots - index.lo)
+        # an eager step's reads, made once for all layers: the view, else the gather's flat index
+        view = self.kv_view(index)
+        gather = None
+        if view is None and index.ends:
+            heads = torch.arange(self.cfg.n_kv_heads, device=self.device).view(1, -1, 1) * self.kv_pool_length
+            gather = (read_at.unsqueeze(1) + heads).reshape(-1)
         return StepInputs(index.rows, index.positions, cos, sin, index.mask(), write_at, read_at, **extra, lo=index.lo,
                           hi=None if whole else index.hi, sliced=index.sliced,
-                          pieces=index.pieces if index.reading else None)
+                          pieces=index.pieces if index.reading else None, kv_view=view, kv_gather=gather)
+
+    @property
+    def kv_pool_length(self) -> int:
+        """Positions in each layer's K (and V) pool: its blocks and the spare one."""
+        return (self.num_kv_blocks + 1) * self.kv_block
 
     def rope_local(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """The sliding layers' RoPE rows: their own base where the config has one (Gemma 3)."""

@@ -497,7 +497,7 @@ class TorchEngine:
             if compiled:
                 assert self.compiled is not None
                 return self.compiled(ids, torch.tensor(slots, dtype=torch.long, device=dev), pos, span, allowed, scored)
-            index = CacheIndex.for_slots(slots, pos.unsqueeze(1), span)
+            index = CacheIndex.for_slots(slots, pos.unsqueeze(1), span, ends=[p + 1 for p in positions])
             return self.model.exact_top(*self.model.decode(ids.unsqueeze(1), index), allowed, scored)
 
     def _fed(self, slot: int, tokens: list[int]) -> None:

@@ -65,12 +65,18 @@ class StepInputs:
     # A read of prompt tokens: their split at PROMPT_BLOCK edges (engine/model.py CacheIndex), one
     # call of each linear's prompt form per piece, and the fused attention; None: a decode step.
     pieces: tuple[int, ...] | None = None
+    # An eager step's K/V reads, made once for all its layers (a compiled step has neither: its
+    # graph makes and fuses its own gather from read_at): `kv_view`, (pool position of row 0's
+    # position 0, distance between rows) where the rows' positions are one strided view of each
+    # pool (`Transformer.kv_view`), else `kv_gather`, read_at flattened over the KV heads [B*KV*span].
+    kv_view: tuple[int, int] | None = None
+    kv_gather: Tensor | None = None
 
     # Dims beside dim 0 (the step's rows, dynamic in a batched step) whose size changes from step
     # to step: a compiled step keeps them dynamic.
     VARYING: ClassVar[dict[str, dict[int, str]]] = {"mask": {4: "span"}, "local_mask": {4: "span"},
                                                     "read_at": {1: "span"}}
-    STATIC: ClassVar[tuple[str, ...]] = ("lo", "hi", "sliced", "pieces")
+    STATIC: ClassVar[tuple[str, ...]] = ("lo", "hi", "sliced", "pieces", "kv_view", "kv_gather")
 
     @property
     def span(self) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.model import KV_BLOCK
+from engine.model import KV_BLOCK, CacheIndex
 from engine.protocol import SamplingParams
 from tests.helpers.tiny_engine import tiny_engine
 
@@ -83,3 +83,54 @@ def test_a_write_past_the_slots_blocks_is_refused_naming_it():
     with pytest.raises(ValueError, match="outside the pool"):
         engine.assign(0, [4])
 
+
+
+def test_rows_read_as_one_view_of_the_pool_give_the_gathers_logits():
+    # Three slots whose blocks are runs starting equally spaced (1, 5, 9) are read as one strided
+    # view of each pool; the shorter rows' view reaches into the next slot's blocks, which the mask
+    # hides. The same prompts in scattered blocks are gathered: tokens, logprobs, top 5 all equal.
+    prompts = [[(11 * s + 3 * i) % 256 for i in range(20 + 50 * s)] for s in range(3)]
+
+    def run(tables):
+        engine = pooled(kv_blocks=14)
+        model, views = engine.model, []
+        step_inputs = model.step_inputs
+
+        def spied(index):
+            inputs = step_inputs(index)
+            views.append(inputs.kv_view)
+            return inputs
+        model.step_inputs = spied
+        for slot, prompt in enumerate(prompts):
+            engine.assign(slot, tables[slot])
+            engine.begin(slot, SCORED)
+            engine.read(slot, prompt, sample=True)
+        views.clear()
+        for _ in range(30):
+            engine.decode([0, 1, 2], [7, 8, 9])
+        return [engine.logprobs(s) for s in range(3)], set(views)
+
+    runs, views = run([[1, 2], [5, 6, 7], [9, 10, 11, 12]])
+    assert views == {(1 * KV_BLOCK, 4 * KV_BLOCK)}  # every step read the view
+    scattered, gathered = run([[13, 0], [8, 3, 6], [2, 11, 4, 10]])
+    assert gathered == {None}
+    assert [[(s.token, s.logprob, s.top) for s in row] for row in runs] == \
+        [[(s.token, s.logprob, s.top) for s in row] for row in scattered]
+
+
+def test_rows_are_gathered_unless_their_runs_hold_them_equally_spaced():
+    engine = pooled(kv_blocks=14)
+    model = engine.model
+    engine.assign(0, [1, 2])
+    engine.assign(1, [5, 6, 8])  # a run of two, then a jump
+    engine.assign(2, [9, 10])
+
+    def view(slots, ends, span=192):
+        return model.kv_view(CacheIndex.for_slots(slots, torch.tensor(ends).unsqueeze(1) - 1, span, ends=ends))
+
+    assert view([0, 1], [100, 100]) == (KV_BLOCK, 4 * KV_BLOCK)
+    assert view([0, 1], [100, 129]) is None  # slot 1's position 128 lies past its run
+    assert view([0, 1, 2], [10, 10, 10]) == (KV_BLOCK, 4 * KV_BLOCK)  # 1, 5, 9: each row within its run
+    assert view([1, 0], [10, 10]) is None  # the next row's run starts before this one's
+    assert view([2], [10], span=7 * KV_BLOCK) is None  # past the pool's end (14 blocks and the spare)
+    assert view([2], [10], span=6 * KV_BLOCK) == (9 * KV_BLOCK, 0)
