@@ -79,6 +79,13 @@ class Shape:
     vocab: int = VOCAB
 
 
+def copy_tokenizer(source: GGUFReader, writer: GGUFWriter) -> None:
+    for key, field in source.fields.items():
+        if key.startswith("tokenizer."):
+            kind = field.types[0]
+            writer.add_key_value(key, field.contents(), kind, sub_type=field.types[1] if len(field.types) > 1 else None)
+
+
 def shapes(shape: Shape) -> dict[str, tuple[int, ...]]:
     dim, vocab, hd = shape.dim, shape.vocab, shape.dim // shape.heads
     out: dict[str, tuple[int, ...]] = {"token_embd.weight": (vocab, dim), "output.weight": (vocab, dim),
@@ -92,13 +99,16 @@ def shapes(shape: Shape) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def write_mix(path, name: str, shape: Shape = Shape(), quantize_small: bool = True) -> int:
+def write_mix(path, name: str, shape: Shape = Shape(), quantize_small: bool = True, tokenizer_of=None) -> int:
     """A random model of that shape in that mix; returns the file's tensor bytes. Types gguf-py
     quantizes are quantized from random weights (`quantize_small`; else random blocks, as for
-    the rest: quantizing a billion weights in numpy takes minutes)."""
+    the rest: quantizing a billion weights in numpy takes minutes). `tokenizer_of`: a GGUF whose
+    tokenizer (every `tokenizer.` key) the file carries, so that a server can take text for it."""
     rng = np.random.default_rng(7)
     pick = mix(name, shape.layers)
     writer = GGUFWriter(path, "llama")
+    if tokenizer_of is not None:
+        copy_tokenizer(GGUFReader(tokenizer_of), writer)
     writer.add_block_count(shape.layers)
     writer.add_context_length(4096)
     writer.add_embedding_length(shape.dim)
