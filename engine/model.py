@@ -634,6 +634,16 @@ class Transformer(nn.Module):
             logits = torch.tanh(logits / cap) * cap
         return logits
 
+    def reported_logits(self, h: Tensor) -> Tensor:
+        """h: [B, dim] -> the logits rows that ask for logprobs report ([B, V]: `exact_top`'s
+        second half, the scored rows' every logit from the file's exact rows), without the half
+        they would sample from: a prompt's scored rows (`echo`) report, and only its last samples."""
+        if self.head_bound is None or self.head_rows is None:
+            return self.logits(h)
+        logits = exact_logits(self.head_rows, h, self.cfg.vocab_size)
+        cap = self.cfg.final_softcap
+        return torch.tanh(logits / cap) * cap if cap else logits
+
     def _candidates_among(self, h: Tensor, logits: Tensor, candidates: Tensor, allowed: Tensor) -> Tensor:
         """`head_logits`' bound for the rows that forbid some token, with the top taken among the
         allowed tokens and only those kept (the other rows' candidates unchanged). A row whose

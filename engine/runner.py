@@ -335,24 +335,20 @@ class TorchEngine:
         previous chunk's last row scores this chunk's first token, and this chunk's last row waits
         for the next chunk (returned: it is also what the first answer token is drawn from). A read
         that gives way keeps these (the slot's state): its scores are those of one whole read.
-        Logits are made SCORE_ROWS rows at a time (a [T, V] float32 block is 200 KB a row)."""
+        Logits are made SCORE_ROWS rows at a time (a [T, V] float32 block is 200 KB a row). Only
+        the last row is also sampled from, by the head a read without scores uses on it."""
         carry = self._carry[slot]
-        drawn: Drawn | None = None
         for lo in range(0, h.shape[0], SCORE_ROWS):
-            part = h[lo:lo + SCORE_ROWS]  # every row scores a token: all of them exact
-            sampled, reported = _halves(self.model.logits(part, scored=torch.ones(part.shape[0], dtype=torch.bool,
-                                                                                   device=part.device)), part.shape[0])
-            logits = sampled if reported is None else reported
+            logits = self.model.reported_logits(h[lo:lo + SCORE_ROWS])  # every row scores a token
             rows = logits[:-1] if carry is None else torch.cat([carry, logits[:-1]])
             first = lo + (1 if carry is None else 0)
             targets = tokens[first:lo + logits.shape[0]]
             if targets:
                 self._prompt_scores[slot] += score_prompt(rows.cpu(), targets, top)
             carry = logits[-1:].clone()
-            drawn = (sampled[-1:].clone(), carry)
+        assert carry is not None
         self._carry[slot] = carry
-        assert drawn is not None
-        return drawn
+        return self.model.logits(h[-1:]), carry
 
     def replay(self, slot: int, tokens: Sequence[int], sample: bool) -> int | None:
         """Append tokens this slot's request generated before (a resumed request's answer so far)

@@ -31,26 +31,32 @@ def assert_exact_logprobs(engine, ids: list[int], steps: int = STEPS) -> None:
     with torch.inference_mode():
         exact_rows = model.head_rows(torch.arange(vocab)).double()
     residuals = []  # each exact_top call's h: the rows the head was given
-    exact_top = model.exact_top
+    scored = []  # each reported_logits call's h: a prompt's rows, which only report
+    exact_top, reported_logits = model.exact_top, model.reported_logits
 
     def recording(h, *args, **kwargs):
         residuals.append(h.detach().clone())
         return exact_top(h, *args, **kwargs)
 
-    model.exact_top = recording
+    def recording_prompt(h):
+        scored.append(h.detach().clone())
+        return reported_logits(h)
+
+    model.exact_top, model.reported_logits = recording, recording_prompt
     try:
         engine.begin(0, SamplingParams(temperature=0.0, logprobs=20, prompt_logprobs=5))
         out = [engine.read(0, ids, sample=True)]
-        rows = [residuals[-1]]  # the prompt's rows (one call: under SCORE_ROWS)
+        rows = [residuals[-1]]  # the prompt's last row: the first answer token is drawn from it
         while len(out) < steps:
             new = engine.decode([0], [out[-1]])[0]
             rows.append(residuals[-1][:len(new)])  # guessed rows past the first wrong guess unused
             out += new
     finally:
-        del model.exact_top
+        del model.exact_top, model.reported_logits
     scores, prompt_scores = engine.logprobs(0), engine.prompt_logprobs(0)
     engine.truncate(0, 0)
-    prompt_rows, answer_rows = rows[0], torch.cat([rows[0][-1:], *rows[1:]])
+    prompt_rows, answer_rows = torch.cat(scored), torch.cat(rows)
+    assert torch.equal(rows[0], prompt_rows[-1:])
     assert prompt_rows.shape[0] == len(ids) and len(scores) == answer_rows.shape[0] >= steps
     expected = torch.log_softmax(answer_rows.double() @ exact_rows.T, -1)
     worst = 0.0
