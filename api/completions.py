@@ -15,7 +15,7 @@ from contextlib import aclosing, asynccontextmanager
 
 import anyio
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse, format_sse_event
 from pydantic import BaseModel
 
@@ -127,13 +127,19 @@ async def answer(
         headers["location"] = f"/v1/requests/{queued.id}"
         accepted = RequestObject(id=queued.id, endpoint=endpoint.path, model=job.model, created=job.created,
                                  priority=job.priority, status="waiting")
-        return JSONResponse(accepted.model_dump(mode="json"), status_code=202, headers=headers)
+        return json_response(accepted, headers, 202)
     try:
         result = await collect(request, services, queued.id, deadline_ms, job.n)
     except ApiError as error:  # accepted, then failed (e.g. 408): the client still learns its id
         error.headers = {**headers, **error.headers}
         raise
-    return JSONResponse(choices.whole(endpoint.shape, job, result).model_dump(mode="json"), headers=headers)
+    return json_response(choices.whole(endpoint.shape, job, result), headers)
+
+
+def json_response(model: BaseModel, headers: dict[str, str], status_code: int = 200) -> Response:
+    """The model as JSON, rendered by pydantic in one pass (not model_dump, then json.dumps:
+    a third of the API's JSON work for a one-token answer)."""
+    return Response(model.model_dump_json(), status_code=status_code, headers=headers, media_type="application/json")
 
 
 async def enqueue(intake: Intake, queued: QueuedRequest, settings: ApiSettings, fields: dict[str, str],
