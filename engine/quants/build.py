@@ -25,7 +25,7 @@ import torch
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("dequant.cpp", "kernel.cpp", "ops.cpp")
+SOURCES = ("layouts.h", "dequant.cpp", "kernel.cpp", "ops.cpp")  # all hashed into the library's name
 X86 = platform.machine() in ("x86_64", "AMD64")
 # (object, source, flags). dequant.cpp must not fuse a product and a sum (numpy rounds each):
 # bit-exact unpacking. kernel.cpp twice: AVX2 + FMA (picked at run time where the CPU has them,

@@ -6,31 +6,11 @@
 // Block layouts and formulas follow gguf-py's gguf/quants.py (the format's reference reader);
 // the codebooks (IQ4_XS's 16 values, IQ3_S's 512-entry grid) are passed in from gguf-py's own
 // tables at run time, not copied here.
-#include <cstdint>
-#include <cstring>
+#include "layouts.h"
 
 namespace {
 
-enum QType : int {  // GGMLQuantizationType values
-  Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14,
-  IQ3_S = 21, IQ4_XS = 23,
-};
-
 #define INLINE static inline __attribute__((always_inline))
-
-INLINE float f16(const uint8_t* p) {  // IEEE half (little-endian) -> float, exactly
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
-  if (exp == 0) {
-    float f = float(mant) * 5.9604644775390625e-8f;  // mant * 2^-24: exact
-    return sign ? -f : f;
-  }
-  bits = exp == 31 ? (sign | 0x7f800000u | (mant << 13)) : (sign | ((exp + 112) << 23) | (mant << 13));
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
 
 // Q8_0: f16 d, 32 x int8; w = q * d.
 INLINE void q8_0(const uint8_t* b, float* y) {
@@ -77,16 +57,6 @@ INLINE void q5(const uint8_t* b, float* y, bool with_min) {
       y[l] = d * float(lo - 16);
       y[l + 16] = d * float(hi - 16);
     }
-  }
-}
-
-// K-quants' 12 bytes of 6-bit sub-block scales and mins (8 of each).
-INLINE void scale_min_k(const uint8_t* s, uint8_t* sc, uint8_t* mn) {
-  for (int j = 0; j < 4; ++j) {
-    sc[j] = s[j] & 0x3F;
-    mn[j] = s[j + 4] & 0x3F;
-    sc[j + 4] = (s[j + 8] & 0x0F) | ((s[j] >> 2) & 0x30);
-    mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 2) & 0x30);
   }
 }
 

@@ -1,9 +1,9 @@
 // The decode product's inner loop: one row of a GGUF matrix (whole blocks) dotted with rows of
 // activations, each block's integer codes multiplied by the activations and the block's (or
-// sub-block's) scale applied once to their sum. No torch here and no header with inline C++
-// functions: build.py compiles this file twice, once for x86-64-v3 (AVX2 + FMA, STRATA_AVX2) and
-// once for the baseline, and ops.cpp picks one at run time, so no code compiled for AVX2 can be
-// linked into the baseline one (everything below is file-local but the two entry points).
+// sub-block's) scale applied once to their sum. No torch here: build.py compiles this file twice,
+// once for x86-64-v3 (AVX2 + FMA, STRATA_AVX2) and once for the baseline, and ops.cpp picks one
+// at run time; everything below and in layouts.h is file-local but the two entry points, so no
+// code compiled for AVX2 can be linked into the baseline one.
 //
 // A row of blocks is first turned into "codes": signed int8 weights q (offsets subtracted,
 // codebook values looked up, signs applied), a float scale per 16 weights and a float minimum per
@@ -14,11 +14,9 @@
 //     sum_e w_e x_e ~ dx * (s0 * sum_{e<16} q_e xq_e + s1 * sum_{e>=16} q_e xq_e) + m * dx * sum xq
 //     the integer sums exact (int16 pair sums, at most 2 * 128 * 127), one float rounding each;
 //   float32 activations: the same with x itself, q_e * x_e in float32.
-#include <cstdint>
-#include <cstring>
+#include "layouts.h"
 
 #ifdef STRATA_AVX2
-#include <immintrin.h>
 #define ENTRY(name) name##_avx2
 #else
 #define ENTRY(name) name##_portable
@@ -26,43 +24,12 @@
 
 namespace {
 
-enum QType : int {  // GGMLQuantizationType values
-  Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14,
-  IQ3_S = 21, IQ4_XS = 23,
-};
-
-inline float f16(const uint8_t* p) {  // IEEE half (little-endian) -> float, exactly
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-#ifdef STRATA_AVX2
-  return _cvtsh_ss(h);  // F16C: the same exact conversion
-#endif
-  uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
-  if (exp == 0) {
-    float f = float(mant) * 5.9604644775390625e-8f;
-    return sign ? -f : f;
-  }
-  bits = exp == 31 ? (sign | 0x7f800000u | (mant << 13)) : (sign | ((exp + 112) << 23) | (mant << 13));
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
 // One block's codes: q[block weights], s[weights / 16], m[weights / 32].
 struct Codes {
   int8_t* q;
   float* s;
   float* m;
 };
-
-inline void scale_min_k(const uint8_t* s, uint8_t* sc, uint8_t* mn) {
-  for (int j = 0; j < 4; ++j) {
-    sc[j] = s[j] & 0x3F;
-    mn[j] = s[j + 4] & 0x3F;
-    sc[j + 4] = (s[j + 8] & 0x0F) | ((s[j] >> 2) & 0x30);
-    mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 2) & 0x30);
-  }
-}
 
 // 32-weight types (block layouts: dequant.cpp).
 inline void codes_32(int qtype, const uint8_t* b, Codes c) {

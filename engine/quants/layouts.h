@@ -1,0 +1,49 @@
+// What dequant.cpp and kernel.cpp both read off a GGUF block: the type numbers, the f16 scales
+// and the K-quants' packed 6-bit sub-block scales. Everything here has internal linkage (an
+// anonymous namespace), so kernel.cpp's two builds (AVX2 and baseline) each get their own copy and
+// the linker never merges an AVX2-compiled function into the baseline build. STRATA_AVX2 (set
+// for kernel.cpp's AVX2 build only) converts halves with F16C: the same exact conversion.
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+#ifdef STRATA_AVX2
+#include <immintrin.h>
+#endif
+
+namespace {
+
+enum QType : int {  // GGMLQuantizationType values
+  Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14,
+  IQ3_S = 21, IQ4_XS = 23,
+};
+
+inline float f16(const uint8_t* p) {  // IEEE half (little-endian) -> float, exactly
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+#ifdef STRATA_AVX2
+  return _cvtsh_ss(h);
+#else
+  uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
+  if (exp == 0) {
+    float f = float(mant) * 5.9604644775390625e-8f;  // mant * 2^-24: exact
+    return sign ? -f : f;
+  }
+  bits = exp == 31 ? (sign | 0x7f800000u | (mant << 13)) : (sign | ((exp + 112) << 23) | (mant << 13));
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+#endif
+}
+
+// K-quants' 12 bytes of 6-bit sub-block scales and mins (8 of each).
+inline void scale_min_k(const uint8_t* s, uint8_t* sc, uint8_t* mn) {
+  for (int j = 0; j < 4; ++j) {
+    sc[j] = s[j] & 0x3F;
+    mn[j] = s[j + 4] & 0x3F;
+    sc[j + 4] = (s[j + 8] & 0x0F) | ((s[j] >> 2) & 0x30);
+    mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 2) & 0x30);
+  }
+}
+
+}  // namespace
