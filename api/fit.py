@@ -30,19 +30,11 @@ class Fit:
         self._read_ms: int | None = None
         self._refreshing: anyio.Event | None = None  # set when the read in flight has ended
 
-    async def ctx(self) -> int:
-        return (await self.limits())[0]
-
-    async def pool(self) -> int | None:
-        """The smallest live worker's KV pool in tokens (a request beyond it never runs); None until one has said."""
-        return (await self.limits())[1]
-
-    async def slots(self) -> int | None:
-        """The most slots one live worker has (n answers take n of one worker's); None until one has said."""
-        return (await self.limits())[2]
-
     async def limits(self) -> tuple[int, int | None, int | None]:
-        """(ctx, pool, slots), as the three above, from one read."""
+        """(ctx, pool, slots): the context one request may hold (the smaller of the cap and the
+        smallest a live worker publishes); the smallest live worker's KV pool in tokens (a request
+        beyond it never runs); the most slots one live worker has (n answers take n of one
+        worker's). Pool and slots are None until a live worker has said."""
         await self._refresh()
         return self._ctx, self._pool, self._slots
 

@@ -116,25 +116,6 @@ async def live_states(client: aioredis.Redis, model: str, now_ms: int, within_ms
     return [(wid, WorkerState.from_hash({text(a): text(b) for a, b in h.items()})) for wid, h in zip(ids, hashes) if h]
 
 
-async def live_ctx(client: aioredis.Redis, model: str, now_ms: int, within_ms: int) -> int | None:
-    """The smallest ctx (tokens one request may hold) a live worker of `model` publishes; None
-    when no live worker has said. What fits on every worker fits wherever the request lands."""
-    return (await live_limits(client, model, now_ms, within_ms))[0]
-
-
-async def live_limits(client: aioredis.Redis, model: str, now_ms: int, within_ms: int) -> tuple[int | None, int | None]:
-    """The smallest ctx and the smallest KV pool (blocks_total x kv_block tokens) the live workers
-    of `model` publish; None for one no live worker has said."""
-    ctx, pool, _slots = await live_facts(client, model, now_ms, within_ms)
-    return ctx, pool
-
-
-async def live_slots(client: aioredis.Redis, model: str, now_ms: int, within_ms: int) -> int | None:
-    """The most slots a live worker of `model` publishes; None when no live worker has said. A
-    request of n answers takes n slots of one worker at once: more than this can never start."""
-    return (await live_facts(client, model, now_ms, within_ms))[2]
-
-
 async def live_facts(client: aioredis.Redis, model: str, now_ms: int, within_ms: int,
                      ) -> tuple[int | None, int | None, int | None]:
     """(smallest ctx, smallest KV pool in tokens, most slots) the live workers of `model` publish,

@@ -84,3 +84,49 @@ def test_a_prompt_beyond_the_live_workers_pool_is_refused_naming_both_numbers(st
     worker.publish(rid, Done("length", 20, 0))
     asking.join(10)
     assert answers[0].status_code == 200
+
+
+def test_requests_arriving_during_a_fit_read_share_it(monkeypatch):
+    # 20 requests arrive while the workers' facts are being read: one read, every one of them its
+    # answer; the next read only once the facts are older than the ttl. A read that fails leaves
+    # the facts stale and the next request in line reads again.
+    import anyio
+
+    from api.fit import Fit
+    from queues import membership
+
+    reads, now = [], [0]
+
+    async def live_facts(client, model, now_ms, within_ms):
+        reads.append(now_ms)
+        await anyio.sleep(0.02)
+        if len(reads) == 3:
+            raise ConnectionError("redis went away")
+        return 300, 4096, 4
+
+    monkeypatch.setattr(membership, "live_facts", live_facts)
+    fit = Fit(None, "m", fallback=256, live_within_ms=10_000, clock=lambda: now[0], ttl_ms=2000)
+
+    async def main():
+        got = []
+
+        async def one():
+            got.append(await fit.limits())
+        async with anyio.create_task_group() as tg:
+            for _ in range(20):
+                tg.start_soon(one)
+        assert got == [(256, 4096, 4)] * 20 and reads == [0]  # the cap stays a cap beside a larger ctx
+        now[0] = 1999
+        assert await fit.limits() == (256, 4096, 4) and reads == [0]
+        now[0] = 2000
+        assert await fit.limits() == (256, 4096, 4) and reads == [0, 2000]
+        now[0] = 4000
+        try:
+            await fit.limits()
+        except ConnectionError:
+            pass
+        else:
+            raise AssertionError("the failed read was not raised")
+        assert await fit.limits() == (256, 4096, 4) and reads == [0, 2000, 4000, 4000]
+
+    anyio.run(main)
