@@ -25,7 +25,7 @@ from workers.acceptance import accept
 from workers.kv_pool import KvPool
 from workers.slot import Phase, Slot
 from workers.text import Decoder, TextStream, scored
-from workers.upkeep import Upkeep, describe
+from workers.upkeep import Upkeep, describe, reading
 
 log = logging.getLogger("strata.worker")
 
@@ -289,9 +289,7 @@ class Worker:
         # The read in progress is visible in the worker hash: published when it changes, as the
         # step ends. A short read that starts and ends within one step is never in progress
         # between steps, and costs no round trip of its own (a battery's step has several).
-        reading = self.current.request.id if self.current and self.current.request and \
-            self.current.phase is Phase.READING else ""
-        if reading != self.upkeep.shown_reading:
+        if reading(self.current) != self.upkeep.shown_reading:
             self.upkeep.publish(self.describe(), now)
         self.upkeep.note_idle(scheduler.is_idle(self.slots), now)
         return bool(lines.read or decoding)

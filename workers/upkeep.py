@@ -73,11 +73,17 @@ class Upkeep:
         self._next_beat = 0
 
 
+def reading(current: Slot | None) -> str:
+    """The request whose read is in progress (the worker hash's `reading`): the lines' slot while
+    it still reads, "" once its read has ended and it decodes."""
+    return current.request.id if current and current.request and current.phase is Phase.READING else ""
+
+
 def describe(slots: Sequence[Slot], current: Slot | None, *, device: str, ctx: int, steps: int,
              give_ways: int, decode_path: DecodePath = DecodePath(), prompt_tokens_read: int = 0,
              pool: BlockPool | None = None, waits: Admission = Admission()) -> WorkerState:
     """The worker hash an operator reads with HGETALL."""
-    read = current if current and current.request and current.phase is Phase.READING else None
+    read = current if reading(current) else None
     blocks = {}
     if pool is not None:
         blocks = dict(kv_block=pool.block_size, blocks_total=pool.num_blocks, blocks_free=pool.num_free,
