@@ -104,10 +104,16 @@ class Attention(nn.Module):
                                    (stride * pool.stride(1), pool.stride(0), pool.stride(1), pool.stride(2)),
                                    pool.storage_offset() + start * pool.stride(1))
         at = inputs.kv_gather
-        if at is None or at.numel() != bsz * self.n_kv_heads * span:  # a compiled step's, or other heads
-            heads = torch.arange(self.n_kv_heads, device=pool.device).view(1, -1, 1) * pool.shape[1]
-            at = (inputs.read_at.unsqueeze(1) + heads).reshape(-1)
+        if at is None:  # a compiled step's: its graph makes (and fuses) its own
+            at = gather_index(inputs.read_at, self.n_kv_heads, pool.shape[1])
         return pool.view(-1, width).index_select(0, at).view(bsz, self.n_kv_heads, span, width)
+
+
+def gather_index(read_at: Tensor, n_kv_heads: int, pool_length: int) -> Tensor:
+    """read_at [B, span] (each row's positions' places in a pool) -> [B * KV * span]: their places
+    in the pool [KV, pool_length, width] flattened over its heads, for one index_select."""
+    heads = torch.arange(n_kv_heads, device=read_at.device).view(1, -1, 1) * pool_length
+    return (read_at.unsqueeze(1) + heads).reshape(-1)
 
 
 class GatedFFN(nn.Module):

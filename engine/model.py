@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from engine import kv_dtype
 from engine.deltanet import DeltaNetShape, GatedDeltaNet
-from engine.layers import Attention, Block, GatedFFN
+from engine.layers import Attention, Block, GatedFFN, gather_index
 from engine.exact_head import exact_logits
 from engine.memory import ensure_kv_fits
 from engine.moe import Experts
@@ -539,8 +539,7 @@ class Transformer(nn.Module):
         view = self.kv_view(index)
         gather = None
         if view is None and index.ends:
-            heads = torch.arange(self.cfg.n_kv_heads, device=self.device).view(1, -1, 1) * self.kv_pool_length
-            gather = (read_at.unsqueeze(1) + heads).reshape(-1)
+            gather = gather_index(read_at, self.cfg.n_kv_heads, self.kv_pool_length)
         return StepInputs(index.rows, index.positions, cos, sin, index.mask(), write_at, read_at, **extra, lo=index.lo,
                           hi=None if whole else index.hi, sliced=index.sliced,
                           pieces=index.pieces if index.reading else None, kv_view=view, kv_gather=gather)
@@ -629,10 +628,12 @@ class Transformer(nn.Module):
                 rows = scored.nonzero().squeeze(1)
                 logits = torch.cat([logits, logits])
                 logits[rows + h.shape[0]] = exact_logits(self.head_rows, h[rows], logits.shape[1])
+        return self._softcapped(logits)  # monotonic: the candidates for the top are the same before and after
+
+    def _softcapped(self, logits: Tensor) -> Tensor:
+        """cap * tanh(logits / cap) where the config asks (Gemma 3's final_logit_softcapping)."""
         cap = self.cfg.final_softcap
-        if cap:  # monotonic: the candidates for the top are the same before and after
-            logits = torch.tanh(logits / cap) * cap
-        return logits
+        return torch.tanh(logits / cap) * cap if cap else logits
 
     def reported_logits(self, h: Tensor) -> Tensor:
         """h: [B, dim] -> the logits rows that ask for logprobs report ([B, V]: `exact_top`'s
@@ -640,9 +641,7 @@ class Transformer(nn.Module):
         they would sample from: a prompt's scored rows (`echo`) report, and only its last samples."""
         if self.head_bound is None or self.head_rows is None:
             return self.logits(h)
-        logits = exact_logits(self.head_rows, h, self.cfg.vocab_size)
-        cap = self.cfg.final_softcap
-        return torch.tanh(logits / cap) * cap if cap else logits
+        return self._softcapped(exact_logits(self.head_rows, h, self.cfg.vocab_size))
 
     def _candidates_among(self, h: Tensor, logits: Tensor, candidates: Tensor, allowed: Tensor) -> Tensor:
         """`head_logits`' bound for the rows that forbid some token, with the top taken among the
