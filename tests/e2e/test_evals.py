@@ -157,6 +157,15 @@ def _worker_hash(stack: Stack) -> dict[str, str]:
     return stack.redis.hgetall(stack.keys.worker(wid))
 
 
+def _after_a_heartbeat(stack: Stack) -> dict[str, str]:
+    """The worker hash once the worker has beaten again: its counters as of now (between beats the
+    hash is republished only when the read in progress changes, so reads that began and ended
+    within a step show at the next beat)."""
+    beat = _worker_hash(stack).get("heartbeat_ms")
+    wait_until(lambda: _worker_hash(stack).get("heartbeat_ms") != beat, "the worker's next heartbeat", 30)
+    return _worker_hash(stack)
+
+
 def test_n_answers_read_the_prompt_once_and_each_is_the_single_request_of_its_seed(stack: Stack):
     """The openai client, n=4 (the worker's four slots), seed 21, temperature 1: answer i is the
     answer of a single request with seed 21 + i; the worker read the prompt's tokens once."""
@@ -164,16 +173,14 @@ def test_n_answers_read_the_prompt_once_and_each_is_the_single_request_of_its_se
 
     client = OpenAI(base_url=f"{stack.base_url}/v1", api_key="none", max_retries=0, timeout=120)
     messages = [{"role": "user", "content": "Name a colour and a fruit, n-test."}]  # no slot holds it yet
-    before = int(_worker_hash(stack).get("prompt_tokens_read", 0))
+    before = int(_after_a_heartbeat(stack).get("prompt_tokens_read", 0))
     answered = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, seed=21, n=4,
                                               temperature=1.0, logprobs=True)
     assert [c.index for c in answered.choices] == [0, 1, 2, 3]
     answers = [c.message.content for c in answered.choices]
     assert len(set(answers)) > 1
     assert answered.usage.completion_tokens == sum(len(c.logprobs.content) for c in answered.choices)
-    beat = _worker_hash(stack)["heartbeat_ms"]
-    wait_until(lambda: _worker_hash(stack)["heartbeat_ms"] != beat, "the worker's next heartbeat", 30)
-    assert int(_worker_hash(stack)["prompt_tokens_read"]) - before == answered.usage.prompt_tokens
+    assert int(_after_a_heartbeat(stack)["prompt_tokens_read"]) - before == answered.usage.prompt_tokens
     for i in range(4):
         # without logprobs: asking for them (exact rows reported) must not change what is sampled
         single = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, seed=21 + i,
