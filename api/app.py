@@ -117,7 +117,8 @@ def run(settings: ApiSettings, listening: socket.socket | None = None) -> None:
     if settings.fd is not None:
         listening = socket.socket(fileno=settings.fd)  # family and type read from the socket itself
     if listening is None:
-        uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+        uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info",
+                    access_log=settings.access_log)
         return
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level="info"))
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level="info", access_log=settings.access_log))
     server.run(sockets=[listening])

@@ -19,6 +19,11 @@ class ApiSettings(RedisSettings, QueueLimits, RqSettings, ModelSettings):
         description="Accept on this listening socket, inherited from a supervisor (`strata serve --api-workers N` "
         "hands one to each replica), instead of binding host:port.",
     )
+    access_log: bool = Field(
+        True,
+        description="One line per HTTP request (uvicorn's access log: client, method, path, status). Off saves "
+        "the line's CPU where many short requests come (docs/operations.md); errors are logged either way.",
+    )
     priority_min: int = Field(-100, description="Lowest priority; lower values are raised to it.")
     priority_max: int = Field(100, description="Highest priority; higher values are lowered to it.")
     default_max_tokens: int = Field(

@@ -107,12 +107,13 @@ def rss_mib(pids: list[int]) -> float:
 
 
 @contextmanager
-def served(*flags: str, cwd: Path | None = None) -> Iterator[Stack]:
+def served(*flags: str, cwd: Path | None = None, settings: dict[str, str] | None = None) -> Iterator[Stack]:
     """`strata serve --engine fake` with these flags (from checkout `cwd`: `python -m` puts it
-    first on the path; None: this one)."""
+    first on the path; None: this one) and these STRATA_ variables (an older checkout that lacks
+    one ignores it, where it would refuse the flag)."""
     data = Path(tempfile.mkdtemp(prefix="strata-load-"))
     port = free_port()
-    env = environ_without_settings()
+    env = {**environ_without_settings(), **(settings or {})}
     serve = subprocess.Popen(
         [sys.executable, "-m", "strata", "serve", "--engine", "fake", "--port", str(port), "--data-dir", str(data),
          "--max-waiting", "0", "--queue-hard-limit", "0", *flags],

@@ -14,7 +14,7 @@ other in one run: the ratio is this run's.
 
     .venv/bin/python -m bench.short_requests [--baseline /tmp/base] [--only stack,worker]
         [--seconds 15] [--clients 64] [--api-workers 1] [--parallel 64] [--requests 3000]
-        [--client aiohttp|httpx]
+        [--client aiohttp|httpx] [--access-log on|off]
 
 Every result line carries the machine's load average: the cores are shared. Where the time goes
 is measured as CPU time, which a loaded machine does not inflate the way it does wall time: for the
@@ -181,6 +181,8 @@ def main() -> None:
     parser.add_argument("--only", default="stack,worker")
     parser.add_argument("--client", choices=("httpx", "aiohttp"), default="aiohttp",
                         help="the stack measure's HTTP client (it runs on the same cores)")
+    parser.add_argument("--access-log", choices=("on", "off"), default="on",
+                        help="the API's access log (STRATA_ACCESS_LOG: a baseline without the option keeps its own)")
     args = parser.parse_args()
     here = Path(__file__).resolve().parent.parent
     runs = ([("baseline", args.baseline)] if args.baseline else []) + [("this checkout", here)]
@@ -190,13 +192,15 @@ def main() -> None:
         for name, repo in runs:
             if measure_name == "stack":
                 with served("--parallel", str(args.parallel), "--fake-decode-ms-per-step", "1",
-                            "--api-workers", str(args.api_workers), cwd=repo) as stack:
+                            "--api-workers", str(args.api_workers), cwd=repo,
+                            settings={"STRATA_ACCESS_LOG": str(args.access_log == "on")}) as stack:
                     before = cpu_seconds(stack.serve.pid)
                     rate, failures, answered = asyncio.run(measure(stack.base, args.clients, args.seconds,
                                                                    args.warm_s, args.client))
                     spent = cpu_per_request(before, cpu_seconds(stack.serve.pid), answered)
                 print(f"stack, {name} ({repo}): {rate:.0f} one-token requests/s end to end, {failures} failed; "
-                      f"{args.clients} {args.client} clients, {args.parallel} slots, api workers {args.api_workers}; {load()}\n"
+                      f"{args.clients} {args.client} clients, {args.parallel} slots, api workers {args.api_workers}, "
+                      f"access log {args.access_log}; {load()}\n"
                       f"  {spent}", flush=True)
             else:
                 rate = worker_rate(repo, args.requests, args.parallel)
