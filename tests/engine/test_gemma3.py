@@ -4,7 +4,6 @@ pre-attention scalar, the logits' soft-cap; from an HF folder, a float32 GGUF an
 
 from __future__ import annotations
 
-import gguf
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
@@ -14,8 +13,8 @@ from engine.compiled import compilable
 from engine.gguf_loader import GGUFModel
 from engine.model import Transformer
 from engine.weights import DictSource
+from tests.helpers.family_gguf import gemma3_gguf
 from tests.helpers.hf_reference import check_engine_greedy, check_prefill_and_decode
-from tests.helpers.gguf_write import common_metadata, write_hf_as_gguf
 
 WINDOW = 12  # shorter than the test's prompts (9-70 tokens), so the sliding layers' mask matters
 
@@ -78,27 +77,12 @@ def test_the_window_and_the_local_base_matter(tmp_path):
         assert float((prefill_logits(model, 0, ids) - ref).abs().max()) > 1e-2
 
 
-def _gguf(path, hf, qtype: Q) -> dict[str, torch.Tensor]:
-    cfg = hf.config
-
-    def metadata(writer):
-        common_metadata(writer, cfg)
-        writer.add_sliding_window(cfg.sliding_window)
-        writer.add_sliding_window_pattern([kind == "sliding_attention" for kind in cfg.layer_types])
-        writer.add_rope_freq_base_swa(float(cfg.rope_parameters["sliding_attention"]["rope_theta"]))
-        writer.add_float32(gguf.Keys.Attention.SCALE.format(arch="gemma3"), cfg.query_pre_attn_scalar ** -0.5)
-        if cfg.final_logit_softcapping:
-            writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
-
-    return write_hf_as_gguf(path, hf, gguf.MODEL_ARCH.GEMMA3, metadata, qtype=qtype, norm_plus_one=True)
-
-
 @pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0], ids=["f32", "q8_0"])
 @pytest.mark.parametrize("variant", ["plain", "softcap"])
 def test_gguf_matches_transformers(variant, qtype, tmp_path):
     hf = gemma3(**VARIANTS[variant])
     path = tmp_path / "gemma3.gguf"
-    held = _gguf(path, hf, qtype)
+    held = gemma3_gguf(path, hf, qtype)
     loaded = GGUFModel(path)
     assert loaded.config.sliding_layers == (True, False, True, True) and loaded.config.tie_embeddings
     if qtype == Q.Q8_0:

@@ -3,7 +3,6 @@ HF folder, a float32 GGUF and a Q8_0 GGUF written here under llama.cpp's names."
 
 from __future__ import annotations
 
-import gguf
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
@@ -14,8 +13,8 @@ from engine.layers import GatedFFN
 from engine.model import Transformer
 from engine.moe import Experts
 from engine.weights import DictSource
+from tests.helpers.family_gguf import moe_gguf
 from tests.helpers.hf_reference import check_engine_greedy, check_prefill_and_decode
-from tests.helpers.gguf_write import common_metadata, write_hf_as_gguf
 
 COMMON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
               max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=False)
@@ -162,28 +161,13 @@ def test_hf_folder_matches_transformers(family, tmp_path):
     check_engine_greedy(hf, model)
 
 
-def _gguf(path, hf, qtype: Q) -> dict[str, torch.Tensor]:
-    cfg = hf.config
-    if cfg.model_type == "mixtral":  # llama.cpp converts Mixtral as `llama` with expert tensors
-        arch, heads, experts, ffn = gguf.MODEL_ARCH.LLAMA, (4, 2), cfg.num_local_experts, cfg.intermediate_size
-    else:
-        arch, heads, experts, ffn = gguf.MODEL_ARCH.QWEN3MOE, None, cfg.num_experts, cfg.moe_intermediate_size
-
-    def metadata(writer):
-        common_metadata(writer, cfg, expert_ffn=ffn)
-        writer.add_expert_count(experts)
-        writer.add_expert_used_count(cfg.num_experts_per_tok)
-
-    return write_hf_as_gguf(path, hf, arch, metadata, qtype=qtype, heads=heads)
-
-
 @pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0], ids=["f32", "q8_0"])
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
 def test_gguf_matches_transformers(family, qtype, tmp_path):
     # llama.cpp's qwen3moe has no dense layers between and renormalizes the chosen experts' weights
     hf = qwen3_moe(norm_topk=True) if family == "qwen3_moe" else mixtral()
     path = tmp_path / f"{family}.gguf"
-    held = _gguf(path, hf, qtype)
+    held = moe_gguf(path, hf, qtype)
     loaded = GGUFModel(path)
     if qtype == Q.Q8_0:
         stored = {t.name: t.qtype for t in loaded.file.tensors.values()}
@@ -198,7 +182,7 @@ def test_bf16_moe_model_stays_close(tmp_path):
     # the default dtype on the CPU: experts in bf16, routing in float32
     hf = qwen3_moe()
     path = tmp_path / "q8.gguf"
-    held = _gguf(path, hf, Q.Q8_0)
+    held = moe_gguf(path, hf, Q.Q8_0)
     hf.load_state_dict(held, strict=True)
     loaded = GGUFModel(path)
     model = Transformer.build(loaded.config, loaded, dtype=torch.bfloat16, device=torch.device("cpu"), int4=True)

@@ -13,6 +13,7 @@ from engine.model import Transformer
 from engine.protocol import SamplingParams
 from engine.runner import TorchEngine
 from engine.weights import DictSource
+from tests.helpers.family_gguf import qwen3next_gguf
 from tests.helpers.hf_reference import check_engine_greedy, check_prefill_and_decode, hf_greedy
 
 KINDS = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
@@ -166,93 +167,7 @@ def test_replayed_answer_and_forked_answers_carry_the_state(tmp_path):
     assert tokens[0] == tokens[1] == tokens[2] == want[:4]
 
 
-# ---- GGUF, as llama.cpp's converter lays Qwen3-Next out ------------------------------------
-
-def write_gguf(path, hf, qtype, *, legacy: bool = True) -> dict[str, torch.Tensor]:
-    """The converter's qwen3next: gguf's own tensor names; norms stored as 1 + weight (not the
-    DeltaNet's per-head norm); A_log as -exp(A_log) in `ssm_a`; the conv as [conv_dim, kernel];
-    dt_bias as `ssm_dt.bias`; experts stacked; the shared expert's gate as a vector. legacy: the
-    DeltaNet's input as `ssm_in` (transformers' interleaved qkvz), else `attn_qkv` + `attn_gate`.
-    Matrices quantized to `qtype` (not the routers); returns the file's weights dequantized under
-    transformers' names (the exact reference for a quantized file)."""
-    import gguf
-    import numpy as np
-    from gguf import GGMLQuantizationType as Q
-    from gguf.quants import dequantize, quantize
-
-    from engine.deltanet import DeltaNetShape, deinterleave
-    from tests.helpers.gguf_write import common_metadata
-
-    cfg = hf.config
-    state = {k: v.detach().float() for k, v in hf.state_dict().items()}
-    if cfg.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3NEXT, cfg.num_hidden_layers)
-    writer = gguf.GGUFWriter(path, "qwen3next")
-    common_metadata(writer, cfg, expert_ffn=cfg.moe_intermediate_size)
-    writer.add_expert_count(cfg.num_experts)
-    writer.add_expert_used_count(cfg.num_experts_per_tok)
-    writer.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
-    writer.add_ssm_conv_kernel(cfg.linear_conv_kernel_dim)
-    writer.add_ssm_state_size(cfg.linear_key_head_dim)
-    writer.add_ssm_group_count(cfg.linear_num_key_heads)
-    writer.add_ssm_time_step_rank(cfg.linear_num_value_heads)
-    writer.add_ssm_inner_size(cfg.linear_value_head_dim * cfg.linear_num_value_heads)
-    writer.add_full_attention_interval(2)  # KINDS: every second layer attends
-    writer.add_rope_dimension_count(int(cfg.head_dim * cfg.rope_parameters["partial_rotary_factor"]))
-    shape = DeltaNetShape(cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
-                          cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim)
-    held: dict[str, torch.Tensor] = {}
-
-    def add(gguf_name: str, w: torch.Tensor, quantized: bool) -> torch.Tensor:
-        array = w.numpy()
-        if quantized and qtype != Q.F32 and array.shape[-1] % 32 == 0:
-            raw = quantize(array, qtype)
-            writer.add_tensor(gguf_name, raw, raw_dtype=qtype)
-            return torch.from_numpy(dequantize(raw, qtype).reshape(array.shape).copy())
-        writer.add_tensor(gguf_name, np.ascontiguousarray(array))
-        return w
-
-    for name, w in state.items():
-        base = name.removesuffix(".weight")
-        if base.endswith("experts.gate_up_proj"):  # [E, 2I, dim] -> ffn_gate_exps and ffn_up_exps
-            prefix = names.get_name(base.replace("gate_up_proj", "gate_proj"))
-            gate, up = w.chunk(2, dim=1)
-            held[name] = torch.cat([add(prefix + ".weight", gate, True),
-                                    add(prefix.replace("gate_exps", "up_exps") + ".weight", up, True)], dim=1)
-        elif base.endswith("linear_attn.A_log"):
-            add(names.get_name(base), -w.exp(), False)
-            held[name] = w
-        elif base.endswith("linear_attn.dt_bias"):
-            held[name] = add(names.get_name(base.replace("dt_bias", "dt_proj")) + ".bias", w, False)
-        elif base.endswith("linear_attn.conv1d"):
-            held[name] = add(names.get_name(base) + ".weight", w[:, 0], False).unsqueeze(1)
-        elif base.endswith("linear_attn.in_proj_qkvz") and not legacy:
-            qkv, z, _, _ = deinterleave(w, state[name.replace("qkvz", "ba")], shape)
-            prefix = names.get_name(base).rsplit(".", 1)[0]
-            qkv, z = add(prefix + ".attn_qkv.weight", qkv, True), add(prefix + ".attn_gate.weight", z, True)
-            held[name] = _interleave(qkv, z, shape)
-        elif base.endswith("norm") and not base.endswith("linear_attn.norm"):
-            held[name] = add(names.get_name(base) + ".weight", w + 1, False) - 1
-        elif base.endswith("shared_expert_gate"):
-            held[name] = add(names.get_name(base) + ".weight", w[0], False).unsqueeze(0)
-        else:
-            router = base.endswith("mlp.gate")  # stays float32, as llama-quantize leaves it
-            held[name] = add(names.get_name(base) + ".weight", w, w.ndim >= 2 and not router)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return held
-
-
-def _interleave(qkv: torch.Tensor, z: torch.Tensor, shape) -> torch.Tensor:
-    """deinterleave's inverse for q, k, v, z: transformers' in_proj_qkvz layout."""
-    dim, nk, per = qkv.shape[-1], shape.n_k_heads, shape.n_v_heads // shape.n_k_heads
-    q, k, v = qkv.split((shape.key_size, shape.key_size, shape.value_size))
-    return torch.cat([q.view(nk, -1, dim), k.view(nk, -1, dim), v.view(nk, per * shape.v_dim, dim),
-                      z.view(nk, per * shape.v_dim, dim)], dim=1).reshape(-1, dim)
-
+# ---- GGUF, as llama.cpp's converter lays Qwen3-Next out (tests/helpers/family_gguf.py) ---------
 
 @pytest.mark.parametrize("layout", ["ssm_in", "attn_qkv"])
 @pytest.mark.parametrize("qtype", ["f32", "q8_0"])
@@ -263,7 +178,7 @@ def test_gguf_matches_transformers(qtype, layout, tmp_path):
 
     hf = qwen3_next()
     path = tmp_path / "qwen3next.gguf"
-    held = write_gguf(path, hf, Q.Q8_0 if qtype == "q8_0" else Q.F32, legacy=layout == "ssm_in")
+    held = qwen3next_gguf(path, hf, Q.Q8_0 if qtype == "q8_0" else Q.F32, legacy=layout == "ssm_in")
     hf.load_state_dict(held, strict=True)  # the reference: transformers on the file's own weights
     loaded = GGUFModel(path)
     stored = {t.name: t.qtype for t in loaded.file.tensors.values()}
@@ -286,7 +201,7 @@ def test_bf16_from_a_q8_0_gguf_stays_close(tmp_path):
 
     hf = qwen3_next()
     path = tmp_path / "q8.gguf"
-    hf.load_state_dict(write_gguf(path, hf, Q.Q8_0, legacy=False), strict=True)
+    hf.load_state_dict(qwen3next_gguf(path, hf, Q.Q8_0, legacy=False), strict=True)
     loaded = GGUFModel(path)
     model = Transformer.build(loaded.config, loaded, dtype=torch.bfloat16, device=torch.device("cpu"), int4=True)
     model.allocate_cache(num_slots=4, ctx=256)

@@ -30,8 +30,9 @@ def permute_qk(weight: np.ndarray, n_heads: int) -> np.ndarray:
 
 def write_hf_as_gguf(path, hf, arch: gguf.MODEL_ARCH, metadata: Callable[[GGUFWriter], None], *,
                      qtype: Q = Q.F32, heads: tuple[int, int] | None = None,
-                     norm_plus_one: bool = False) -> dict[str, torch.Tensor]:
-    """heads: (n_heads, n_kv_heads) to permute Q/K rows (`llama`); norm_plus_one: Gemma's norms.
+                     norm_plus_one: bool = False, tokenizer_of=None) -> dict[str, torch.Tensor]:
+    """heads: (n_heads, n_kv_heads) to permute Q/K rows (`llama`); norm_plus_one: Gemma's norms;
+    tokenizer_of: a GGUF whose tokenizer the file carries (so that a server can take text).
     Returns {hf name: float32 tensor as stored in the file, dequantized, HF layout}."""
     state = {k: v.detach().float().numpy() for k, v in hf.state_dict().items()}
     if getattr(hf.config, "tie_word_embeddings", False):
@@ -53,6 +54,8 @@ def write_hf_as_gguf(path, hf, arch: gguf.MODEL_ARCH, metadata: Callable[[GGUFWr
     names = gguf.get_tensor_name_map(arch, hf.config.num_hidden_layers)
     writer = GGUFWriter(path, gguf.MODEL_ARCH_NAMES[arch])
     metadata(writer)
+    if tokenizer_of is not None:
+        copy_tokenizer(gguf.GGUFReader(tokenizer_of), writer)
     stored: dict[str, np.ndarray] = {}
     for base, w in tensors.items():
         target = names.get_name(base)
@@ -90,6 +93,14 @@ def write_hf_as_gguf(path, hf, arch: gguf.MODEL_ARCH, metadata: Callable[[GGUFWr
         else:
             out[base + ".weight"] = torch.from_numpy(np.ascontiguousarray(w))
     return out
+
+
+def copy_tokenizer(source: gguf.GGUFReader, writer: GGUFWriter) -> None:
+    """Every `tokenizer.` key of another file (vocabulary, merges, special ids, chat template)."""
+    for key, field in source.fields.items():
+        if key.startswith("tokenizer."):
+            kind = field.types[0]
+            writer.add_key_value(key, field.contents(), kind, sub_type=field.types[1] if len(field.types) > 1 else None)
 
 
 def common_metadata(writer: GGUFWriter, cfg, *, expert_ffn: int | None = None) -> None:

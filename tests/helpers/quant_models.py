@@ -11,6 +11,8 @@ from gguf import GGML_QUANT_SIZES, GGUFReader, GGUFWriter
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import quantize as gguf_quantize
 
+from tests.helpers.gguf_write import copy_tokenizer
+
 GGUF_QUANTIZES = {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0}
 # Byte offsets of each block's f16 scales (d, and dmin / m where the type has one): random bytes
 # there would be NaN, inf or subnormal scales, so they get random normal halves instead.
@@ -77,13 +79,6 @@ class Shape:
     heads: int = HEADS
     kv: int = KV
     vocab: int = VOCAB
-
-
-def copy_tokenizer(source: GGUFReader, writer: GGUFWriter) -> None:
-    for key, field in source.fields.items():
-        if key.startswith("tokenizer."):
-            kind = field.types[0]
-            writer.add_key_value(key, field.contents(), kind, sub_type=field.types[1] if len(field.types) > 1 else None)
 
 
 def shapes(shape: Shape) -> dict[str, tuple[int, ...]]:
