@@ -33,6 +33,7 @@ class Tokenizer:
                 eos.add(token_id)
         self.eos_token_ids: frozenset[int] = frozenset(eos)
         self.vocab_size: int = len(hf_tokenizer)
+        self._rust = _rust_encoder(hf_tokenizer)  # None: every encode goes through transformers
 
     @classmethod
     def from_model_path(cls, path: str | Path, extra_eos_ids: Sequence[int] = (),
@@ -57,6 +58,8 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """A completion prompt; BOS is added when the model's tokenizer adds it (add_special_tokens)."""
+        if self._rust is not None:
+            return self._rust.encode(text, add_special_tokens=add_special_tokens).ids
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
 
     def special_tokens(self) -> dict[str, str]:
@@ -76,7 +79,7 @@ class Tokenizer:
         """The model's chat template, ending with the assistant's turn opened. tools: OpenAI's
         tool objects, for a template that renders them; template_kwargs reach the template
         (`chat_template_kwargs`, e.g. enable_thinking)."""
-        return list(self._tok.encode(self.render_chat(messages, tools, **template_kwargs), add_special_tokens=False))
+        return self.encode(self.render_chat(messages, tools, **template_kwargs), add_special_tokens=False)
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None = None, **template_kwargs: Any) -> str:
         if not self._tok.chat_template:
@@ -90,7 +93,7 @@ class Tokenizer:
 
     def encode_plain(self, text: str) -> list[int]:
         """Text's ids with no BOS or other added tokens (a marker such as </think>)."""
-        return list(self._tok.encode(text, add_special_tokens=False))
+        return self.encode(text, add_special_tokens=False)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
@@ -197,6 +200,35 @@ class TokenizerFile:
 
             self._full = AutoTokenizer.from_pretrained(self.folder, local_files_only=True)
         return self._full.apply_chat_template(*args, **kwargs)
+
+
+def _rust_encoder(hf_tokenizer: Any) -> Any:
+    """tokenizers' Rust tokenizer to encode with directly, where that gives transformers' ids, else None.
+
+    transformers' fast `encode` is that Rust object's `encode_batch` of one text inside ~30 µs of
+    Python (argument checks, truncation and padding set again, a BatchEncoding built and taken
+    apart): 5x the encoding itself for a short prompt, a few percent of the API's CPU for each
+    one-token request (docs/bench-log.md, 2026-12-03). It is the same object, so the ids agree
+    when the wrapper does nothing else: its own `encode`, not a subclass's that changes the text
+    or the ids, special tokens matched as such (split_special_tokens off), and no truncation or
+    padding, which transformers turns off on the backend before each call (done here once: this
+    Tokenizer owns its HF tokenizer, and nothing turns them back on)."""
+    if isinstance(hf_tokenizer, TokenizerFile):
+        return hf_tokenizer._rust  # opened by tokenizers alone: no wrapper to go around
+    try:
+        from transformers import TokenizersBackend
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+    except ImportError:
+        return None
+    cls = type(hf_tokenizer)
+    if not isinstance(hf_tokenizer, TokenizersBackend) or cls.encode is not PreTrainedTokenizerBase.encode or \
+            cls._encode_plus is not TokenizersBackend._encode_plus or hf_tokenizer.split_special_tokens:
+        return None
+    rust = hf_tokenizer.backend_tokenizer
+    rust.no_truncation()
+    rust.no_padding()
+    rust.encode_special_tokens = False
+    return rust
 
 
 _BYTE_ALPHABET: dict[str, int] = {}
