@@ -18,6 +18,12 @@ the requests that have referenced it since it was computed), then the one releas
 then the lowest block id. A slot releases its blocks last-first, and an ancestor block is
 referenced by every request of its descendants, so an ancestor never goes before a descendant:
 the cache never holds a block its own prefix cannot reach.
+
+A block is keyed once its KV is written, never before: two requests with one new prefix both
+find nothing at allocate. The worker's reads take the lines one at a time, so the second does not
+read the prefix again: as it takes the lines it first `catch_up`s, adopting the blocks the first's
+read keyed meanwhile. Nothing waits on a block that is not written yet, so nothing is stranded
+when a read is cancelled, moved or its worker dies: whoever reads next reads what is not cached.
 """
 
 from __future__ import annotations
@@ -56,7 +62,8 @@ class Table:
     tokens: list[int] = field(default_factory=list)  # token ids whose KV is written, in order
     num_reserved: int = 0  # blocks promised and not yet taken
     priority: int = 0
-    num_cached_tokens: int = 0  # the prompt's tokens found in the cache at allocate
+    num_cached_tokens: int = 0  # the prompt's tokens found in the cache (at allocate, or caught up)
+    uses_cache: bool = True  # off: a read that must see every position itself (allocate's use_cache)
     # whether its full blocks may still be keyed: not once it wrote a token the way a prompt read
     # would not (a decode step's, a replayed answer's: other kernels, other entries), nor after
     is_keyable: bool = True
@@ -152,7 +159,7 @@ class BlockPool:
             need = self.blocks_needed(prompt, max_tokens)
             raise ValueError(f"slot {slot}: {need} blocks needed, {self.num_free} free")
         hits = self.cached_blocks(prompt) if use_cache else []
-        table = Table(priority=priority)
+        table = Table(priority=priority, uses_cache=use_cache)
         for b in hits:
             self._reference(b, priority)
             table.blocks.append(b)
@@ -162,6 +169,28 @@ class BlockPool:
         self._num_reserved += table.num_reserved
         self.tables[slot] = table
         return table.num_cached_tokens
+
+    def catch_up(self, slot: int, prompt: Sequence[int]) -> int:
+        """The slot is about to read its prompt on from what its table holds: take the cached
+        blocks that continue it (keyed since it was admitted: another slot's read of the same prefix
+        got there first) instead of reading them again. Only at a block's edge with nothing but its
+        prompt written; the adopted blocks come out of its reservation. Returns the tokens adopted:
+        the read moves on by that many."""
+        table = self.tables[slot]
+        held = len(table.tokens)
+        if (not table.uses_cache or not table.is_keyable or held % self.block_size
+                or len(table.blocks) != held // self.block_size or list(prompt[:held]) != table.tokens):
+            return 0
+        more = self.cached_blocks(prompt)[len(table.blocks):]
+        for b in more:
+            self._reference(b, table.priority)
+            table.blocks.append(b)
+        table.num_reserved -= len(more)
+        self._num_reserved -= len(more)
+        adopted = len(more) * self.block_size
+        table.tokens.extend(prompt[held : held + adopted])
+        table.num_cached_tokens += adopted
+        return adopted
 
     # -- writing ----------------------------------------------------------------------------
     def room(self, slot: int) -> int:

@@ -53,6 +53,16 @@ class KvPool:
         self.engine.assign(slot, table.blocks, table.tokens)
         return cached
 
+    def catch_up(self, slot: int, prompt: Sequence[int]) -> int:
+        """Before the slot reads on: the cached blocks that continue what it holds (another slot's
+        read keyed them since), into its table and the engine's. Returns the tokens it now holds,
+        or 0 when nothing was adopted (the read goes on as it was)."""
+        if not self.blocks.catch_up(slot, prompt):
+            return 0
+        table = self.blocks.tables[slot]
+        self.engine.assign(slot, table.blocks, table.tokens)
+        return len(table.tokens)
+
     def grow(self, slot: int, num_tokens: int) -> None:
         """Before the engine writes the slot's positions up to num_tokens - 1."""
         if self.blocks.grow(slot, num_tokens):

@@ -246,6 +246,7 @@ class Worker:
         self.steps += 1
         out = StepOutput()
         self._admit(now, out)
+        self._catch_up(out)
         lines = scheduler.next_read(self.slots, self.current, self.policy)
         if lines.gave_way:
             self._give_way(lines.gave_way, lines.read, out)
@@ -294,6 +295,26 @@ class Worker:
         self.upkeep.note_idle(scheduler.is_idle(self.slots), now)
         return bool(lines.read or decoding)
 
+    def _catch_up(self, out: StepOutput) -> None:
+        """Before the lines are given out: each prompt read takes the cached blocks another slot's
+        read keyed since it was admitted (two requests with one new prefix arriving together: the
+        second reads only what follows it), so the lines' rules judge what is left to read. A read
+        that adopts blocks begins again from there (nothing sampled yet), its request hash's
+        cached_tokens raised to match (workers/blocks.py `catch_up`)."""
+        if self.pool is None:
+            return
+        for slot in self.slots:
+            if slot.phase is not Phase.READING or slot.params is None or slot.read_pos >= len(slot.request.prompt):
+                continue
+            with blamed_on(slot):
+                held = self.pool.catch_up(slot.index, slot.request.prompt)
+                if held:
+                    log.info("%s: %d more prompt tokens cached by another read; reads on from %d",
+                             slot.request.id, held - slot.read_pos, held)
+                    slot.read_pos = held
+                    self.engine.begin(slot.index, slot.params, keep=held)
+                    out.of(slot).cached_tokens = self.pool.cached_tokens(slot.index)
+
     def _read(self, first: Slot, out: StepOutput) -> list[Slot]:
         """The lines this step: a chunk of the read that holds them, then, while what is left of
         the chunk's token budget holds the whole of the next read in line (scheduler.next_read's
@@ -306,6 +327,7 @@ class Worker:
             read.append(slot)
             if slot.phase is Phase.READING:
                 break  # still reading, or its read failed: the lines were its for this step
+            self._catch_up(out)
             slot = scheduler.short_read(self.slots, self.policy, budget)
         return read
 
@@ -505,8 +527,8 @@ class Worker:
                 # the prompt's scores go with the echo of the answer that reads it (one read, or
                 # each answer of a resumed request that has not streamed its echo yet)
                 echoes = each is slot if not apart else not done.token_ids
-                self.engine.begin(each.index, self._params(request, each.choice, done.token_ids, echoes),
-                                  keep=each.read_pos if each in readers else 0)
+                each.params = self._params(request, each.choice, done.token_ids, echoes)
+                self.engine.begin(each.index, each.params, keep=each.read_pos if each in readers else 0)
         except NeverFits as error:
             log.warning("%s can never fit here: %s", request.id, error)
             out.held.pop(request.id, None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from engine.protocol import SamplingParams
 from queues.records import QueuedRequest
 from workers.text import TextStream
 
@@ -35,6 +36,7 @@ class Slot:
     cached: list[int] = field(default_factory=list)  # the prompt a free slot's KV cache still holds
     min_priority: int | None = None  # reserved (--reserve): only requests of this priority or higher
     choice: int = 0  # which of its request's n answers this slot holds
+    params: SamplingParams | None = None  # what the engine's begin() got: again if its read catches up
 
     @property
     def is_reserved(self) -> bool:
@@ -69,4 +71,5 @@ class Slot:
         self.yields = 0
         self.gave_way_to = None
         self.choice = 0
+        self.params = None
         self.last_used = step

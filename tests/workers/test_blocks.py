@@ -111,6 +111,44 @@ def test_two_reads_of_the_same_prompt_at_once_keep_one_cached_copy():
     assert pool.num_free == pool.num_blocks
 
 
+def test_a_read_admitted_with_nothing_cached_catches_up_on_blocks_another_read_keyed_since():
+    pool = BlockPool(num_tokens=16 * BS, block_size=BS)
+    first, second = tokens(1, 2, 3, tail=2), tokens(1, 2, 3, 9)
+    pool.allocate(0, first, 1, 0)
+    assert pool.allocate(1, second, 1, 0) == 0  # nothing cached yet
+    assert pool.catch_up(1, second) == 0  # nothing keyed yet either: it would read from 0
+    pool.write(0, first[: 2 * BS])
+    free = pool.num_free
+    assert pool.catch_up(1, second) == 2 * BS  # the two blocks slot 0 keyed, shared
+    assert pool.tables[1].blocks == pool.tables[0].blocks[:2] and pool.num_shared == 2
+    assert pool.tables[1].tokens == second[: 2 * BS] and pool.tables[1].num_cached_tokens == 2 * BS
+    assert pool.num_free == free + 2  # no longer reserved: the blocks are slot 0's already
+    assert pool.catch_up(1, second) == 0  # nothing more keyed
+    pool.write(0, first[2 * BS:])
+    assert pool.catch_up(1, second) == BS  # the third block, as it reads on
+    pool.write(1, second[3 * BS:])
+    assert pool.tables[1].blocks[:3] == pool.tables[0].blocks[:3] and pool.num_shared == 3
+    pool.free(0)
+    pool.free(1)
+    assert pool.num_used == pool.num_reserved == 0 and pool.num_free == pool.num_blocks
+
+
+def test_a_read_catches_up_only_at_a_blocks_edge_with_nothing_but_its_prompt_written():
+    pool = BlockPool(num_tokens=16 * BS, block_size=BS)
+    prompt = tokens(1, 2, 3)
+    pool.allocate(0, prompt, 1, 0)
+    pool.write(0, prompt)
+    pool.allocate(1, prompt, 1, 0, use_cache=False)  # prompt scoring: sees every position itself
+    assert pool.catch_up(1, prompt) == 0
+    pool.allocate(2, tokens(1, 2, 3, 4), 1, 0)  # found 3 blocks; then writes half a block
+    pool.write(2, [4, 4])
+    assert pool.catch_up(2, tokens(1, 2, 3, 4)) == 0  # mid-block
+    pool.allocate(3, tokens(5), 2 * BS, 0)
+    pool.write(3, tokens(5))
+    pool.write(3, [1] * (BS - 1), keyable=False)  # a decode step's entries
+    assert pool.catch_up(3, tokens(5) + [1] * (BS - 1)) == 0
+
+
 def test_eviction_is_least_recently_released_within_a_priority_lowest_priority_first():
     # 6 blocks; three requests of one full block + 1 token each (2 blocks), released in turn
     pool = BlockPool(num_tokens=6 * BS, block_size=BS)
@@ -180,14 +218,19 @@ def test_a_full_pool_refuses_to_allocate():
 # -- properties ------------------------------------------------------------------------------
 
 vocab = st.integers(0, 2)  # few token ids: prompts share prefixes often
+# and prompts of whole blocks from three: they share whole blocks often, read at the same time
+blocky = st.builds(lambda names, tail: [n for n in names for _ in range(BS)] + tail,
+                   st.lists(st.integers(0, 2), max_size=4), st.lists(vocab, min_size=1, max_size=BS))
 ops = st.lists(
     st.one_of(
-        st.tuples(st.just("admit"), st.lists(vocab, min_size=1, max_size=5 * BS), st.integers(1, 2 * BS),
+        st.tuples(st.just("admit"), st.one_of(st.lists(vocab, min_size=1, max_size=5 * BS), blocky),
+                  st.integers(1, 2 * BS),
                   st.integers(-2, 2)),
+        st.tuples(st.just("read"), st.integers(0, 5), st.sampled_from([BS, 2 * BS, 3])),
         st.tuples(st.just("step"), st.integers(0, 5), st.integers(1, BS)),
         st.tuples(st.just("end"), st.integers(0, 5)),
     ),
-    max_size=40,
+    max_size=60,
 )
 
 
@@ -196,8 +239,11 @@ ops = st.lists(
 def test_no_block_is_leaked_refcounts_match_tables_and_the_counts_add_up(script):
     pool = BlockPool(num_tokens=12 * BS, block_size=BS)
     limit: dict[int, int] = {}  # slot -> tokens it may still write
+    prompts: dict[int, list[int]] = {}  # slot -> its prompt, while it is read (a chunk at a time)
     prefixes: dict[bytes, list[int]] = {}  # a cached block's key -> the tokens up to its end
     for op in script:
+        held = sorted(pool.tables)  # read, step and end name the op[1]-th slot that holds a request
+        slot = held[op[1] % len(held)] if held and op[0] != "admit" else None
         if op[0] == "admit":
             _, prompt, max_tokens, priority = op
             slot = min(set(range(6)) - set(pool.tables), default=None)
@@ -205,14 +251,23 @@ def test_no_block_is_leaked_refcounts_match_tables_and_the_counts_add_up(script)
                 continue
             cached = pool.allocate(slot, prompt, max_tokens, priority)
             assert cached % BS == 0 and cached < len(prompt) and prompt[:cached] == pool.tables[slot].tokens
-            pool.write(slot, prompt[cached:])
+            prompts[slot] = prompt
             limit[slot] = max_tokens
-        elif op[0] == "step" and op[1] in pool.tables:
-            n = min(op[2], limit[op[1]])
-            pool.write(op[1], [op[2] % 3] * n)
-            limit[op[1]] -= n
-        elif op[0] == "end" and op[1] in pool.tables:
-            pool.free(op[1])
+        elif op[0] == "read" and slot in prompts:
+            prompt, table = prompts[slot], pool.tables[slot]
+            at = len(table.tokens)
+            adopted = pool.catch_up(slot, prompt)  # what another read keyed meanwhile, then a chunk
+            assert adopted % BS == 0 and table.tokens == prompt[: at + adopted]
+            pool.write(slot, prompt[at + adopted : at + adopted + op[2]])
+            if len(table.tokens) == len(prompt):
+                del prompts[slot]
+        elif op[0] == "step" and slot is not None and slot not in prompts:
+            n = min(op[2], limit[slot])
+            pool.write(slot, [op[2] % 3] * n)
+            limit[slot] -= n
+        elif op[0] == "end" and slot is not None:
+            pool.free(slot)
+            prompts.pop(slot, None)
         check(pool, prefixes)
     for slot in list(pool.tables):
         pool.free(slot)
@@ -241,3 +296,28 @@ def check(pool: BlockPool, prefixes: dict[bytes, list[int]]) -> None:
     for key, b in keyed.items():  # referenced or not: an ancestor is never evicted before it
         found = pool.cached_blocks(prefixes[key] + [0])
         assert found[-1] == b and len(found) == len(prefixes[key]) // pool.block_size
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(blocky, min_size=2, max_size=3), st.lists(st.tuples(st.integers(0, 2), st.sampled_from([BS, 2 * BS])),
+                                                         max_size=40))
+def test_reads_of_shared_new_prefixes_in_any_order_compute_each_block_once(prompts, turns):
+    # admitted together (nothing cached), read a chunk at a time in any order, each catching up
+    # before its chunk (as the worker's lines do): no full block of prompt[:-1] is ever computed
+    # twice, whoever reads first
+    pool = BlockPool(num_tokens=64 * BS, block_size=BS)
+    for slot, prompt in enumerate(prompts):
+        assert pool.allocate(slot, prompt, 1, 0) == 0
+    computed: list[list[int]] = []  # the prefix each block written by a read closes
+    order = [t for t in turns if t[0] < len(prompts)] + [(s, 5 * BS) for s in range(len(prompts))]
+    for slot, chunk in order:
+        table, prompt = pool.tables[slot], prompts[slot]
+        pool.catch_up(slot, prompt)
+        at = len(table.tokens)
+        pool.write(slot, prompt[at : at + chunk])
+        computed += [prompt[: end] for end in range(at + BS - at % BS, len(table.tokens) + 1, BS)
+                     if end <= len(prompt) - 1]
+    assert len(computed) == len({tuple(p) for p in computed})
+    for slot, prompt in enumerate(prompts):
+        full = (len(prompt) - 1) // BS
+        assert all(pool.blocks[b].hash is not None for b in pool.tables[slot].blocks[:full])  # none private

@@ -163,3 +163,94 @@ def test_a_worker_killed_mid_read_leaves_the_request_to_another_which_reads_it_o
     assert redis_client.hget(K.req("a"), "status") == "finished"
     pool = heir.pool.blocks
     assert pool.num_used == pool.num_reserved == 0 and pool.num_free == pool.num_blocks
+
+
+def tokens_of(redis_client, rid):
+    return [e for e in stream(redis_client, rid) if e["type"] == "token"]
+
+
+def cold_answers(redis_client, submit, prompts: dict[str, list[int]], max_tokens: int) -> dict[str, list]:
+    """Each prompt's answer read alone on a fresh pool of its own (a worker of one slot)."""
+    answers = {}
+    for rid, prompt in prompts.items():
+        submit(f"cold-{rid}", prompt=prompt, max_tokens=max_tokens)
+        cold = pooled(redis_client, kv_tokens=1024, slots=1, worker_id=f"cold-{rid}")
+        run_until_idle(cold)
+        cold.stop()  # gone from the fleet: not an idle worker the next one leaves newcomers to
+        answers[rid] = tokens_of(redis_client, f"cold-{rid}")
+    return answers
+
+
+def test_two_requests_with_one_new_prefix_arriving_together_read_it_once(redis_client, submit):
+    # nothing cached when both are admitted in one step: the first reads the 64-token header, the
+    # second, taking the lines after it, adopts the header's 4 blocks and reads only its question
+    header = distinct_prompt("new-header", 64)
+    prompts = {"a": header + [7, 8, 9], "b": header + [1, 2]}
+    cold = cold_answers(redis_client, submit, prompts, max_tokens=4)
+    for rid, prompt in prompts.items():
+        submit(rid, prompt=prompt, max_tokens=4)
+    worker = pooled(redis_client, kv_tokens=1024)
+    worker.step()
+    assert sorted(s.request.id for s in worker.slots if s.request) == ["a", "b"]  # one step's admissions
+    assert worker.pool.cached_tokens(1) == 0  # b found nothing cached when admitted
+    run_until_idle(worker)
+    assert worker.read_log == [("a", 16)] * 4 + [("a", 3), ("b", 2)]
+    assert worker.prompt_tokens_read == 64 + 3 + 2
+    assert (redis_client.hget(K.req("a"), "cached_tokens"), redis_client.hget(K.req("b"), "cached_tokens")) == ("0", "64")
+    for rid in prompts:
+        assert tokens_of(redis_client, rid) == cold[rid]
+        assert redis_client.hget(K.req(rid), "status") == "finished"
+    pool = worker.pool.blocks
+    assert pool.num_used == pool.num_reserved == 0 and pool.num_free == pool.num_blocks
+
+
+def test_a_new_prefix_is_read_once_across_a_give_way(redis_client, submit):
+    # a reads the first half of a new header, gives way to an urgent request with the same header:
+    # the urgent one adopts that half and reads the rest; a, back on the lines, adopts the rest
+    header = distinct_prompt("gw-header", 64)
+    prompts = {"a": header + [7, 8, 9], "urgent": header + [1, 2]}
+    cold = cold_answers(redis_client, submit, prompts, max_tokens=4)
+    submit("a", prompt=prompts["a"], max_tokens=4)
+    worker = pooled(redis_client, kv_tokens=1024, slots=2)
+    worker.step()
+    worker.step()
+    submit("urgent", priority=5, prompt=prompts["urgent"], max_tokens=4)
+    run_until_idle(worker)
+    assert worker.read_log == [("a", 16), ("a", 16), ("urgent", 16), ("urgent", 16), ("urgent", 2), ("a", 3)]
+    assert redis_client.hget(K.req("a"), "yields") == "1"
+    assert redis_client.hget(K.req("urgent"), "cached_tokens") == "32"
+    assert redis_client.hget(K.req("a"), "cached_tokens") == "32"  # the half urgent read for it
+    for rid in prompts:
+        assert tokens_of(redis_client, rid) == cold[rid]
+
+
+def test_a_read_cancelled_half_way_leaves_the_other_to_read_the_rest(redis_client, submit, redis_url):
+    # nothing waits on blocks not yet written: the second adopts what the cancelled read keyed
+    import asyncio
+
+    import redis.asyncio as aioredis
+
+    from queues.intake import Intake
+    from tests.helpers.queue import MODEL as QUEUE_MODEL
+
+    header = distinct_prompt("cancel-header", 64)
+    cold = cold_answers(redis_client, submit, {"b": header + [1, 2]}, max_tokens=4)
+    submit("a", prompt=header + [7, 8, 9], max_tokens=4)
+    submit("b", prompt=header + [1, 2], max_tokens=4)
+    worker = pooled(redis_client, kv_tokens=1024)
+    worker.step()
+    worker.step()  # a has read 32 tokens of the header
+
+    async def cancel() -> None:
+        client = aioredis.Redis.from_url(redis_url)
+        await Intake(client, QUEUE_MODEL).cancel("a")
+        await client.aclose()
+
+    asyncio.run(cancel())
+    run_until_idle(worker)
+    assert redis_client.hget(K.req("a"), "status") == "cancelled"
+    # a read a third chunk in the step the cancel was seen; b reads the header's last block, its question
+    assert [n for rid, n in worker.read_log if rid == "a"] == [16, 16, 16]
+    assert [n for rid, n in worker.read_log if rid == "b"] == [16, 2]
+    assert redis_client.hget(K.req("b"), "cached_tokens") == "48"
+    assert tokens_of(redis_client, "b") == cold["b"]
