@@ -96,8 +96,8 @@ class Server:
         said = ""
         while time.monotonic() - started < 3600:
             building = httpx.get(self.url + "/health", timeout=5).json().get("decode_step")
-            if not building:
-                self.compiled_s = time.monotonic() - started
+            if not building:  # compiled_s only where a build was seen (an eager-only model has none)
+                self.compiled_s = time.monotonic() - started if said else 0.0
                 return
             if str(building) != said:
                 said = str(building)
