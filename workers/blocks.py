@@ -126,10 +126,13 @@ class BlockPool:
         """The cached blocks of the longest cached prefix of the prompt. The prompt's last token is
         always read again (its logits give the first answer token), so only blocks within
         prompt[:-1] count."""
+        return self._cached_after(prompt, 0, None)
+
+    def _cached_after(self, prompt: Sequence[int], start: int, parent: bytes | None) -> list[int]:
+        """cached_blocks from the block at `start`, whose parent's hash is `parent`."""
         found: list[int] = []
-        parent: bytes | None = None
         bs = self.block_size
-        for start in range(0, len(prompt) - 1 - bs + 1, bs):
+        for start in range(start, len(prompt) - 1 - bs + 1, bs):
             parent = block_hash(parent, prompt[start : start + bs])
             block = self._by_hash.get(parent)
             if block is None:
@@ -179,9 +182,12 @@ class BlockPool:
         table = self.tables[slot]
         held = len(table.tokens)
         if (not table.uses_cache or not table.is_keyable or held % self.block_size
-                or len(table.blocks) != held // self.block_size or list(prompt[:held]) != table.tokens):
+                or len(table.blocks) != held // self.block_size):
             return 0
-        more = self.cached_blocks(prompt)[len(table.blocks):]
+        parent = self.blocks[table.blocks[-1]].hash if table.blocks else None
+        if (table.blocks and parent is None) or list(prompt[:held]) != table.tokens:
+            return 0  # its last block is private (no cached block follows it), or it holds another text
+        more = self._cached_after(prompt, held, parent)  # from its own last block on, not the prompt's start
         for b in more:
             self._reference(b, table.priority)
             table.blocks.append(b)
