@@ -22,6 +22,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from engine.files import default_model_path
+from tests.helpers.family_gguf import gemma3_gguf, moe_gguf, qwen3next_gguf, with_norms_and_routers_counting
 
 VOCAB = 49152  # SmolLM2's, so its tokenizer fits
 FAMILIES = ("qwen3moe", "gemma3", "qwen3next")
@@ -55,18 +56,10 @@ def hf_model(family: str):
     else:
         raise ValueError(family)
     torch.manual_seed(0)
-    hf = model(cfg)
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if "norm" in name:
-                p.add_(torch.randn_like(p) * 0.1)
-            if name.endswith("mlp.gate.weight"):
-                p.normal_(0, 0.5)
-    return hf.float().eval()
+    return with_norms_and_routers_counting(model(cfg))
 
 
 def family_gguf(family: str) -> Path:
-    from tests.helpers.family_gguf import gemma3_gguf, moe_gguf, qwen3next_gguf
 
     path = Path(tempfile.gettempdir()) / "strata-bench-cache" / f"random-{family}-Q8_0-tokenizer.gguf"
     path.parent.mkdir(exist_ok=True)

@@ -13,7 +13,7 @@ from engine.model import Transformer
 from engine.protocol import SamplingParams
 from engine.runner import TorchEngine
 from engine.weights import DictSource
-from tests.helpers.family_gguf import qwen3next_gguf
+from tests.helpers.family_gguf import qwen3next_gguf, with_norms_and_routers_counting
 from tests.helpers.hf_reference import check_engine_greedy, check_prefill_and_decode, hf_greedy
 
 KINDS = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
@@ -30,14 +30,7 @@ def qwen3_next(v_heads: int = 4, tied: bool = False):
         num_experts_per_tok=3, norm_topk_prob=True, linear_num_key_heads=2, linear_num_value_heads=v_heads,
         linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4)
     assert cfg.rope_parameters["partial_rotary_factor"] == 0.25  # RoPE on 4 of each head's 16 dims
-    hf = Qwen3NextForCausalLM(cfg)
-    with torch.no_grad():  # norms start at a scale of one and routers at zero: make them count
-        for name, p in hf.named_parameters():
-            if "norm" in name:
-                p.add_(torch.randn_like(p) * 0.1)
-            if name.endswith("mlp.gate.weight"):
-                p.normal_(0, 0.5)
-    return hf.float().eval()
+    return with_norms_and_routers_counting(Qwen3NextForCausalLM(cfg))
 
 
 def built(hf, tmp_path, num_slots: int = 4) -> Transformer:

@@ -18,6 +18,18 @@ from gguf.quants import dequantize, quantize
 from tests.helpers.gguf_write import common_metadata, copy_tokenizer, write_hf_as_gguf
 
 
+def with_norms_and_routers_counting(hf):
+    """A random transformers model whose norms (a scale of one at init) and routers (zeros) are
+    jittered, so that a wrong norm or routing shows in its logits; float32, eval mode."""
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+            if name.endswith("mlp.gate.weight"):
+                p.normal_(0, 0.5)
+    return hf.float().eval()
+
+
 def moe_gguf(path, hf, qtype: Q, *, tokenizer_of: Path | None = None) -> dict[str, torch.Tensor]:
     cfg = hf.config
     if cfg.model_type == "mixtral":  # llama.cpp converts Mixtral as `llama` with expert tensors
