@@ -205,10 +205,11 @@ class TokenizerFile:
 def _rust_encoder(hf_tokenizer: Any) -> Any:
     """tokenizers' Rust tokenizer to encode with directly, where that gives transformers' ids, else None.
 
-    transformers' fast `encode` is that Rust object's `encode_batch` of one text inside ~30 µs of
-    Python (argument checks, truncation and padding set again, a BatchEncoding built and taken
-    apart): 5x the encoding itself for a short prompt, a few percent of the API's CPU for each
-    one-token request (docs/bench-log.md, 2026-12-03). It is the same object, so the ids agree
+    transformers' fast `encode` is that Rust object's `encode_batch` of one text inside Python
+    (argument checks, truncation and padding set again, a BatchEncoding built and taken apart):
+    2x the direct call for a 12-token prompt (33 against 17 µs, `bench.tokenize_speed`;
+    docs/bench-log.md, 2026-12-03), a few percent of the API's CPU for each one-token request.
+    It is the same object, so the ids agree
     when the wrapper does nothing else: its own `encode`, not a subclass's that changes the text
     or the ids, special tokens matched as such (split_special_tokens off), and no truncation or
     padding, which transformers turns off on the backend before each call (done here once: this
