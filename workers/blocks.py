@@ -19,6 +19,13 @@ then the lowest block id. A slot releases its blocks last-first, and an ancestor
 referenced by every request of its descendants, so an ancestor never goes before a descendant:
 the cache never holds a block its own prefix cannot reach.
 
+Placement, when the pool knows its slots (`num_slots`): each slot has a home, an equal share of
+the pool in slot order (where the engine's tables start out, engine/model.py), and a block it takes
+is the one after its last, or its home for its first, when that one is empty; else the lowest
+empty id as before (and an evictable block in eviction order, never out of it). So each slot's
+blocks tend to be one run, the runs equally spaced: an eager decode step then reads them as one
+strided view of each pool instead of a gather (`Transformer.kv_view`).
+
 A block is keyed once its KV is written, never before: two requests with one new prefix both
 find nothing at allocate. The worker's reads take the lines one at a time, so the second does not
 read the prefix again: as it takes the lines it first `catch_up`s, adopting the blocks the first's
@@ -70,13 +77,18 @@ class Table:
 
 
 class BlockPool:
-    def __init__(self, num_tokens: int, block_size: int = 16) -> None:
+    def __init__(self, num_tokens: int, block_size: int = 16, num_slots: int = 0) -> None:
+        """num_slots: the slots' homes for placement (0: none, the lowest empty id first)."""
         if block_size < 1 or num_tokens < block_size:
             raise ValueError(f"a pool of {num_tokens} tokens cannot hold one block of {block_size}")
         self.block_size = block_size
         self.blocks = [Block(i) for i in range(num_tokens // block_size)]
         self.tables: dict[int, Table] = {}
-        self._empty: list[int] = list(range(len(self.blocks) - 1, -1, -1))  # pop() gives the lowest id
+        self.home_blocks = len(self.blocks) // num_slots if num_slots else 0  # a home's share
+        # Empty blocks: the set is the truth; the stack (pop() gives the lowest id, then the last
+        # freed) may hold ids since taken by placement, skipped when popped.
+        self._empty_ids: set[int] = set(range(len(self.blocks)))
+        self._empty: list[int] = list(range(len(self.blocks) - 1, -1, -1))
         self._by_hash: dict[bytes, int] = {}
         self._evictable: list[tuple[int, int, int]] = []  # heap of (priority, released_at, id), stale ones skipped
         self._num_evictable = 0
@@ -95,7 +107,7 @@ class BlockPool:
     @property
     def num_used(self) -> int:
         """Blocks some slot references."""
-        return self.num_blocks - len(self._empty) - self._num_evictable
+        return self.num_blocks - len(self._empty_ids) - self._num_evictable
 
     @property
     def num_reserved(self) -> int:
@@ -106,7 +118,7 @@ class BlockPool:
     def num_free(self) -> int:
         """What admission may still promise: empty blocks and unreferenced cached ones, less the
         reserved. num_free + num_used + num_reserved == num_blocks."""
-        return len(self._empty) + self._num_evictable - self._num_reserved
+        return len(self._empty_ids) + self._num_evictable - self._num_reserved
 
     @property
     def num_cached(self) -> int:
@@ -213,7 +225,7 @@ class BlockPool:
         while len(table.blocks) < want:
             table.num_reserved -= 1
             self._num_reserved -= 1
-            b = self._take()
+            b = self._take(self._placed(slot, table))
             self._reference(b, table.priority)
             table.blocks.append(b)
             grew = True
@@ -265,6 +277,7 @@ class BlockPool:
             block.released_at = self._releases
             if block.hash is None:
                 block.priority = NO_PRIORITY
+                self._empty_ids.add(b)
                 self._empty.append(b)
             else:
                 heapq.heappush(self._evictable, (block.priority, block.released_at, b))
@@ -281,10 +294,25 @@ class BlockPool:
         block.ref_count += 1
         block.priority = max(block.priority, priority)
 
-    def _take(self) -> int:
-        """An empty block, else the first unreferenced cached one in eviction order."""
-        if self._empty:
-            return self._empty.pop()
+    def _placed(self, slot: int, table: Table) -> int | None:
+        """The block placement would give the slot next: after its last, or its home."""
+        if not self.home_blocks:
+            return None
+        return table.blocks[-1] + 1 if table.blocks else slot * self.home_blocks
+
+    def _take(self, preferred: int | None = None) -> int:
+        """The preferred block if it is empty, else an empty block, else the first unreferenced
+        cached one in eviction order."""
+        if preferred in self._empty_ids:
+            self._empty_ids.remove(preferred)
+            if len(self._empty) > 2 * self.num_blocks:  # the stack's stale ids
+                self._empty = [b for b in self._empty if b in self._empty_ids]
+            return preferred
+        while self._empty:
+            b = self._empty.pop()
+            if b in self._empty_ids:
+                self._empty_ids.remove(b)
+                return b
         while self._evictable:
             entry = heapq.heappop(self._evictable)
             if self._is_live(entry):

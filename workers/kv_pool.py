@@ -28,7 +28,7 @@ class PagedEngine(Protocol):
 class KvPool:
     def __init__(self, engine: PagedEngine) -> None:
         self.engine = engine
-        self.blocks = BlockPool(engine.kv_tokens, engine.kv_block)
+        self.blocks = BlockPool(engine.kv_tokens, engine.kv_block, engine.num_slots)
         # decode rows a slot may write ahead of its position in one step (the engine's guesses)
         self.lookahead = engine.num_slots
 

@@ -215,6 +215,64 @@ def test_a_full_pool_refuses_to_allocate():
         BlockPool(num_tokens=3, block_size=4)
 
 
+def grow_in_turn(pool: BlockPool, slots: list[int], blocks: int) -> None:
+    """Each slot takes one block at a time, in turn (decode steps of a full batch)."""
+    for n in range(1, blocks + 1):
+        for slot in slots:
+            pool.write(slot, [7] * BS, keyable=False)
+            assert len(pool.tables[slot].blocks) == n
+
+
+def test_with_placement_each_slot_grows_one_run_from_its_home_even_taking_blocks_in_turn():
+    pool = BlockPool(num_tokens=16 * BS, block_size=BS, num_slots=4)  # homes 0, 4, 8, 12
+    for slot in range(4):
+        pool.allocate(slot, [], max_tokens=3 * BS, priority=0)
+    grow_in_turn(pool, [0, 1, 2, 3], 3)
+    assert [pool.tables[s].blocks for s in range(4)] == [[0, 1, 2], [4, 5, 6], [8, 9, 10], [12, 13, 14]]
+    # without it the same turns interleave the slots' blocks: no slot holds a run
+    plain = BlockPool(num_tokens=16 * BS, block_size=BS)
+    for slot in range(4):
+        plain.allocate(slot, [], max_tokens=3 * BS, priority=0)
+    grow_in_turn(plain, [0, 1, 2, 3], 3)
+    assert [plain.tables[s].blocks for s in range(4)] == [[0, 4, 8], [1, 5, 9], [2, 6, 10], [3, 7, 11]]
+
+
+def test_placement_falls_back_to_the_lowest_empty_block_and_runs_on_from_there():
+    pool = BlockPool(num_tokens=16 * BS, block_size=BS, num_slots=4)
+    pool.allocate(0, [], max_tokens=6 * BS, priority=0)
+    pool.write(0, [7] * 6 * BS, keyable=False)  # past its home's 4 blocks: into slot 1's
+    assert pool.tables[0].blocks == [0, 1, 2, 3, 4, 5]
+    pool.allocate(1, [], max_tokens=3 * BS, priority=0)
+    pool.write(1, [7] * 3 * BS, keyable=False)  # its home (4) is taken: the lowest empty id, then on from it
+    assert pool.tables[1].blocks == [6, 7, 8]
+    pool.allocate(2, [], max_tokens=2 * BS, priority=0)
+    pool.write(2, [7] * 2 * BS, keyable=False)  # home 8 taken, 9 is next to it and empty: the lowest empty too
+    assert pool.tables[2].blocks == [9, 10]
+    pool.free(0)
+    pool.allocate(3, [], max_tokens=2 * BS, priority=0)
+    pool.write(3, [7] * 2 * BS, keyable=False)  # its home 12 is empty
+    assert pool.tables[3].blocks == [12, 13]
+    pool.allocate(0, [], max_tokens=BS, priority=0)
+    pool.write(0, [7] * BS, keyable=False)  # its home again, freed empty (decode steps' blocks are not keyed)
+    assert pool.tables[0].blocks == [0]
+
+
+def test_placement_never_evicts_out_of_order():
+    pool = BlockPool(num_tokens=4 * BS, block_size=BS, num_slots=2)  # homes 0 and 2
+    serve(pool, 1, tokens(5), max_tokens=0, priority=5)
+    serve(pool, 0, tokens(1), max_tokens=0, priority=0)
+    assert pool.tables[1].blocks == [2, 3] and pool.tables[0].blocks == [0, 1]  # each from its home
+    pool.free(1)
+    pool.free(0)
+    assert pool.eviction_order() == [0, 2]  # the low priority's first
+    pool.allocate(0, [], max_tokens=2 * BS, priority=0)
+    pool.write(0, [7] * 2 * BS, keyable=False)  # its home is cached, not empty: the empty ones
+    assert pool.tables[0].blocks == [1, 3]
+    pool.allocate(1, [], max_tokens=BS, priority=0)
+    pool.write(1, [7] * BS, keyable=False)  # nothing empty: eviction order, not its home (2)
+    assert pool.tables[1].blocks == [0] and pool.eviction_order() == [2]
+
+
 # -- properties ------------------------------------------------------------------------------
 
 vocab = st.integers(0, 2)  # few token ids: prompts share prefixes often
@@ -235,9 +293,9 @@ ops = st.lists(
 
 
 @settings(max_examples=300, deadline=None)
-@given(ops)
-def test_no_block_is_leaked_refcounts_match_tables_and_the_counts_add_up(script):
-    pool = BlockPool(num_tokens=12 * BS, block_size=BS)
+@given(ops, st.sampled_from([0, 6]))
+def test_no_block_is_leaked_refcounts_match_tables_and_the_counts_add_up(script, num_slots):
+    pool = BlockPool(num_tokens=12 * BS, block_size=BS, num_slots=num_slots)  # with placement and without
     limit: dict[int, int] = {}  # slot -> tokens it may still write
     prompts: dict[int, list[int]] = {}  # slot -> its prompt, while it is read (a chunk at a time)
     prefixes: dict[bytes, list[int]] = {}  # a cached block's key -> the tokens up to its end
