@@ -330,38 +330,51 @@ inline void dot_int8(const int8_t* q, const float* s, const float* m, bool mins,
 #endif
 }
 
-// The same with float32 activations x [K]; xs [K/32] each chunk's sum of x.
-inline float dot_float(const int8_t* q, const float* s, const float* m, bool mins, const float* x,
-                       const float* xs, int64_t K) {
-  float bias = 0.0f;
+// The same with float32 activations: x rows [K], xs rows [K/32] each chunk's sum of x. R rows at
+// once, the codes turned to floats once for all of them (the head's exact pass at 8 rows spent
+// most of its time converting); each row's operations are the same in the same order whatever
+// R is, so a row's logit does not depend on what else shares the call.
+template <int R>
+inline void dot_float(const int8_t* q, const float* s, const float* m, bool mins, const float* x,
+                      const float* xs, int64_t K, float* out) {
+  const int64_t C = K / 32;
+  float bias[R] = {0.0f};
   if (mins)
-    for (int64_t c = 0; c < K / 32; ++c) bias += m[c] * xs[c];
+    for (int r = 0; r < R; ++r)
+      for (int64_t c = 0; c < C; ++c) bias[r] += m[c] * xs[r * C + c];
 #ifdef STRATA_AVX2
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t c = 0; c < K / 32; ++c) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < C; ++c) {
     const int8_t* w = q + 32 * c;
-    const float* v = x + 32 * c;
     __m256 f[4];
     for (int i = 0; i < 4; ++i) {
       __m128i b;
       std::memcpy(&b, w + 8 * i, 8);  // low 8 bytes
       f[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
     }
-    const __m256 lo = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(v + 8), _mm256_mul_ps(f[0], _mm256_loadu_ps(v)));
-    const __m256 hi = _mm256_fmadd_ps(f[3], _mm256_loadu_ps(v + 24), _mm256_mul_ps(f[2], _mm256_loadu_ps(v + 16)));
-    acc = _mm256_fmadd_ps(lo, _mm256_set1_ps(s[2 * c]), acc);
-    acc = _mm256_fmadd_ps(hi, _mm256_set1_ps(s[2 * c + 1]), acc);
+    const __m256 lo_scale = _mm256_set1_ps(s[2 * c]), hi_scale = _mm256_set1_ps(s[2 * c + 1]);
+    for (int r = 0; r < R; ++r) {
+      const float* v = x + r * K + 32 * c;
+      const __m256 lo = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(v + 8), _mm256_mul_ps(f[0], _mm256_loadu_ps(v)));
+      const __m256 hi = _mm256_fmadd_ps(f[3], _mm256_loadu_ps(v + 24), _mm256_mul_ps(f[2], _mm256_loadu_ps(v + 16)));
+      acc[r] = _mm256_fmadd_ps(lo, lo_scale, acc[r]);
+      acc[r] = _mm256_fmadd_ps(hi, hi_scale, acc[r]);
+    }
   }
-  return hsum(acc) + bias;
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + bias[r];
 #else
-  float acc = 0.0f;
-  for (int64_t c = 0; c < K / 32; ++c) {
-    float lo = 0.0f, hi = 0.0f;
-    for (int e = 0; e < 16; ++e) lo += float(q[32 * c + e]) * x[32 * c + e];
-    for (int e = 16; e < 32; ++e) hi += float(q[32 * c + e]) * x[32 * c + e];
-    acc += lo * s[2 * c] + hi * s[2 * c + 1];
+  for (int r = 0; r < R; ++r) {
+    const float* v = x + r * K;
+    float acc = 0.0f;
+    for (int64_t c = 0; c < C; ++c) {
+      float lo = 0.0f, hi = 0.0f;
+      for (int e = 0; e < 16; ++e) lo += float(q[32 * c + e]) * v[32 * c + e];
+      for (int e = 16; e < 32; ++e) hi += float(q[32 * c + e]) * v[32 * c + e];
+      acc += lo * s[2 * c] + hi * s[2 * c + 1];
+    }
+    out[r] = acc + bias[r];
   }
-  return acc + bias;
 #endif
 }
 
@@ -417,12 +430,20 @@ void ENTRY(strata_mm_rows)(int qtype, const uint8_t* src, int64_t rb, int64_t K,
       else
         codes_256(qtype, row + i * bb, c, kvalues, grid);
     }
-    if (!xq) {
-      for (int64_t r = 0; r < M; ++r) y[r * N + n] = dot_float(q, s, m, mins, x + r * K, xs + r * (K / 32), K);
-      continue;
-    }
     const int64_t C = K / 32;
     float out[4];
+    if (!xq) {
+      for (int64_t r = 0; r < M; r += 4) {  // four rows at a time, then the rest
+        const float *xr = x + r * K, *sr = xs + r * C;
+        const int64_t left = M - r;
+        if (left >= 4) dot_float<4>(q, s, m, mins, xr, sr, K, out);
+        else if (left == 3) dot_float<3>(q, s, m, mins, xr, sr, K, out);
+        else if (left == 2) dot_float<2>(q, s, m, mins, xr, sr, K, out);
+        else dot_float<1>(q, s, m, mins, xr, sr, K, out);
+        for (int64_t i = 0; i < (left < 4 ? left : 4); ++i) y[(r + i) * N + n] = out[i];
+      }
+      continue;
+    }
     for (int64_t r = 0; r < M; r += 4) {  // four rows at a time, then the rest
       const int8_t* xr = xq + r * K;
       const float *dr = dx + r * C, *sr = xs + r * C;
