@@ -49,19 +49,22 @@ from torch import Tensor, nn
 
 from engine.model import CacheIndex, Transformer
 from engine.quants.blocks import QuantLinear
+from engine.quants.build import load as load_quants
 from engine.step import StepInputs, step_body
 from engine.weights import PackedLinear
 
 log = logging.getLogger(__name__)
 
-_SOURCES = ("model.py", "layers.py", "step.py", "moe.py", "weights.py", "aot.py")  # what the packaged step runs
+# what the packaged step runs (the quants' op schema and its fake kernel among it)
+_SOURCES = ("model.py", "layers.py", "step.py", "moe.py", "weights.py", "aot.py", "quants/blocks.py",
+            "quants/fake.py", "quants/ops.cpp")
 
 
 def head_inside(model: Transformer) -> bool:
     """Whether the packages hold the head too: not when it is oneDNN-prepacked (a bf16 head where
-    the int8 kernel is missing), which a graph cannot take as an input, nor the file's blocks
-    through engine/quants' C++ op (a K-quant head, `QuantLinear`)."""
-    return not isinstance(model.head, (PackedLinear, QuantLinear))
+    the int8 kernel is missing), which a graph cannot take as an input. A K-quant head (the
+    file's blocks, `QuantLinear`) is inside: its blocks are inputs like any weight."""
+    return not isinstance(model.head, PackedLinear)
 
 
 def _tensors(owners: list[object]) -> list[tuple[object, str]]:
@@ -156,6 +159,8 @@ def package_key(model: Transformer, batched: bool, places: list[tuple[object, st
     parts = ["batched" if batched else "one row", "head" if head else "layers", torch.__version__,
              repr(model.cfg), str(model.dtype), _cpu(), str(torch.backends.cpu.get_cpu_capability()),
              "one slot" if model.num_slots == 1 else "slots"]
+    # the layout of blocks (which parts are of which type): the shapes alone do not tell it
+    parts += [f"{name}: {m.extra_repr()}" for name, m in model.named_modules() if isinstance(m, QuantLinear)]
     for owner, name in places:
         t, dims = getattr(owner, name), _state_dims(owner, name)
         if dims is None:
@@ -371,6 +376,9 @@ def compile_package(program: str, path: str) -> None:
     """An exported program (torch.export.save) -> an AOTInductor package at `path`, written whole
     or not at all (a worker may be killed mid-build; two may build the same key)."""
     _leave_out_input_checks()
+    quants_missing = load_quants()  # the program may call engine/quants' ops: they and their fake kernels
+    if quants_missing is not None:
+        log.info("engine/quants' kernels not loaded: %s", quants_missing)
     files = {"inputs.json": ""}
     exported = torch.export.load(program, extra_files=files)
     # inductor reads only the inputs' shapes, strides and dtypes; these are never touched

@@ -37,7 +37,6 @@ from engine import aot
 from engine.graphs import GraphedDecode, Record, record_cuda
 from engine.layers import Block
 from engine.model import CacheIndex, Transformer
-from engine.quants.blocks import QuantLinear
 from engine.step import HeadOut, LayerCall, StepInputs, run_layers
 from engine.weights import PackedLinear, TwoFormLinear
 
@@ -80,14 +79,15 @@ def _compiled_layer(compiled: Callable[..., Tensor]) -> LayerCall:
 def compilable(model: Transformer) -> bool:
     """Whether the layers' linears can go into a graph: oneDNN's prepacked bf16 linear (bf16
     without int4: --no-int4, F16 files) fails in inductor's lowering (an assertion on its
-    arguments). The file's blocks through engine/quants' C++ op (`QuantLinear`, layers or a
-    K-quant head) decode eagerly too: not tried in a graph yet. A TwoFormLinear's prepacked copy
-    serves prefill only and does not count. Layers that read different RoPE rows and masks (Gemma
-    3's sliding layers, through StepInputs.local_*) compile like the others."""
+    arguments). The file's blocks through engine/quants' C++ op (`QuantLinear`, in layers or a
+    K-quant head) compile: the op has a fake kernel (engine/quants/fake.py) and its blocks are
+    the graph's inputs; only its decode form is in the graph, prompt tokens' bf16 slabs stay
+    eager. A layer whose parts are of other types than its neighbours' (Q4_K_M's Q6_K v and down
+    in some layers) is another graph. A TwoFormLinear's prepacked copy serves prefill only and
+    does not count. Layers that read different RoPE rows and masks (Gemma 3's sliding layers,
+    through StepInputs.local_*) compile like the others."""
     prefill_only = {id(m.packed) for m in model.layers.modules() if isinstance(m, TwoFormLinear)}
-    return not isinstance(model.head, QuantLinear) and not any(
-        isinstance(m, QuantLinear) or (isinstance(m, PackedLinear) and id(m) not in prefill_only)
-        for m in model.layers.modules())
+    return not any(isinstance(m, PackedLinear) and id(m) not in prefill_only for m in model.layers.modules())
 
 
 def _scratch(model: Transformer) -> list[tuple[Tensor, ...]]:

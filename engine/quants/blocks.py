@@ -42,6 +42,13 @@ class QuantBlocks(NamedTuple):
     cols: int
 
 
+class BlocksPart(NamedTuple):
+    """A QuantLinear's part kept as blocks: the names of its tensor attributes, and its type."""
+    raw: str  # uint8 [rows, row_bytes]
+    table: str  # float32, the type's codebook (`table`), empty but for IQ types
+    qtype: Q
+
+
 def available() -> bool:
     """The kernels are built and loaded (a C++ compiler was there)."""
     return load() is None
@@ -119,8 +126,11 @@ class QuantLinear(nn.Module):
         assert all(p.cols == self.cols for p in parts)
         self.out_features = sum(p.raw.shape[0] for p in parts)
         self.bias = None if bias is None else bias.float()
-        # consecutive Q4_K parts fused into one int4 matrix; the rest as blocks for the op
-        self.parts: list[QuantBlocks | int] = []
+        # consecutive Q4_K parts fused into one int4 matrix (an index into self.int4); the rest as
+        # blocks for the op, each held as tensor attributes `raw<i>` and `table<i>` (its codebook,
+        # empty but for IQ types), so a compiled step takes them as inputs (engine/aot.py
+        # `_tensors`) rather than as constants baked into its code
+        self.parts: list[int | BlocksPart] = []
         self.int4 = nn.ModuleList()
         run: list[QuantBlocks] = []
         for p in [*parts, None]:
@@ -132,7 +142,10 @@ class QuantLinear(nn.Module):
                 self.int4.append(Int4Linear(fuse_int4([unpack_q4_k(r) for r in run])))  # type: ignore[arg-type]
                 run = []
             if p is not None:
-                self.parts.append(p)
+                i = len(self.parts)
+                setattr(self, f"raw{i}", p.raw)
+                setattr(self, f"table{i}", table(p.qtype))
+                self.parts.append(BlocksPart(f"raw{i}", f"table{i}", p.qtype))
 
     def forward(self, x: Tensor) -> Tensor:
         """Generated tokens (the decode form). x: [..., in] -> [..., out] float32."""
@@ -143,15 +156,28 @@ class QuantLinear(nn.Module):
         block): bf16 slabs. x: [..., in] -> [..., out] float32."""
         return self._product(x, prompt=self.slabs)
 
+    def blocks(self, part: BlocksPart) -> QuantBlocks:
+        return QuantBlocks(getattr(self, part.raw), part.qtype, self.cols)
+
     def _product(self, x: Tensor, prompt: bool) -> Tensor:
+        # The op straight from torch.ops (not `ops()`, whose cached load a graph cannot trace):
+        # this module exists only once the library loaded.
         flat = x.reshape(-1, x.shape[-1])
         outs = [self.int4[p](flat).float() if isinstance(p, int)
-                else self._slabs(flat, p) if prompt else ops().mm(flat, p.raw, int(p.qtype), table(p.qtype), self.int8_x)
+                else self._slabs(flat, self.blocks(p)) if prompt
+                else torch.ops.strata_quants.mm(flat, getattr(self, p.raw), int(p.qtype), getattr(self, p.table),
+                                                self.int8_x)
                 for p in self.parts]
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        """The parts' kinds in order (the package key's: blocks of the same shape can be of two
+        types, Q5_0's and Q5_K's 176 bytes per 256 weights)."""
+        kinds = ["int4" if isinstance(p, int) else p.qtype.name for p in self.parts]
+        return f"cols={self.cols}, parts={kinds}, int8_x={self.int8_x}, slabs={self.slabs}"
 
     def _slabs(self, x: Tensor, part: QuantBlocks) -> Tensor:
         """Prompt tokens: a slab of rows unpacked, rounded to bf16, multiplied by oneDNN."""
@@ -167,8 +193,8 @@ class QuantLinear(nn.Module):
     def dequantized(self, rows: slice = slice(None)) -> Tensor:
         """float32 rows of the matrix (the exact file weights; a one-part matrix, the head)."""
         (part,) = self.parts
-        assert isinstance(part, QuantBlocks)
-        return dequantize(QuantBlocks(part.raw[rows], part.qtype, part.cols))
+        assert isinstance(part, BlocksPart)
+        return dequantize(QuantBlocks(getattr(self, part.raw)[rows], part.qtype, self.cols))
 
 
 class QuantRows(nn.Module):
@@ -188,8 +214,8 @@ class QuantRows(nn.Module):
 
 def held_bytes(module: nn.Module) -> int:
     """Bytes of the distinct tensors a model keeps for its weights (every tensor attribute,
-    buffer and parameter of its modules, QuantLinear's parts, a HeadBound's table; KV caches and
-    RoPE tables left out), each storage counted once."""
+    buffer and parameter of its modules, QuantLinear's blocks and codebooks among them, a
+    HeadBound's table; KV caches and RoPE tables left out), each storage counted once."""
     seen: dict[int, int] = {}
 
     def add(t: object) -> None:

@@ -85,13 +85,16 @@ def build() -> Path:
 
 @cache
 def load() -> str | None:
-    """Load the ops into torch.ops.strata_quants (building them if needed). None on success,
-    else why they are not available."""
+    """Load the ops into torch.ops.strata_quants (building them if needed), with their fake
+    kernels (fake.py). None on success, else why they are not available."""
     try:
         torch.ops.load_library(str(build()))
     except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
         log.warning("quantized-matrix kernels unavailable (%s): those GGUF types are dequantized to bf16", e)
         return str(e)
+    from engine.quants import fake
+
+    fake.register()  # before any trace of the decode step (engine/compiled.py, engine/aot.py)
     return None
 
 

@@ -10,6 +10,7 @@ import zipfile
 import pytest
 import torch
 
+from engine.quants.build import compiler
 from engine.runner import TorchEngine
 from engine.weights import can_prepack
 from tests.helpers.tiny_engine import GREEDY, packaged_run, run_four_slots, tiny_engine
@@ -121,6 +122,47 @@ def test_packages_serve_any_slot_count_and_context_and_a_failed_build_leaves_the
     reference.compile_decode(warm=True, ahead=False)
     assert other.compiled.packaged == [] and not list((tmp_path / "fresh" / "strata-aot").glob("exported-*"))
     assert packaged_run(other) == packaged_run(reference)
+
+
+def _quant_engine(path) -> TorchEngine:
+    """A GGUF file's model as the CPU default builds it (bf16, Q4_K on int4, the rest as blocks)."""
+    from engine.gguf_loader import GGUFModel
+    from engine.model import Transformer
+
+    loaded = GGUFModel(path)
+    model = Transformer.build(loaded.config, loaded, dtype=torch.bfloat16, device=torch.device("cpu"), int4=True)
+    model.allocate_cache(num_slots=2, ctx=100)
+    return TorchEngine(model, None, eos_token_ids=frozenset())
+
+
+@pytest.mark.skipif(compiler() is None, reason="no C++ compiler: engine/quants' kernels cannot be built")
+def test_a_mix_decodes_compiled_ahead_of_time_as_eagerly(tmp_path, monkeypatch):
+    """A K-quant file (Q4_K_M's Q4_K on int4 and Q6_K v/down and head, with Q8_0 and Q5_0 parts
+    beside them in one linear) decodes through the per-layer graphs and through the packages
+    (the head inside) with eager's greedy tokens, one row and two: the file's blocks go in as
+    the graphs' inputs, `strata_quants::mm` called from them."""
+    from engine import aot
+    from engine.compiled import compilable
+    from engine.quants.blocks import BlocksPart, QuantLinear
+    from tests.helpers.quant_models import write_mix
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "tiny-mixed.gguf"
+    write_mix(path, "Q4_K_M+Q8_0")
+    eager, regional, ahead = (_quant_engine(path) for _ in range(3))
+    linears = [m for m in eager.model.modules() if isinstance(m, QuantLinear)]
+    kinds = {p.qtype.name if isinstance(p, BlocksPart) else "int4" for m in linears for p in m.parts}
+    assert kinds == {"int4", "Q6_K", "Q8_0", "Q5_0"} and isinstance(eager.model.head, QuantLinear)
+    assert compilable(eager.model) and aot.head_inside(eager.model)
+    regional.compile_decode(warm=True, ahead=False)
+    ahead.compile_decode(warm=True)
+    assert all(p.ready and p.head for p in ahead.compiled.packaged) and len(ahead.compiled.packaged) == 2
+    calls = _counted(ahead, monkeypatch)
+    want = _pair_run(eager)
+    assert _pair_run(regional) == want
+    assert _pair_run(ahead) == want
+    assert (len(calls[False]), len(calls[True])) == (10, 30)
+    assert "_layer" not in vars(ahead.compiled) and "_head" not in vars(ahead.compiled)
 
 
 @pytest.mark.smollm2

@@ -53,6 +53,10 @@ def mix(name: str, layers: int = LAYERS):
         sensitive = tensor.endswith(("attn_v.weight", "ffn_down.weight")) and more_bits(layer, layers)
         if name == "Q4_K_M":
             return Q.Q6_K if tensor == "output.weight" or sensitive else Q.Q4_K
+        if name == "Q4_K_M+Q8_0":  # Q4_K_M, k in Q8_0 and up in Q5_0: every kind of part in one model
+            if tensor.endswith(("attn_k.weight", "ffn_up.weight")) and layer >= 0:
+                return Q.Q8_0 if tensor.endswith("attn_k.weight") else Q.Q5_0
+            return Q.Q6_K if tensor == "output.weight" or sensitive else Q.Q4_K
         if name == "Q5_K_M":
             return Q.Q6_K if tensor == "output.weight" or sensitive else Q.Q5_K
         if name == "Q4_0":

@@ -1,0 +1,26 @@
+"""What `strata_quants::mm` and `::dequantize` (ops.cpp) return, without running them: the fake
+(meta) kernels dynamo, inductor and torch.export trace the decode step's products with, so the
+file's blocks go into compiled graphs and packages compiled ahead of time as graph inputs, and
+the C++ op is called from there (a fallback kernel: inductor does not look inside it)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def register() -> None:
+    """Once the library is loaded (build.load): its ops get their fake kernels."""
+    torch.library.register_fake("strata_quants::mm", _mm)
+    torch.library.register_fake("strata_quants::dequantize", _dequantize)
+
+
+def _mm(x: Tensor, blocks: Tensor, qtype: int, table: Tensor, int8_x: bool = False, portable: bool = False) -> Tensor:
+    # x: [M, K] any float, blocks: uint8 [N, row_bytes] -> [M, N] float32
+    torch._check(x.dim() == 2 and blocks.dim() == 2)
+    return x.new_empty((x.shape[0], blocks.shape[0]), dtype=torch.float32)
+
+
+def _dequantize(blocks: Tensor, qtype: int, cols: int, table: Tensor) -> Tensor:
+    # blocks: uint8 [rows, row_bytes] -> [rows, cols] float32
+    return blocks.new_empty((blocks.shape[0], cols), dtype=torch.float32)
