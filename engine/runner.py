@@ -113,8 +113,8 @@ class TorchEngine:
         from engine.compiled import CompiledDecode, compilable
 
         if not compilable(self.model):
-            log.warning("decoding eagerly: the compiled step cannot take oneDNN-prepacked linears or engine/quants "
-                        "kernels (%s)", self.model.forms)
+            log.warning("decoding eagerly: the compiled step cannot take oneDNN-prepacked linears (%s)",
+                        self.model.forms)
             return 0.0
         self.compiled = CompiledDecode(self.model)
         if not warm:
