@@ -17,6 +17,8 @@ change pays the cold compile and later ones the warm.
 runs in its own process, so its memory is its own, and the variants are measured in turns, round
 by round (median shown): the 2 cores are shared with whatever else runs, so compare ratios within
 one run, not numbers across runs. `--device cuda:0` measures the GPU path (bf16, CUDA graphs).
+`--model PATH` measures another file instead, e.g. a random one in a K-quant mix
+(`.venv/bin/python -m bench.random_gguf --mix Q4_K_M` prints its path).
 Prompt lookup (a one-row step checking a guessed token) is off here: this filler repeats itself, so
 its guesses would nearly always be right; bench.side_by_side measures it on chat answers."""
 
@@ -48,7 +50,7 @@ def _status_mib(key: str) -> float:
     return float("nan")
 
 
-def _load(variant: str, num_slots: int, threads: int | None, device: str = "cpu"):
+def _load(variant: str, num_slots: int, threads: int | None, device: str = "cpu", model: str | None = None):
     """The engine for a variant, in the options of the engine found (a baseline's may be older: before
     int4 became the default it took `int4_decode`; before the prefill copy, no `prefill_bf16`)."""
     import inspect
@@ -69,7 +71,7 @@ def _load(variant: str, num_slots: int, threads: int | None, device: str = "cpu"
             kwargs["compile"] = "eager" not in flags
     if device != "cpu":  # a baseline older than --device has none
         kwargs["device"] = device
-    engine = load_engine(None, num_slots=num_slots, ctx=CTX, dtype=dtype, threads=threads, **kwargs)
+    engine = load_engine(model, num_slots=num_slots, ctx=CTX, dtype=dtype, threads=threads, **kwargs)
     if hasattr(engine, "use_prompt_lookup"):  # the step's own speed: what guesses give depends on the text
         engine.use_prompt_lookup(False)
     if "nographs" in flags and getattr(engine.compiled, "graphs", None) is not None:
@@ -82,12 +84,13 @@ class Probe:
     parent can interleave variants round by round: the shared cores' load then hits all of them
     alike, and the median of the rounds is compared."""
 
-    def __init__(self, variant: str, num_slots: int, threads: int | None, device: str = "cpu") -> None:
+    def __init__(self, variant: str, num_slots: int, threads: int | None, device: str = "cpu",
+                 model: str | None = None) -> None:
         from engine.protocol import SamplingParams
 
         self.rss_start = _status_mib("VmRSS")
         started = time.perf_counter()
-        self.engine = _load(variant, num_slots, threads, device)
+        self.engine = _load(variant, num_slots, threads, device, model)
         self.load_s = time.perf_counter() - started
         self.rss_loaded = _status_mib("VmRSS")
         self.filler = self.engine.tokenizer.encode("The history of the lighthouse keepers of the northern coast. " * 400)
@@ -153,6 +156,8 @@ class Child:
             cmd += ["--threads", str(args.threads)]
         if args.device != "cpu":
             cmd += ["--device", args.device]
+        if args.model:
+            cmd += ["--model", args.model]
         root = tree or Path(__file__).resolve().parent.parent
         env = env_with_first(root)
         for flag in variant.split("+")[1:]:
@@ -194,11 +199,13 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=16, help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda:N for the GPU path")
+    parser.add_argument("--model", default=None, help="a GGUF file or HF folder instead of the default SmolLM2 "
+                        "(e.g. bench.random_gguf's; its tokenizer must encode text)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.child:
-        Probe(args.variants[0], args.slots, args.threads, args.device).serve_commands(args.steps)
+        Probe(args.variants[0], args.slots, args.threads, args.device, args.model).serve_commands(args.steps)
         return
 
     from rich.console import Console
@@ -229,7 +236,7 @@ def main() -> None:
                 child.close()
 
     base_name, base = runs[0]
-    table = Table(title=f"SmolLM2-135M-Instruct Q4_1, decode at ~{DECODE_CONTEXT} tokens of context; median of "
+    table = Table(title=f"{args.model or 'SmolLM2-135M-Instruct Q4_1'}, decode at ~{DECODE_CONTEXT} tokens of context; median of "
                         f"{args.rounds} interleaved rounds; (×) = ratio to {base_name}, same run")
     table.add_column("variant", no_wrap=True)
     columns = [(f"decode_b{b}", f"decode B={b} tok/s") for b in args.batches]

@@ -36,7 +36,10 @@ from engine.model import Transformer
 from engine.quants.blocks import held_bytes
 from tests.helpers.quant_models import Shape, write_mix
 
+# smollm2-135m's widths (576, 1536) are not multiples of 256: only mixes of 32-weight blocks fit it
+# (--mix Q5_0 is what llama.cpp's Q4_K_M makes of it: Q5_0/Q5_1 layers, Q8_0 embedding and head)
 SHAPES = {"smollm2-1.7b": Shape(dim=2048, hidden=8192, layers=24, heads=32, kv=32, vocab=49152),
+          "smollm2-135m": Shape(dim=576, hidden=1536, layers=30, heads=9, kv=3, vocab=49152),
           "tiny": Shape()}
 CONTEXT, PROMPT = 64, 128
 
