@@ -219,6 +219,7 @@ class PackagedStep:
         """Trace the layers (the model's tensors are swapped for the trace's inputs meanwhile, so
         nothing may run the model concurrently) and save the program for `build`."""
         started = time.perf_counter()
+        load_quants()  # engine/quants' ops and their fake kernels (a child building from shapes had not loaded them)
         rows = 2 if self.batched else 1
         x, inputs = example_inputs(self.model, rows, min(self.model.ctx, 256))
         # the step's rows and span dynamic (StepInputs.dims), and the layers' KV pool's size: any

@@ -18,6 +18,7 @@ import torch
 
 from engine import aot
 from engine.background import BackgroundBuild, cpu_seconds, read_shapes, write_shapes
+from engine.quants.build import compiler
 from engine.runner import TorchEngine
 from engine.step import StepInputs, step_body
 from tests.helpers.tiny_engine import GREEDY, tiny_engine
@@ -123,6 +124,41 @@ def test_the_child_gets_the_models_shapes_and_names_the_parents_packages(tmp_pat
     for (_, name), real, made in zip(aot.packages(engine.model)[0].places, aot.packages(engine.model)[0].tensors,
                                      aot.PackagedStep(copy, False).tensors, strict=True):
         assert (made.shape, made.stride(), made.dtype) == (real.shape, real.stride(), real.dtype), name
+
+
+_EXPORT_FROM_SHAPES = """
+import os, sys
+from engine import aot
+from engine.background import read_shapes
+copy = read_shapes(sys.argv[1])
+print(aot.PackagedStep(copy, batched=True).path)
+os.unlink(aot.PackagedStep(copy, batched=True).export())
+"""
+
+
+@pytest.mark.skipif(compiler() is None, reason="no C++ compiler: engine/quants' kernels cannot be built")
+def test_a_k_quant_models_shapes_name_its_packages_and_trace_in_a_fresh_process(tmp_path, monkeypatch):
+    """A K-quant file's model (blocks through engine/quants' op, a Q6_K head): the child's copy
+    names the parent's packages, and a process that has not loaded the op yet (the child is
+    one) exports the step."""
+    from engine.gguf_loader import GGUFModel
+    from engine.model import Transformer
+    from tests.helpers.quant_models import write_mix
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    write_mix(tmp_path / "tiny.gguf", "Q4_K_M")
+    loaded = GGUFModel(tmp_path / "tiny.gguf")
+    model = Transformer.build(loaded.config, loaded, dtype=torch.bfloat16, device=torch.device("cpu"), int4=True)
+    model.allocate_cache(num_slots=2, ctx=100)
+    assert model.forms.get("quant") == sum(model.forms.values())
+    write_shapes(model, tmp_path / "shapes.pickle")
+    copy = read_shapes(tmp_path / "shapes.pickle")
+    paths = [aot.PackagedStep(model, b).path for b in (False, True)]
+    assert [aot.PackagedStep(copy, b).path for b in (False, True)] == paths
+    done = subprocess.run([sys.executable, "-c", _EXPORT_FROM_SHAPES, str(tmp_path / "shapes.pickle")],
+                          env=aot.child_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == [str(paths[1])]
 
 
 def _nice(pid: int) -> int:
