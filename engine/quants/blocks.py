@@ -11,7 +11,9 @@ arithmetic), so no dense copy is ever held. Chosen by role, not by a call's leng
 matrices' bf16 copy (engine/weights.py `TwoFormLinear`): a cached repeat reads its last tokens as
 the cold read did. Q4_K parts are repacked once into torch's int4 groups instead (exact,
 and that kernel is faster). `QuantRows` looks rows up (the embedding, the head's exact top
-logits). Either holds exactly the file's bytes for the matrix (the mapped file's pages)."""
+logits). Either holds exactly the file's bytes for the matrix (the mapped file's pages). The
+decode form also runs inside compiled graphs and the packages compiled ahead of time: the ops
+have fake kernels (fake.py) and a QuantLinear's blocks are tensor attributes, the graphs' inputs."""
 
 from __future__ import annotations
 
@@ -157,6 +159,7 @@ class QuantLinear(nn.Module):
         return self._product(x, prompt=self.slabs)
 
     def blocks(self, part: BlocksPart) -> QuantBlocks:
+        """A part's blocks, read from its attribute (where a package's trace puts its input)."""
         return QuantBlocks(getattr(self, part.raw), part.qtype, self.cols)
 
     def _product(self, x: Tensor, prompt: bool) -> Tensor:
@@ -194,7 +197,8 @@ class QuantLinear(nn.Module):
         """float32 rows of the matrix (the exact file weights; a one-part matrix, the head)."""
         (part,) = self.parts
         assert isinstance(part, BlocksPart)
-        return dequantize(QuantBlocks(getattr(self, part.raw)[rows], part.qtype, self.cols))
+        blocks = self.blocks(part)
+        return dequantize(blocks._replace(raw=blocks.raw[rows]))
 
 
 class QuantRows(nn.Module):
