@@ -21,8 +21,9 @@ the cache never holds a block its own prefix cannot reach.
 
 Placement, when the pool knows its slots (`num_slots`): each slot has a home, an equal share of
 the pool in slot order (where the engine's tables start out, engine/model.py), and a block it takes
-is the one after its last, or its home for its first, when that one is empty; else the lowest
-empty id as before (and an evictable block in eviction order, never out of it). So each slot's
+is the one after its last, or its home for its first, when that one is empty; else the empty
+block it would take without placement (the lowest id at first, then the last freed), and an
+evictable block only in eviction order, never out of it. So each slot's
 blocks tend to be one run, the runs equally spaced: an eager decode step then reads them as one
 strided view of each pool instead of a gather (`Transformer.kv_view`).
 
