@@ -15,6 +15,7 @@
 //     the integer sums exact (int16 pair sums, at most 2 * 128 * 127), one float rounding each;
 //   float32 activations: the same with x itself, q_e * x_e in float32.
 #include "layouts.h"
+#include <type_traits>
 
 #ifdef STRATA_AVX2
 #define ENTRY(name) name##_avx2
@@ -287,16 +288,39 @@ inline float hsum(__m256 v) {
 }
 #endif
 
+// bias[r] = the minimums' share of row r's sum: sum over chunks of m * (the chunk's sum of x_r).
+template <int R>
+inline void min_bias(const float* m, bool mins, const float* xs, int64_t C, float* bias) {
+  for (int r = 0; r < R; ++r) {
+    bias[r] = 0.0f;
+    if (mins)
+      for (int64_t c = 0; c < C; ++c) bias[r] += m[c] * xs[r * C + c];
+  }
+}
+
+// y[r, n] for every activation row r, four at a time, then the rest: dot(R, r, out) computes R
+// rows from row r (std::integral_constant<int, R>, so each R is its own unrolled kernel).
+template <typename Dot>
+inline void in_fours(int64_t M, int64_t N, int64_t n, float* y, Dot dot) {
+  float out[4];
+  for (int64_t r = 0; r < M; r += 4) {
+    const int64_t left = M - r;
+    if (left >= 4) dot(std::integral_constant<int, 4>{}, r, out);
+    else if (left == 3) dot(std::integral_constant<int, 3>{}, r, out);
+    else if (left == 2) dot(std::integral_constant<int, 2>{}, r, out);
+    else dot(std::integral_constant<int, 1>{}, r, out);
+    for (int64_t i = 0; i < (left < 4 ? left : 4); ++i) y[(r + i) * N + n] = out[i];
+  }
+}
+
 // out[r] = sum over the row of w * x_r for R rows at once (the weights loaded once), int8
 // activations: xq rows [K] codes, dx / xs rows [K/32] each chunk's scale and dx * sum(xq).
 template <int R>
 inline void dot_int8(const int8_t* q, const float* s, const float* m, bool mins, const int8_t* xq,
                      const float* dx, const float* xs, int64_t K, float* out) {
   const int64_t C = K / 32;
-  float bias[R] = {0.0f};
-  if (mins)
-    for (int r = 0; r < R; ++r)
-      for (int64_t c = 0; c < C; ++c) bias[r] += m[c] * xs[r * C + c];
+  float bias[R];
+  min_bias<R>(m, mins, xs, C, bias);
 #ifdef STRATA_AVX2
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R];
@@ -338,10 +362,8 @@ template <int R>
 inline void dot_float(const int8_t* q, const float* s, const float* m, bool mins, const float* x,
                       const float* xs, int64_t K, float* out) {
   const int64_t C = K / 32;
-  float bias[R] = {0.0f};
-  if (mins)
-    for (int r = 0; r < R; ++r)
-      for (int64_t c = 0; c < C; ++c) bias[r] += m[c] * xs[r * C + c];
+  float bias[R];
+  min_bias<R>(m, mins, xs, C, bias);
 #ifdef STRATA_AVX2
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
@@ -431,29 +453,14 @@ void ENTRY(strata_mm_rows)(int qtype, const uint8_t* src, int64_t rb, int64_t K,
         codes_256(qtype, row + i * bb, c, kvalues, grid);
     }
     const int64_t C = K / 32;
-    float out[4];
-    if (!xq) {
-      for (int64_t r = 0; r < M; r += 4) {  // four rows at a time, then the rest
-        const float *xr = x + r * K, *sr = xs + r * C;
-        const int64_t left = M - r;
-        if (left >= 4) dot_float<4>(q, s, m, mins, xr, sr, K, out);
-        else if (left == 3) dot_float<3>(q, s, m, mins, xr, sr, K, out);
-        else if (left == 2) dot_float<2>(q, s, m, mins, xr, sr, K, out);
-        else dot_float<1>(q, s, m, mins, xr, sr, K, out);
-        for (int64_t i = 0; i < (left < 4 ? left : 4); ++i) y[(r + i) * N + n] = out[i];
-      }
-      continue;
-    }
-    for (int64_t r = 0; r < M; r += 4) {  // four rows at a time, then the rest
-      const int8_t* xr = xq + r * K;
-      const float *dr = dx + r * C, *sr = xs + r * C;
-      const int64_t left = M - r;
-      if (left >= 4) dot_int8<4>(q, s, m, mins, xr, dr, sr, K, out);
-      else if (left == 3) dot_int8<3>(q, s, m, mins, xr, dr, sr, K, out);
-      else if (left == 2) dot_int8<2>(q, s, m, mins, xr, dr, sr, K, out);
-      else dot_int8<1>(q, s, m, mins, xr, dr, sr, K, out);
-      for (int64_t i = 0; i < (left < 4 ? left : 4); ++i) y[(r + i) * N + n] = out[i];
-    }
+    if (!xq)
+      in_fours(M, N, n, y, [&](auto R, int64_t r, float* out) {
+        dot_float<R>(q, s, m, mins, x + r * K, xs + r * C, K, out);
+      });
+    else
+      in_fours(M, N, n, y, [&](auto R, int64_t r, float* out) {
+        dot_int8<R>(q, s, m, mins, xq + r * K, dx + r * C, xs + r * C, K, out);
+      });
   }
 }
 
