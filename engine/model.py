@@ -29,7 +29,7 @@ from engine.layers import Attention, Block, GatedFFN, gather_index
 from engine.exact_head import exact_logits
 from engine.memory import ensure_kv_fits
 from engine.moe import Experts
-from engine.quants.blocks import INT4_TYPES, INT8_HEAD_TYPES, QuantLinear, QuantRows
+from engine.quants.blocks import INT4_TYPES, QuantLinear, QuantRows
 from engine.rope import RopeScaling, tables
 from engine.step import Body, HeadOut, StepInputs, run_layers, step_body
 from engine.weights import (
@@ -351,20 +351,21 @@ class Transformer(nn.Module):
             model.head = DenseLinear(weight)
             if head_name == "embed" and device.type == "cpu":
                 model.embed = DenseRows(weight)  # one float32 copy serves both
+        elif (held := source.quant(head_name) if use_quant else None) is not None:
+            # A quantized head (the default's tied Q8_0 embedding, Q6_K in Q4_K_M files): the
+            # file's blocks, one copy for the head, its exact rows and the embedding if tied,
+            # dotted with the float32 residual (engine/quants' `mm`, faster than an int8 copy's
+            # kernel at 1-16 rows: bench/head_speed.py). Its logits are the exact rows' own
+            # product, `exact_logits`' bit for bit, so it needs no bound and no recomputation: a
+            # row that asks for logprobs reports the logits every row samples from.
+            model.head = QuantLinear([held], slabs=False, int8_x=False)
+            model.head_rows = QuantRows(held)
+            if head_name == "embed":
+                model.embed = model.head_rows
         else:
             exact = source.dense(head_name)
             effective: Callable[[slice], Tensor]
-            held = source.quant(head_name) if use_quant else None
-            if held is not None and held.qtype not in INT8_HEAD_TYPES:
-                # K-quant / IQ heads (Q6_K in Q4_K_M files): the file's blocks, one copy for the
-                # head and its exact rows (and the embedding, if tied); e_n = 0 in its bound
-                head = QuantLinear([held], slabs=False, int8_x=False)  # float32 x: its bound
-                model.head, effective = head, head.dequantized
-                rows = QuantRows(held)
-                if head_name == "embed":
-                    model.embed = rows
-                model.head_rows = rows
-            elif cpu_bf16 and int8_available() and int8_shape_ok(exact):
+            if cpu_bf16 and int8_available() and int8_shape_ok(exact):
                 head = Int8Linear(exact)
                 model.head, effective = head, head.dequantized
             else:

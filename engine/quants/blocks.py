@@ -32,9 +32,6 @@ from engine.weights import Int4Blocks, Int4Linear, fuse_int4
 # What the kernels take (dequant.cpp). Q4_0/Q4_1 stay on torch's int4 path when it applies.
 TYPES = {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS, Q.IQ3_S}
 INT4_TYPES = {Q.Q4_0, Q.Q4_1}  # torch's int4 kernel takes these first (model.py), unless --no-int4
-# Heads kept on the int8-per-row path (the default model's tied Q8_0 embedding): the kernels
-# take every other type in TYPES, exactly.
-INT8_HEAD_TYPES = {Q.Q8_0, Q.Q4_0, Q.Q4_1}
 SLAB_BYTES = 8 << 20  # float32 bytes of one unpacked slab of rows in a prefill product
 
 

@@ -1,6 +1,7 @@
-"""The vocabulary head on the CPU default: int8 rows (half a bf16 head's bytes) whose error bound
-decides which top logits `Transformer.logits` recomputes exactly, so the top token is the
-float32 model's."""
+"""The vocabulary head. A GGUF file's quantized head is its own blocks times the float32 residual
+(exact); a bf16 head (an HF folder's) runs as int8 rows (half its bytes) whose error bound decides
+which top logits `Transformer.logits` recomputes exactly, so the top token is the float32
+model's."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import pytest
 import torch
 
 from engine.model import CacheIndex
-from engine.weights import HeadBound, Int8Linear
+from engine.exact_head import exact_logits
+from engine.quants.blocks import QuantLinear
+from engine.weights import HeadBound
 from tests.helpers.logprobs import model_with_head as _model_with_head
 
 PROMPTS = ["What is the capital of France?", "Write a short poem about the sea.", "What is 17 times 23?"]
@@ -76,33 +79,29 @@ def test_near_tie_goes_to_the_true_maximum():
 
 
 @pytest.mark.smollm2
-def test_default_head_picks_the_float32_top_token(smollm2, smollm2_default):
-    # Teacher-forced on the default's own greedy continuation: at every position, the default's
-    # logits (int8 head + exact window) have the top token of the float32 head on the same hidden
-    # state, and only a few rows are recomputed.
+def test_default_head_is_the_files_rows_exactly(smollm2, smollm2_default):
+    # The default's head is the file's Q8_0 blocks dotted with the float32 residual: teacher-forced
+    # on its own greedy continuation, its logits are `exact_logits`' bit for bit (so a row that
+    # asks for logprobs needs no second pass), each row's the same alone as in a batch, within
+    # float32 rounding of the float64 product of the same rows, with the same top token.
     model, tok = smollm2_default.model, smollm2.tokenizer
-    assert isinstance(model.head, Int8Linear)
-    exact_rows = smollm2.gguf.dense("embed")
-    counter = RowCounter(model.head_rows)
-    rows_before, model.head_rows = model.head_rows, counter
+    assert isinstance(model.head, QuantLinear) and model.head_bound is None
+    exact_rows = smollm2.gguf.dense("embed").double()
     hidden = []
-    try:
-        with torch.inference_mode():
-            for prompt in PROMPTS:
-                ids = tok.encode_chat([{"role": "user", "content": prompt}])
-                for step in range(STEPS):
-                    h = model(torch.tensor([ids]), CacheIndex.for_read(0, 0, len(ids)))
-                    hidden.append(h)
-                    ids.append(int(model.logits(h).argmax()))
-            h = torch.cat(hidden)
-            ours = model.logits(h).argmax(-1)
-    finally:
-        model.head_rows = rows_before
-    float32 = (h @ exact_rows.T).argmax(-1)
-    assert torch.equal(ours, float32)
-    per_row = counter.counts[:-1]  # one count per single-row call (the last call was the batch)
-    print("rows recomputed per position: mean", sum(per_row) / len(per_row), "max", max(per_row))
-    assert max(per_row) <= 256 and sum(per_row) / len(per_row) <= 32
+    with torch.inference_mode():
+        for prompt in PROMPTS:
+            ids = tok.encode_chat([{"role": "user", "content": prompt}])
+            for step in range(STEPS):
+                h = model(torch.tensor([ids]), CacheIndex.for_read(0, 0, len(ids)))
+                hidden.append(h)
+                ids.append(int(model.logits(h).argmax()))
+        h = torch.cat(hidden)
+        ours = model.logits(h)
+        assert torch.equal(ours, exact_logits(model.head_rows, h, model.cfg.vocab_size))
+        assert torch.equal(ours[5:6], model.logits(h[5:6].clone()))
+    float64 = h.double() @ exact_rows.T
+    assert float((ours.double() - float64).abs().max()) < 1e-3
+    assert torch.equal(ours.argmax(-1), float64.argmax(-1))
 
 
 def test_a_constrained_row_gets_the_true_maximum_among_its_allowed_tokens():
