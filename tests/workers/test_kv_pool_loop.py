@@ -70,6 +70,35 @@ def test_a_high_priority_request_that_does_not_fit_waits_at_the_head(redis_clien
     assert all(redis_client.hget(K.req(r), "status") == "finished" for r in ("urgent", "small0", "small1", "small2"))
 
 
+def test_a_head_waiting_for_memory_on_one_worker_is_taken_by_another_that_has_it(redis_client, submit):
+    # "full" (8 blocks) runs a request holding 5, so the urgent one (6 blocks) waits at its head and
+    # holds back the small one behind it. A second worker with room takes the urgent one at its
+    # next step (it is the global head, rule 2), and the small one is served then, while the
+    # running request still runs: memory one worker lacks holds nobody back when another has it.
+    submit("running", prompt_len=60, max_tokens=40)
+    full = pooled(redis_client, kv_tokens=128, worker_id="full")
+    full.step()
+    submit("urgent", priority=9, prompt_len=80, max_tokens=10)
+    submit("small", prompt_len=8, max_tokens=4)
+    full.step()
+    assert full.describe().waits_for_memory == "urgent"
+    assert [s.request.id for s in full.slots if s.request] == ["running"]
+    roomy = pooled(redis_client, kv_tokens=512, worker_id="roomy")
+    roomy.engine.clock.now_ms = full.engine.clock.now_ms
+    roomy.step()
+    assert [s.request.id for s in roomy.slots if s.request] == ["urgent", "small"]
+    assert claim_order(redis_client, ["urgent", "small"]) == ["urgent", "small"]
+    full.step()
+    assert full.describe().waits_for_memory == ""
+    assert redis_client.hget(K.req("running"), "status") == "running"  # small did not wait for it
+    for worker in (full, roomy):
+        run_until_idle(worker)
+    assert all(redis_client.hget(K.req(r), "status") == "finished" for r in ("running", "urgent", "small"))
+    for worker in (full, roomy):
+        pool = worker.pool.blocks
+        assert pool.num_used == pool.num_reserved == 0 and pool.num_free == pool.num_blocks
+
+
 def test_a_prefix_read_once_is_shared_by_later_requests_and_recorded(redis_client, submit):
     header = distinct_prompt("header", 64)
     submit("first", prompt=header + [7, 8, 9], max_tokens=3)
