@@ -90,12 +90,16 @@ def test_a_narrow_pool_answers_within_its_stated_cost_of_the_float32_pool(kv):
     assert sum(len(ref.keys() & step.keys()) for step, ref in zip(got, reference)) >= 0.95 * 5 * 40
 
 
-def test_an_int8_pool_compiled_gives_the_eager_tokens():
-    """The per-layer graphs run the same store/load (the scale in the entry's last bytes: still
-    one K and one V buffer a layer, so the steps' inputs are as before)."""
+@pytest.mark.parametrize("ahead", [False, True], ids=["per-layer graphs", "packages ahead of time"])
+def test_an_int8_pool_compiled_gives_the_eager_tokens(ahead, tmp_path, monkeypatch):
+    """The per-layer graphs and the packages compiled ahead of time (the default's step) run the
+    same store/load (the scale in the entry's last bytes: still one K and one V buffer a layer,
+    so the steps' inputs are as before)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # a cold build: no package of another test
     eager = run_four_slots(_engine("int8", num_slots=4))
     engine = _engine("int8", num_slots=4)
     torch._dynamo.reset()
-    engine.compile_decode(warm=True, ahead=False)
-    assert engine.compiled is not None and not engine.compiled.packaged
+    engine.compile_decode(warm=True, ahead=ahead)
+    assert engine.compiled is not None
+    assert [p.ready for p in engine.compiled.packaged] == ([True, True] if ahead else [])
     assert run_four_slots(engine) == eager
