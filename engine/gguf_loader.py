@@ -4,7 +4,7 @@ Every quirk of the format is undone here, once, so the forward pass runs in Hugg
 - dims are listed innermost first (GGUF shape [in, out] is a torch [out, in] matrix);
 - llama.cpp's converter permutes Q and K rows of `llama`-arch models for its interleaved RoPE;
 - Qwen3-Next's joint q/gate projection and its DeltaNet projections are split into the parts
-  the step reads (`_split_qwen3next`; those parts are dense copies, not the file's blocks).
+  the step reads (`_split_qwen3next`; each part is some rows of the file's blocks).
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ class GGUFModel:
                 self._tensors[name] = tensor
         # names computed from the file's tensors (dense float32), and the tensors they replace
         self._derived: dict[str, Callable[[], Tensor]] = {}
+        self._picked: dict[str, tuple[GGUFTensor, Tensor]] = {}  # derived name -> (its tensor, its rows there)
         self.config = self._config()
         if self.arch == "qwen3next":
             self._split_qwen3next()
@@ -162,29 +163,38 @@ class GGUFModel:
         """Each attention layer's attn_q [heads x (query, gate) x head_dim, dim] as q and q_gate;
         each DeltaNet layer's projections as lin_qkv, lin_z, lin_b, lin_a (engine/deltanet.py).
         A tensor is dequantized and split once when its first part is asked for; each part is
-        kept only until it is taken (build takes each once)."""
+        kept only until it is taken (build takes each once).
+
+        Every split only picks rows, so each part is also some rows of one of the file's tensors
+        (`_picked`: the split run on the row numbers), and `quant` / `int4` hand out those rows
+        of the file's blocks: the parts decode from the file's own bytes, like every other matrix
+        of a quantized file, and in a form the compiled step takes; as dense copies they became
+        oneDNN-prepacked bf16 linears on the CPU default, which inductor cannot lower."""
         cfg = self.config
         assert cfg.linear is not None
         shape = cfg.linear
         for i in range(cfg.n_layers):
             p = f"layers.{i}."
+            split: Callable[..., Sequence[Tensor]]
             if cfg.is_linear(i):
                 ba = self._tensors.pop(p + "lin_ba")
                 if p + "lin_qkvz" in self._tensors:  # legacy: every part interleaved per key head
                     qkvz = self._tensors.pop(p + "lin_qkvz")
-                    parts = _split_once(lambda qkvz=qkvz, ba=ba: deinterleave(self._dense(qkvz), self._dense(ba), shape))
-                    names = ("lin_qkv", "lin_z", "lin_b", "lin_a")
+                    sources, split = (qkvz, ba), lambda qkvz, ba: deinterleave(qkvz, ba, shape)
+                    names = {"lin_qkv": qkvz, "lin_z": qkvz, "lin_b": ba, "lin_a": ba}
                 else:
-                    parts = _split_once(lambda ba=ba: split_ba(self._dense(ba), shape))
-                    names = ("lin_b", "lin_a")
+                    sources, split = (ba,), lambda ba: split_ba(ba, shape)
+                    names = {"lin_b": ba, "lin_a": ba}
             else:
                 joint = self._tensors.pop(p + "q")
-                parts = _split_once(lambda joint=joint: [
-                    half.reshape(cfg.q_size, -1)
-                    for half in self._dense(joint).reshape(cfg.n_heads, 2, cfg.head_dim, -1).unbind(1)])
-                names = ("q", "q_gate")
-            for j, name in enumerate(names):
+                sources, split = (joint,), lambda joint: [
+                    half.reshape(cfg.q_size, -1) for half in joint.reshape(cfg.n_heads, 2, cfg.head_dim, -1).unbind(1)]
+                names = {"q": joint, "q_gate": joint}
+            parts = _split_once(lambda sources=sources, split=split: split(*(self._dense(t) for t in sources)))
+            rows = split(*(torch.arange(t.shape[0]).unsqueeze(1) for t in sources))  # [part rows, 1] row numbers
+            for j, (name, source) in enumerate(names.items()):
                 self._derived[p + name] = lambda parts=parts, j=j: parts(j)
+                self._picked[p + name] = (source, rows[j].view(-1))
 
     def eos_token_ids(self) -> list[int]:
         keys = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
@@ -220,6 +230,11 @@ class GGUFModel:
         return torch.from_numpy(np.require(array, np.float32, ["C", "W"]))  # memmap views are read-only
 
     def int4(self, name: str) -> Int4Blocks | None:
+        if name in self._picked:  # a split part: its rows of the tensor's blocks
+            tensor, rows = self._picked[name]
+            if tensor.qtype not in _INT4_TYPES:
+                return None
+            return Int4Blocks(*(torch.from_numpy(np.ascontiguousarray(a))[rows] for a in unpack_q4(tensor)))
         if name in self._derived:
             return None
         tensor = self._tensors[name]
@@ -233,7 +248,12 @@ class GGUFModel:
 
     def quant(self, name: str) -> quants.QuantBlocks | None:
         """A matrix as the file's own blocks (rows in HF order), for `engine.quants`' kernels;
-        None for a type they do not take or when they are not built, or for a derived part."""
+        None for a type they do not take or when they are not built. A split part (`_picked`) is
+        its rows of its tensor's blocks (every row is whole blocks): a copy of those bytes."""
+        if name in self._picked:
+            tensor, rows = self._picked[name]
+            blocks = self._blocks(tensor, 0)
+            return None if blocks is None else blocks._replace(raw=blocks.raw[rows])
         if name in self._derived:
             return None
         return self._blocks(self._tensors[name], self._permuted_heads(name))

@@ -218,10 +218,11 @@ def fuse_int4(parts: list[Int4Blocks]) -> Int4Blocks | None:
 
 
 def int4_shape_ok(blocks: Int4Blocks) -> bool:
-    """Group sizes the CPU int4 kernel takes."""
-    in_features = blocks.q.shape[1]
+    """Group sizes the CPU int4 kernel takes, and output sizes its packing takes (multiples of
+    16: it raises on others, such as a small Qwen3-Next's DeltaNet input, 200 rows)."""
+    out_features, in_features = blocks.q.shape
     group = in_features // blocks.scale.shape[1]
-    return group in (32, 64, 128, 256) and in_features % group == 0
+    return group in (32, 64, 128, 256) and in_features % group == 0 and out_features % 16 == 0
 
 
 def int8_available() -> bool:

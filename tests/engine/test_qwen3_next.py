@@ -11,6 +11,7 @@ import torch
 from engine import hf_loader
 from engine.model import Transformer
 from engine.protocol import SamplingParams
+from engine.quants.build import compiler
 from engine.runner import TorchEngine
 from engine.weights import DictSource
 from tests.helpers.family_gguf import qwen3next_gguf, with_norms_and_routers_counting
@@ -19,14 +20,14 @@ from tests.helpers.hf_reference import check_engine_greedy, check_prefill_and_de
 KINDS = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
 
 
-def qwen3_next(v_heads: int = 4, tied: bool = False):
+def qwen3_next(v_heads: int = 4, tied: bool = False, shared: int = 48, kinds: list[str] = KINDS):
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
     torch.manual_seed(0)
     cfg = Qwen3NextConfig(
-        hidden_size=64, num_hidden_layers=4, layer_types=KINDS, num_attention_heads=4, num_key_value_heads=2,
+        hidden_size=64, num_hidden_layers=len(kinds), layer_types=kinds, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, vocab_size=256, max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=tied,
-        intermediate_size=96, moe_intermediate_size=32, shared_expert_intermediate_size=48, num_experts=8,
+        intermediate_size=96, moe_intermediate_size=32, shared_expert_intermediate_size=shared, num_experts=8,
         num_experts_per_tok=3, norm_topk_prob=True, linear_num_key_heads=2, linear_num_value_heads=v_heads,
         linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4)
     assert cfg.rope_parameters["partial_rotary_factor"] == 0.25  # RoPE on 4 of each head's 16 dims
@@ -200,6 +201,67 @@ def test_bf16_from_a_q8_0_gguf_stays_close(tmp_path):
     model.allocate_cache(num_slots=4, ctx=256)
     assert model.layers[0].mixer.ssm_state.dtype == torch.float32
     check_prefill_and_decode(hf, model, atol=0.1)
+
+
+def _cpu_default(path, num_slots: int = 4) -> TorchEngine:
+    """A GGUF's model as the CPU default builds it: bf16, the file's blocks through engine/quants."""
+    from engine.gguf_loader import GGUFModel
+
+    loaded = GGUFModel(path)
+    model = Transformer.build(loaded.config, loaded, dtype=torch.bfloat16, device=torch.device("cpu"), int4=True,
+                              prefill_bf16=True)
+    model.allocate_cache(num_slots=num_slots, ctx=256)
+    return _engine(model)
+
+
+@pytest.mark.skipif(compiler() is None, reason="no C++ compiler: engine/quants' kernels cannot be built")
+@pytest.mark.parametrize("layout", ["ssm_in", "attn_qkv"])
+def test_split_parts_are_rows_of_the_files_blocks(layout, tmp_path):
+    # q / q_gate and the DeltaNet's qkv / z / b / a are split out of the file's tensors: on the CPU
+    # default they are those tensors' rows of blocks, so every layer's linear is engine/quants' and
+    # the step compiles (as dense copies they were oneDNN-prepacked bf16, which inductor cannot lower)
+    from gguf import GGMLQuantizationType as Q
+
+    from engine.compiled import compilable
+    from engine.gguf_loader import GGUFModel
+    from engine.quants.blocks import dequantize
+
+    path = tmp_path / "q8.gguf"
+    qwen3next_gguf(path, qwen3_next(shared=64), Q.Q8_0, legacy=layout == "ssm_in")  # all Q8_0, as a real file
+    model = _cpu_default(path).model
+    assert model.forms == {"quant": 16, "experts": 4} and compilable(model)
+    split = ["0.lin_qkv", "0.lin_z"] if layout == "ssm_in" else []
+    for name in [*split, "0.lin_b", "0.lin_a", "1.q", "1.q_gate"]:  # the same weights as the dense split
+        blocks = GGUFModel(path).quant("layers." + name)
+        assert torch.equal(dequantize(blocks), GGUFModel(path).dense("layers." + name))
+
+
+@pytest.mark.skipif(compiler() is None, reason="no C++ compiler: engine/quants' kernels cannot be built")
+def test_the_cpu_default_decodes_compiled_ahead_of_time_as_eagerly(tmp_path, monkeypatch):
+    # the CPU default's step: every layer and the head in the packages compiled ahead of time (two:
+    # one row, 2+ rows), the DeltaNet's state read and written inside them; eager's greedy tokens
+    from gguf import GGMLQuantizationType as Q
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "q8.gguf"
+    qwen3next_gguf(path, qwen3_next(shared=64), Q.Q8_0)
+    eager, ahead = _cpu_default(path, num_slots=2), _cpu_default(path, num_slots=2)
+    ahead.compile_decode(warm=True)
+    assert ahead.compiled is not None and [p.batched for p in ahead.compiled.packaged] == [False, True]
+    assert all(p.ready and p.head for p in ahead.compiled.packaged)
+
+    def greedy(engine: TorchEngine) -> list[list[int]]:  # two slots together, then slot 1 alone
+        out = {}
+        for slot, length in ((0, 20), (1, 5)):
+            engine.begin(slot, SamplingParams(temperature=0.0))
+            out[slot] = [engine.read(slot, _prompt(length, slot), sample=True)]
+        for group in [[0, 1]] * 10 + [[1]] * 10:
+            for slot, new in zip(group, engine.decode(group, [out[s][-1] for s in group])):
+                out[slot] += new
+        return [out[0], out[1]]
+
+    assert greedy(ahead) == greedy(eager)
+    assert "_layer" not in vars(ahead.compiled)  # no per-layer graph: every step went through a package
 
 
 def test_loaded_as_a_worker_loads_it_prompt_lookup_stays_off(tiny_model, tmp_path):
