@@ -35,6 +35,15 @@ INT4_TYPES = {Q.Q4_0, Q.Q4_1}  # torch's int4 kernel takes these first (model.py
 SLAB_BYTES = 8 << 20  # float32 bytes of one unpacked slab of rows in a prefill product
 
 
+@cache
+def slab_dtype() -> torch.dtype:
+    """The dtype prompt slabs are multiplied in: bf16 where oneDNN has bf16 kernels (AVX-512,
+    AMX); float32 on AVX2 alone, where a bf16 product is emulated and 3.4-6.6x slower than
+    float32's (`.venv/bin/python -m bench.slab_dtype`, AMD EPYC Zen 3). The slab is unpacked to
+    float32 first either way, so float32 costs no extra pass."""
+    return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
+
+
 class QuantBlocks(NamedTuple):
     raw: Tensor  # uint8 [rows, row_bytes]
     qtype: Q
@@ -114,7 +123,8 @@ class QuantLinear(nn.Module):
 
     def __init__(self, parts: list[QuantBlocks], bias: Tensor | None = None, *, slabs: bool = True,
                  int4: bool = False, int8_x: bool = True) -> None:
-        """slabs: prompt tokens (`prompt_form`) go through bf16 slabs (False: through `mm` too).
+        """slabs: prompt tokens (`prompt_form`) go through unpacked slabs (bf16, or float32 where
+        bf16 is slow: `slab_dtype`; False: through `mm` too).
         int4: Q4_K parts on torch's int4 kernel. int8_x: `mm` quantizes the activations to int8
         per 32 (llama.cpp's arithmetic, ~5e-3 relative error on the output); False keeps them
         float32 (the head: its error bound, `HeadBound`, counts the weights as exact and the
@@ -152,7 +162,7 @@ class QuantLinear(nn.Module):
 
     def prompt_form(self, x: Tensor) -> Tensor:
         """Prompt tokens, any number of them (engine/weights.py `in_pieces`, one call per aligned
-        block): bf16 slabs. x: [..., in] -> [..., out] float32."""
+        block): unpacked slabs (`slab_dtype`). x: [..., in] -> [..., out] float32."""
         return self._product(x, prompt=self.slabs)
 
     def blocks(self, part: BlocksPart) -> QuantBlocks:
@@ -180,14 +190,15 @@ class QuantLinear(nn.Module):
         return f"cols={self.cols}, parts={kinds}, int8_x={self.int8_x}, slabs={self.slabs}"
 
     def _slabs(self, x: Tensor, part: QuantBlocks) -> Tensor:
-        """Prompt tokens: a slab of rows unpacked, rounded to bf16, multiplied by oneDNN."""
-        xb = x.to(torch.bfloat16)
+        """Prompt tokens: a slab of rows unpacked, rounded to `slab_dtype()`, multiplied by oneDNN."""
+        dtype = slab_dtype()
+        xs = x.to(dtype)
         step = max(1, SLAB_BYTES // (4 * self.cols))
         rows = part.raw.shape[0]
         out = torch.empty(x.shape[0], rows, dtype=torch.float32)
         for lo in range(0, rows, step):
             slab = QuantBlocks(part.raw[lo:lo + step], part.qtype, part.cols)
-            out[:, lo:lo + step] = F.linear(xb, dequantize(slab).to(torch.bfloat16))
+            out[:, lo:lo + step] = F.linear(xs, dequantize(slab).to(dtype))
         return out
 
     def dequantized(self, rows: slice = slice(None)) -> Tensor:

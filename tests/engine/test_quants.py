@@ -128,8 +128,9 @@ def test_product_is_the_kernel_on_the_exact_weights(qtype):
     """QuantLinear: the decode form, any number of tokens a row, is `mm` with int8 activations
     (relative error of the output <= 1.5e-2, see above); the head's (int8_x=False) float32 products
     of the exact weights (<= 1e-5). The prompt form (`prompt_form`), one token or many: exactly
-    oneDNN's bf16 product of the weights and activations rounded to bf16 (so a prompt's last tokens
-    read alone after a cached prefix go through the kernel they went through in the cold read)."""
+    oneDNN's product of the weights and activations rounded to `slab_dtype` (bf16; float32 on
+    AVX2 alone), so a prompt's last tokens read alone after a cached prefix go through the kernel
+    they went through in the cold read."""
     rng = np.random.default_rng(1)
     rows, cols = 40, 512
     raw = random_blocks(qtype, rows, cols, rng)
@@ -139,7 +140,8 @@ def test_product_is_the_kernel_on_the_exact_weights(qtype):
     linear = quants.QuantLinear([blocks, blocks], bias=bias)
     head = quants.QuantLinear([blocks, blocks], bias=bias, slabs=False, int8_x=False)
     torch.manual_seed(0)
-    bf16 = quants.dequantize(blocks).to(torch.bfloat16)  # each part's slab its own product
+    dtype = quants.slab_dtype()  # bf16 where oneDNN has bf16 kernels, float32 on AVX2 alone
+    slab = quants.dequantize(blocks).to(dtype)  # each part's slab its own product
     for tokens in (1, 3, 20):
         x = torch.randn(2, tokens, cols)
         reference = x.double() @ torch.cat([exact, exact]).T + bias.double()
@@ -150,7 +152,7 @@ def test_product_is_the_kernel_on_the_exact_weights(qtype):
             assert error <= bound, (qtype.name, tokens, error)
         assert torch.equal(head.prompt_form(x), head(x))  # slabs=False: the kernel for prompt tokens too
         prompt = linear.prompt_form(x)
-        part = F.linear(x.to(torch.bfloat16), bf16).float()
+        part = F.linear(x.to(dtype), slab).float()
         assert torch.equal(prompt, torch.cat([part, part], dim=-1) + bias), (qtype.name, tokens)
 
 
