@@ -9,9 +9,11 @@ copy of each matrix, in one of the forms below, chosen at load:
 - `PackedLinear`: bf16 reordered once into oneDNN's blocked layout (CPU).
 - `Int4Linear`: the file's Q4_0/Q4_1 blocks as int4 (CPU), bf16 activations.
 - `TwoFormLinear`: int4 for decode, bf16 prepacked for prefill chunks (CPU).
-- `Int8Linear`: int8 per output row (CPU), bf16 activations: the vocabulary head.
+- `Int8Linear`: int8 per output row (CPU), bf16 activations: the vocabulary head when the file
+  does not quantize it (an HF folder's, an F16 file's).
 - `engine.quants.blocks.QuantLinear`: the file's Q8_0 / Q5_x / K-quant / IQ blocks as they are
-  (CPU), through the C++ kernels in engine/quants/.
+  (CPU), through the C++ kernels in engine/quants/; a quantized head too (float32 activations:
+  exact, no bound).
 
 A low-precision head comes with a `HeadBound`: per-row constants that bound how far each of its
 logits can be from the float32 model's, so `Transformer.logits` knows which tokens to recompute.
