@@ -19,7 +19,8 @@ import time
 import torch
 
 
-def _ms(product, rounds: int, calls: int = 20) -> float:
+def ms_per_call(product, calls: int = 20) -> float:
+    """Milliseconds one call of `product` takes, after one call to warm it."""
     product()
     started = time.perf_counter()
     for _ in range(calls):
@@ -50,7 +51,7 @@ def main() -> None:
         for rows in args.batches:
             h = torch.randn(rows, held.cols) * 3
             x = h.to(torch.bfloat16)
-            pairs = [(_ms(lambda: int8(x), args.rounds), _ms(lambda: op.mm(h, held.raw, int(held.qtype), table), args.rounds))
+            pairs = [(ms_per_call(lambda: int8(x)), ms_per_call(lambda: op.mm(h, held.raw, int(held.qtype), table)))
                      for _ in range(args.rounds)]
             int8_ms = statistics.median(p[0] for p in pairs)
             blocks_ms = statistics.median(p[1] for p in pairs)

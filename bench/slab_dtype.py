@@ -12,20 +12,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
+from bench.head_speed import ms_per_call
+
 SHAPES = [(2048, 2048), (4096, 2048), (2048, 8192)]  # (out, in): a 1.7B-class model's matrices
-
-
-def _ms(product, calls: int = 5) -> float:
-    product()
-    started = time.perf_counter()
-    for _ in range(calls):
-        product()
-    return (time.perf_counter() - started) / calls * 1e3
 
 
 def main() -> None:
@@ -40,7 +33,8 @@ def main() -> None:
         for out, cols in SHAPES:
             x, w = torch.randn(rows, cols), torch.randn(out, cols)
             xb, wb = x.bfloat16(), w.bfloat16()
-            runs = [(_ms(lambda: F.linear(xb, wb)), _ms(lambda: F.linear(x, w)), _ms(lambda: w.to(torch.bfloat16)))
+            runs = [(ms_per_call(lambda: F.linear(xb, wb), 5), ms_per_call(lambda: F.linear(x, w), 5),
+                     ms_per_call(lambda: w.to(torch.bfloat16), 5))
                     for _ in range(args.rounds)]
             bf16, f32, rounding = (statistics.median(r[i] for r in runs) for i in range(3))
             print(f"{rows:4d} rows x [{out}, {cols}]: bf16 {bf16:7.2f} ms (+{rounding:.2f} rounding the slab), "
