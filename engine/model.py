@@ -356,7 +356,7 @@ class Transformer(nn.Module):
             # file's blocks, one copy for the head, its exact rows and the embedding if tied,
             # dotted with the float32 residual (engine/quants' `mm`, faster than an int8 copy's
             # kernel at 1-16 rows: bench/head_speed.py). Its logits are the exact rows' own
-            # product, `exact_logits`' bit for bit, so it needs no bound and no recomputation: a
+            # product, so it needs no bound and no recomputation (`exact_top` does nothing): a
             # row that asks for logprobs reports the logits every row samples from.
             model.head = QuantLinear([held], slabs=False, int8_x=False)
             model.head_rows = QuantRows(held)

@@ -127,7 +127,7 @@ class QuantLinear(nn.Module):
         bf16 is slow: `slab_dtype`; False: through `mm` too).
         int4: Q4_K parts on torch's int4 kernel. int8_x: `mm` quantizes the activations to int8
         per 32 (llama.cpp's arithmetic, ~5e-3 relative error on the output); False keeps them
-        float32 (the head: its logits are then the exact rows' product, as `exact_logits`')."""
+        float32 (the head: its logits are then the exact rows' product)."""
         super().__init__()
         self.slabs, self.int8_x = slabs, int8_x
         self.cols = parts[0].cols

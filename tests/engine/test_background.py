@@ -217,15 +217,15 @@ def _build_takes_over_then_a_copy_loads(engine: TorchEngine, twin: TorchEngine, 
 
 @pytest.mark.smollm2
 def test_the_default_engines_shapes_name_its_packages(smollm2_default, tmp_path, monkeypatch):
-    """The default engine (int4 linears with their oneDNN prefill copies, the int8 head and its
-    bound, the file's rows): the child's copy names the same packages, without the weights."""
+    """The default engine (int4 linears with their oneDNN prefill copies, the head from the file's
+    Q8_0 blocks, its rows): the child's copy names the same packages, without the weights."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     model = smollm2_default.model
     write_shapes(model, tmp_path / "shapes.pickle")
     copy = read_shapes(tmp_path / "shapes.pickle")
     assert [aot.PackagedStep(copy, b).path for b in (False, True)] == [aot.PackagedStep(model, b).path for b in (False, True)]
     assert (tmp_path / "shapes.pickle").stat().st_size < 1 << 20
-    assert copy.head_rows is not None  # the int8 head's exact rows (the tied embedding's): candidates come out
+    assert copy.head_rows is not None  # the head's rows (the tied embedding's) come through the copy
     os.unlink(aot.PackagedStep(copy, batched=False).export())  # the child's copy traces (compiling it: the bench)
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.model import CacheIndex
-from engine.exact_head import exact_logits
+from engine.quants import blocks as quants
 from engine.quants.blocks import QuantLinear
 from engine.weights import HeadBound
 from tests.helpers.logprobs import model_with_head as _model_with_head
@@ -81,8 +81,8 @@ def test_near_tie_goes_to_the_true_maximum():
 @pytest.mark.smollm2
 def test_default_head_is_the_files_rows_exactly(smollm2, smollm2_default):
     # The default's head is the file's Q8_0 blocks dotted with the float32 residual: teacher-forced
-    # on its own greedy continuation, its logits are `exact_logits`' bit for bit (so a row that
-    # asks for logprobs needs no second pass), each row's the same alone as in a batch, within
+    # on its own greedy continuation, its logits are that product bit for bit (so a row that asks
+    # for logprobs reports them, no second pass), each row's the same alone as in a batch, within
     # float32 rounding of the float64 product of the same rows, with the same top token.
     model, tok = smollm2_default.model, smollm2.tokenizer
     assert isinstance(model.head, QuantLinear) and model.head_bound is None
@@ -97,7 +97,9 @@ def test_default_head_is_the_files_rows_exactly(smollm2, smollm2_default):
                 ids.append(int(model.logits(h).argmax()))
         h = torch.cat(hidden)
         ours = model.logits(h)
-        assert torch.equal(ours, exact_logits(model.head_rows, h, model.cfg.vocab_size))
+        rows = model.head_rows
+        assert torch.equal(ours, quants.ops().mm(h, rows.blocks, int(rows.qtype), quants.table(rows.qtype), False))
+        assert torch.equal(model.reported_logits(h), ours)
         assert torch.equal(ours[5:6], model.logits(h[5:6].clone()))
     float64 = h.double() @ exact_rows.T
     assert float((ours.double() - float64).abs().max()) < 1e-3
