@@ -259,16 +259,19 @@ class GGUFModel:
         return self._blocks(self._tensors[name], self._permuted_heads(name))
 
     def _blocks(self, tensor: GGUFTensor, heads: int) -> quants.QuantBlocks | None:
-        if len(tensor.shape) != 2 or not quants.shape_ok(tensor.qtype, tensor.shape[1]) or not quants.available():
+        """[rows, row_bytes], or [E, rows, row_bytes] for an MoE layer's stacked experts."""
+        if len(tensor.shape) not in (2, 3) or not quants.shape_ok(tensor.qtype, tensor.shape[-1]) or not quants.available():
             return None
         raw = tensor.rows()
+        if len(tensor.shape) == 3:
+            raw = raw.reshape(*tensor.shape[:2], -1)
         if heads:  # each row is whole blocks: the same row un-permutation as dense()
             return quants.QuantBlocks(torch.from_numpy(unpermute_rope_rows(raw, heads).copy()), tensor.qtype, tensor.shape[1])
         # The mapped file's own pages, not a copy: nothing writes to them (the kernels read), the
         # page cache holds them once however many workers serve the file, and loading costs no copy.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            return quants.QuantBlocks(torch.from_numpy(raw), tensor.qtype, tensor.shape[1])
+            return quants.QuantBlocks(torch.from_numpy(raw), tensor.qtype, tensor.shape[-1])
 
     def rows(self, name: str) -> RowTable:
         if name in self._derived:

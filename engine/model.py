@@ -29,7 +29,7 @@ from engine.layers import Attention, Block, GatedFFN, gather_index
 from engine.exact_head import exact_logits
 from engine.memory import ensure_kv_fits
 from engine.moe import Experts
-from engine.quants.blocks import INT4_TYPES, QuantLinear, QuantRows
+from engine.quants.blocks import INT4_TYPES, QuantExperts, QuantLinear, QuantRows
 from engine.rope import RopeScaling, tables
 from engine.step import Body, HeadOut, StepInputs, run_layers, step_body
 from engine.weights import (
@@ -307,13 +307,18 @@ class Transformer(nn.Module):
             return module
 
         def experts(p: str) -> Experts:
-            # Experts stay dense in the activations' dtype (a quantized file's are dequantized).
-            gate_up = torch.cat([source.dense(p + "experts_gate"), source.dense(p + "experts_up")], dim=1)
             shared = None
             if p + "shared_router" in names:  # [1, dim] (a GGUF's ffn_gate_inp_shexp is [dim])
                 dense = GatedFFN()
                 dense.w_gate_up, dense.w_down = linear([p + "shared_gate", p + "shared_up"]), linear([p + "shared_down"])
                 shared = (dense, vector(p + "shared_router").reshape(1, -1))
+            # A quantized file's experts stay its blocks where engine/quants runs (any type it takes);
+            # elsewhere they are dense in the activations' dtype (a quantized file's dequantized).
+            held = [source.quant(p + n) for n in ("experts_gate", "experts_up", "experts_down")] if use_quant else []
+            if held and all(h is not None for h in held):
+                return counted("quant-experts", Experts.of_blocks(vector(p + "router"), *(QuantExperts(h) for h in held),
+                                                                  cfg.n_experts_used, cfg.norm_topk, shared))
+            gate_up = torch.cat([source.dense(p + "experts_gate"), source.dense(p + "experts_up")], dim=1)
             model.forms["experts"] = model.forms.get("experts", 0) + 1
             return Experts(vector(p + "router"), gate_up.to(device=device, dtype=dtype),
                            source.dense(p + "experts_down").to(device=device, dtype=dtype),

@@ -17,6 +17,13 @@ MoE layer, 2 cores shared by eight developers, best of 5), grouped vs gathered v
 over the chosen experts: 1 row 99 ms vs 256 vs 266; 4 rows 899 vs 1 040 vs 594; 64 rows 943 vs
 15 395 vs 2 260.
 
+A quantized file's experts stay its blocks on the CPU (`Experts.of_blocks`, engine/quants'
+`QuantExperts`): gate, up and down each one `strata_quants::mm_experts` over the (row, expert)
+pairs, which reads each chosen expert's blocks once for all its rows and the others never, in
+every form (eager, compiled, ahead of time: the op has a fake kernel), prompt and generated
+tokens alike; float32 out, SiLU(gate) * up in float32 quantized per 32 by the down product as in
+a quantized dense FFN. No dense copy: the weights held are the file's bytes.
+
 Routing is in float32 whatever the activations' dtype: a bf16 router's near-ties would pick other
 experts than the model's. As in the dense FFN (engine/layers.py `GatedFFN`, which the shared
 expert is), SiLU(gate) * up runs in float32 from the gate/up product's output and is rounded once,
@@ -32,7 +39,8 @@ from torch import Tensor, nn
 
 class Experts(nn.Module):
     """router [E, dim] float32; gate_up [E, 2I, dim] and down [E, dim, I] in the activations'
-    dtype; shared: an optional shared expert (a `GatedFFN`) and its gate [1, dim] float32."""
+    dtype (or, `of_blocks`, the three as pair products over the file's blocks); shared: an
+    optional shared expert (a `GatedFFN`) and its gate [1, dim] float32."""
 
     def __init__(self, router: Tensor, gate_up: Tensor, down: Tensor, top_k: int, normalize: bool,
                  shared: tuple[nn.Module, Tensor] | None = None) -> None:
@@ -40,6 +48,16 @@ class Experts(nn.Module):
         self.router, self.gate_up, self.down = router, gate_up, down
         self.top_k, self.normalize = top_k, normalize
         self.shared, self.shared_gate = shared if shared is not None else (None, None)
+        self.blocks: nn.ModuleList | None = None
+
+    @classmethod
+    def of_blocks(cls, router: Tensor, gate: nn.Module, up: nn.Module, down: nn.Module, top_k: int, normalize: bool,
+                  shared: tuple[nn.Module, Tensor] | None = None) -> "Experts":
+        """gate, up, down: (x [P, in], experts [P]) -> [P, out] float32 (engine/quants
+        `QuantExperts`): each (row, expert) pair's product, the file's blocks read in place."""
+        experts = cls(router, torch.empty(0), torch.empty(0), top_k, normalize, shared)
+        experts.blocks = nn.ModuleList([gate, up, down])
+        return experts
 
     @property
     def n_experts(self) -> int:
@@ -61,12 +79,15 @@ class Experts(nn.Module):
         shape = h.shape
         flat = h.reshape(-1, shape[-1])
         weights, experts = self.route(flat)
-        x = flat.to(self.gate_up.dtype)
-        # CUDA's grouped GEMM takes bf16 only (as does its compiled form everywhere)
-        if torch.compiler.is_compiling() or (x.device.type != "cpu" and x.dtype != torch.bfloat16):
-            out = self._gathered(x, weights, experts)
+        if self.blocks is not None:
+            out = self._from_blocks(flat, weights, experts)
         else:
-            out = self._grouped(x, weights, experts)
+            x = flat.to(self.gate_up.dtype)
+            # CUDA's grouped GEMM takes bf16 only (as does its compiled form everywhere)
+            if torch.compiler.is_compiling() or (x.device.type != "cpu" and x.dtype != torch.bfloat16):
+                out = self._gathered(x, weights, experts)
+            else:
+                out = self._grouped(x, weights, experts)
         if self.shared is not None:
             scale = torch.sigmoid(F.linear(flat.float(), self.shared_gate))
             shared = self.shared(h, pieces).reshape(flat.shape).float() * scale
@@ -81,6 +102,15 @@ class Experts(nn.Module):
         y = torch.bmm(self.down[chosen], _act(gate, up).unsqueeze(-1)).squeeze(-1)  # [N*k, dim]
         y = y.float() * weights.reshape(-1, 1)
         return y.view(n, k, -1).sum(dim=1).to(x.dtype)
+
+    def _from_blocks(self, x: Tensor, weights: Tensor, experts: Tensor) -> Tensor:
+        assert self.blocks is not None
+        gate_of, up_of, down_of = self.blocks
+        n, k = experts.shape
+        chosen = experts.reshape(-1)
+        rows = x.float().repeat_interleave(k, dim=0)  # [N*k, dim]: pair p is row p // k
+        y = down_of(F.silu(gate_of(rows, chosen)) * up_of(rows, chosen), chosen)  # [N*k, dim] float32
+        return (y * weights.reshape(-1, 1)).view(n, k, -1).sum(dim=1)
 
     def _grouped(self, x: Tensor, weights: Tensor, experts: Tensor) -> Tensor:
         n, k = experts.shape

@@ -45,7 +45,7 @@ def slab_dtype() -> torch.dtype:
 
 
 class QuantBlocks(NamedTuple):
-    raw: Tensor  # uint8 [rows, row_bytes]
+    raw: Tensor  # uint8 [rows, row_bytes], or [E, rows, row_bytes]: an MoE layer's stacked experts
     qtype: Q
     cols: int
 
@@ -83,8 +83,10 @@ def table(qtype: Q) -> Tensor:
 
 
 def dequantize(blocks: QuantBlocks) -> Tensor:
-    """float32 [rows, cols], bit for bit gguf.quants.dequantize of the same bytes."""
-    return ops().dequantize(blocks.raw, int(blocks.qtype), blocks.cols, table(blocks.qtype))
+    """float32 [rows, cols] (or [E, rows, cols]), bit for bit gguf.quants.dequantize of the same bytes."""
+    raw = blocks.raw
+    flat = ops().dequantize(raw.reshape(-1, raw.shape[-1]), int(blocks.qtype), blocks.cols, table(blocks.qtype))
+    return flat.view(*raw.shape[:-1], blocks.cols)
 
 
 def shape_ok(qtype: Q, cols: int) -> bool:
@@ -206,6 +208,28 @@ class QuantLinear(nn.Module):
         assert isinstance(part, BlocksPart)
         blocks = self.blocks(part)
         return dequantize(blocks._replace(raw=blocks.raw[rows]))
+
+
+class QuantExperts(nn.Module):
+    """An MoE layer's stacked expert matrices [E, out, in] kept as the file's blocks; called with
+    (row, expert) pairs, it multiplies each row by its expert's matrix (`strata_quants::mm_experts`:
+    each chosen expert's blocks read once for all its rows, the others never), activations
+    quantized to int8 per 32 as `QuantLinear`'s decode form. The same product for prompt and
+    generated tokens: a pair's result is its row's alone, whatever else the call holds."""
+
+    def __init__(self, blocks: QuantBlocks) -> None:
+        super().__init__()
+        assert blocks.raw.dim() == 3
+        self.qtype, self.cols = blocks.qtype, blocks.cols
+        self.raw, self.table = blocks.raw, table(blocks.qtype)  # tensor attributes: a compiled step's inputs
+
+    def forward(self, x: Tensor, experts: Tensor) -> Tensor:
+        """x: [P, in], experts: [P] long -> [P, out] float32."""
+        return torch.ops.strata_quants.mm_experts(x, self.raw, experts, int(self.qtype), self.table, True)
+
+    def extra_repr(self) -> str:
+        experts, rows, _ = self.raw.shape
+        return f"experts={experts}, out={rows}, in={self.cols}, qtype={self.qtype.name}"
 
 
 class QuantRows(nn.Module):

@@ -1,4 +1,4 @@
-"""What `strata_quants::mm` and `::dequantize` (ops.cpp) return, without running them: the fake
+"""What `strata_quants::mm`, `::mm_experts` and `::dequantize` (ops.cpp) return, without running them: the fake
 (meta) kernels dynamo, inductor and torch.export trace the decode step's products with, so the
 file's blocks go into compiled graphs and packages compiled ahead of time as graph inputs, and
 the C++ op is called from there (a fallback kernel: inductor does not look inside it)."""
@@ -12,6 +12,7 @@ from torch import Tensor
 def register() -> None:
     """Once the library is loaded (build.load): its ops get their fake kernels."""
     torch.library.register_fake("strata_quants::mm", _mm)
+    torch.library.register_fake("strata_quants::mm_experts", _mm_experts)
     torch.library.register_fake("strata_quants::dequantize", _dequantize)
 
 
@@ -19,6 +20,13 @@ def _mm(x: Tensor, blocks: Tensor, qtype: int, table: Tensor, int8_x: bool = Fal
     # x: [M, K] any float, blocks: uint8 [N, row_bytes] -> [M, N] float32
     torch._check(x.dim() == 2 and blocks.dim() == 2)
     return x.new_empty((x.shape[0], blocks.shape[0]), dtype=torch.float32)
+
+
+def _mm_experts(x: Tensor, blocks: Tensor, experts: Tensor, qtype: int, table: Tensor, int8_x: bool = False,
+                portable: bool = False) -> Tensor:
+    # x: [P, K], blocks: uint8 [E, N, row_bytes], experts: [P] -> [P, N] float32
+    torch._check(x.dim() == 2 and blocks.dim() == 3 and experts.dim() == 1)
+    return x.new_empty((x.shape[0], blocks.shape[1]), dtype=torch.float32)
 
 
 def _dequantize(blocks: Tensor, qtype: int, cols: int, table: Tensor) -> Tensor:

@@ -1,4 +1,4 @@
-// torch ops over GGUF blocks (CPU): strata_quants::dequantize and strata_quants::mm.
+// torch ops over GGUF blocks (CPU): strata_quants::dequantize, ::mm and ::mm_experts.
 //
 // mm is the decode step's product with a quantized matrix: y = x @ W^T with W kept as the
 // file's blocks, read once per call in its file size, never dense. kernel.cpp does the work:
@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <vector>
 
 extern "C" int strata_block_weights(int qtype);
@@ -75,53 +76,122 @@ bool use_avx2() {
 #endif
 }
 
+// What a product needs besides the blocks: the kernel build, the type's codebook as the integers
+// it is (IQ4_XS: int8 values; IQ3_S: grid bytes 1..15), and the activation rows in the kernel's
+// form (int8 codes per 32 with their scales, or float32 x with each chunk's sum).
+struct Activations {
+  MmRows rows_fn = strata_mm_rows_portable;
+  int8_t kvalues[16] = {0};
+  std::vector<uint8_t> grid;
+  at::Tensor x;  // float32 [M, K], contiguous
+  std::vector<int8_t> xq;
+  std::vector<float> dx, sums;
+  bool int8_x = false;
+
+  Activations(at::Tensor x_in, int64_t qtype, const at::Tensor& table, bool int8, bool portable)
+      : x(x_in.to(at::kFloat).contiguous()), int8_x(int8) {
+    QuantizeX quantize_fn = strata_quantize_x_portable;
+#if defined(__x86_64__) && defined(STRATA_HAVE_AVX2)
+    if (!portable && use_avx2()) rows_fn = strata_mm_rows_avx2, quantize_fn = strata_quantize_x_avx2;
+#endif
+    const float* tab = table_ptr(table);
+    if (qtype == 23) {
+      TORCH_CHECK(table.numel() == 16, "strata_quants: IQ4_XS needs its 16 values");
+      for (int i = 0; i < 16; ++i) kvalues[i] = int8_t(tab[i]);
+    } else if (qtype == 21) {
+      TORCH_CHECK(table.numel() == 2048, "strata_quants: IQ3_S needs its 512 x 4 grid");
+      grid.resize(2048);
+      for (int i = 0; i < 2048; ++i) grid[i] = uint8_t(tab[i]);
+    }
+    const int64_t M = x.size(0), K = x.size(1), chunks = M * (K / 32);
+    const float* xs = x.data_ptr<float>();
+    sums.resize(chunks);
+    if (int8_x) {
+      xq.resize(M * K), dx.resize(chunks);
+      quantize_fn(xs, M, K, xq.data(), dx.data(), sums.data());
+    } else {
+      for (int64_t c = 0; c < chunks; ++c) {
+        float s = 0.0f;
+        for (int e = 0; e < 32; ++e) s += xs[32 * c + e];
+        sums[c] = s;
+      }
+    }
+  }
+
+  // weight rows [n0, n1) of `src` (rows rb bytes apart) times activation rows [m0, m0 + M) into
+  // y's rows m0.. (y [*, N], row stride N)
+  void rows(int64_t qtype, const uint8_t* src, int64_t rb, int64_t n0, int64_t n1, int64_t m0, int64_t M,
+            int64_t N, float* y, std::vector<float>& work) const {
+    const int64_t K = x.size(1), C = K / 32;
+    work.resize(K / 4 + K / 16 + K / 32 + 8);  // K int8 codes, then the scales, the minimums
+    rows_fn(int(qtype), src, rb, K, n0, n1, M, N, x.data_ptr<float>() + m0 * K,
+            int8_x ? xq.data() + m0 * K : nullptr, int8_x ? dx.data() + m0 * C : nullptr, sums.data() + m0 * C,
+            kvalues, grid.data(), y + m0 * N, work.data());
+  }
+};
+
 at::Tensor mm(const at::Tensor& x_in, const at::Tensor& blocks, int64_t qtype, const at::Tensor& table,
               bool int8_x, bool portable) {
   TORCH_CHECK(x_in.dim() == 2, "strata_quants::mm: x must be [M, K]");
-  const int64_t K = x_in.size(1);
-  check(blocks, qtype, K);
-  at::Tensor x = x_in.to(at::kFloat).contiguous();
-  const int64_t M = x.size(0), N = blocks.size(0), rb = blocks.size(1);
-  at::Tensor y = at::empty({M, N}, x.options());
+  check(blocks, qtype, x_in.size(1));
+  const int64_t M = x_in.size(0), N = blocks.size(0);
+  at::Tensor y = at::empty({M, N}, x_in.options().dtype(at::kFloat));
   if (M == 0 || N == 0) return y;
-  const bool avx2 = !portable && use_avx2();
-  MmRows rows_fn = strata_mm_rows_portable;
-  QuantizeX quantize_fn = strata_quantize_x_portable;
-#if defined(__x86_64__) && defined(STRATA_HAVE_AVX2)
-  if (avx2) rows_fn = strata_mm_rows_avx2, quantize_fn = strata_quantize_x_avx2;
-#endif
-  const float* xs = x.data_ptr<float>();
-  // the codebooks as the integers they are (IQ4_XS: int8 values; IQ3_S: grid bytes 1..15)
-  int8_t kvalues[16] = {0};
-  std::vector<uint8_t> grid;
-  const float* tab = table_ptr(table);
-  if (qtype == 23) {
-    TORCH_CHECK(table.numel() == 16, "strata_quants::mm: IQ4_XS needs its 16 values");
-    for (int i = 0; i < 16; ++i) kvalues[i] = int8_t(tab[i]);
-  } else if (qtype == 21) {
-    TORCH_CHECK(table.numel() == 2048, "strata_quants::mm: IQ3_S needs its 512 x 4 grid");
-    grid.resize(2048);
-    for (int i = 0; i < 2048; ++i) grid[i] = uint8_t(tab[i]);
-  }
-  const int64_t chunks = M * (K / 32);
-  std::vector<int8_t> xq(int8_x ? M * K : 0);
-  std::vector<float> dx(int8_x ? chunks : 0), sums(chunks);
-  if (int8_x) {
-    quantize_fn(xs, M, K, xq.data(), dx.data(), sums.data());
-  } else {
-    for (int64_t c = 0; c < chunks; ++c) {
-      float s = 0.0f;
-      for (int e = 0; e < 32; ++e) s += xs[32 * c + e];
-      sums[c] = s;
-    }
-  }
+  const Activations a(x_in, qtype, table, int8_x, portable);
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   float* ys = y.data_ptr<float>();
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
-    std::vector<float> work(K / 4 + K / 16 + K / 32 + 8);  // K int8 codes, then the scales, the minimums
-    rows_fn(int(qtype), src, rb, K, n0, n1, M, N, xs, int8_x ? xq.data() : nullptr, dx.data(), sums.data(),
-            kvalues, grid.data(), ys, work.data());
+    std::vector<float> work;
+    a.rows(qtype, src, blocks.size(1), n0, n1, 0, M, N, ys, work);
   });
+  return y;
+}
+
+// An MoE layer's routed products: y[p] = x[p] @ W[experts[p]]^T for each (row, expert) pair p,
+// the experts' matrices kept as their file blocks [E, N, row_bytes]. The pairs are sorted by
+// expert (stable) so that each chosen expert's rows are unpacked once for all the pairs routed to
+// it and an expert no pair chose is never read; the work is split across threads over (chosen
+// expert, weight row). Each pair's result is `mm`'s for its row alone, bit for bit.
+at::Tensor mm_experts(const at::Tensor& x_in, const at::Tensor& blocks, const at::Tensor& experts, int64_t qtype,
+                      const at::Tensor& table, bool int8_x, bool portable) {
+  TORCH_CHECK(x_in.dim() == 2, "strata_quants::mm_experts: x must be [P, K]");
+  TORCH_CHECK(blocks.dim() == 3 && blocks.is_contiguous(), "strata_quants::mm_experts: blocks must be contiguous [E, N, row_bytes]");
+  TORCH_CHECK(experts.dim() == 1 && experts.size(0) == x_in.size(0) && experts.device().is_cpu(),
+              "strata_quants::mm_experts: experts must be [P], one per row of x");
+  const int64_t P = x_in.size(0), E = blocks.size(0), N = blocks.size(1), rb = blocks.size(2);
+  check(blocks.view({E * N, rb}), qtype, x_in.size(1));
+  at::Tensor y = at::empty({P, N}, x_in.options().dtype(at::kFloat));
+  if (P == 0 || N == 0) return y;
+  const at::Tensor ids = experts.to(at::kLong).contiguous();
+  const int64_t* chosen = ids.data_ptr<int64_t>();
+  // counting sort: start[e] = the first sorted pair of expert e
+  std::vector<int64_t> start(E + 1, 0), order(P);
+  for (int64_t p = 0; p < P; ++p) {
+    TORCH_CHECK(chosen[p] >= 0 && chosen[p] < E, "strata_quants::mm_experts: expert ", chosen[p], " of ", E);
+    ++start[chosen[p] + 1];
+  }
+  for (int64_t e = 0; e < E; ++e) start[e + 1] += start[e];
+  std::vector<int64_t> next(start.begin(), start.end() - 1);
+  for (int64_t p = 0; p < P; ++p) order[next[chosen[p]]++] = p;
+  std::vector<int64_t> active;  // the chosen experts, in order
+  for (int64_t e = 0; e < E; ++e)
+    if (start[e + 1] > start[e]) active.push_back(e);
+  const at::Tensor idx = at::from_blob(order.data(), {P}, at::kLong);
+  const Activations a(x_in.to(at::kFloat).index_select(0, idx), qtype, table, int8_x, portable);
+  at::Tensor sorted = at::empty({P, N}, y.options());
+  const uint8_t* src = blocks.data_ptr<uint8_t>();
+  float* ys = sorted.data_ptr<float>();
+  const int64_t A = int64_t(active.size());
+  at::parallel_for(0, A * N, 16, [&](int64_t i0, int64_t i1) {
+    std::vector<float> work;
+    for (int64_t i = i0; i < i1;) {  // the stretch of one expert's rows in [i0, i1)
+      const int64_t j = i / N, n0 = i % N, n1 = std::min(N, n0 + (i1 - i));
+      const int64_t e = active[j];
+      a.rows(qtype, src + e * N * rb, rb, n0, n1, start[e], start[e + 1] - start[e], N, ys, work);
+      i += n1 - n0;
+    }
+  });
+  y.index_copy_(0, idx, sorted);
   return y;
 }
 
@@ -130,9 +200,12 @@ at::Tensor mm(const at::Tensor& x_in, const at::Tensor& blocks, int64_t qtype, c
 TORCH_LIBRARY(strata_quants, m) {
   m.def("dequantize(Tensor blocks, int qtype, int cols, Tensor table) -> Tensor");
   m.def("mm(Tensor x, Tensor blocks, int qtype, Tensor table, bool int8_x=False, bool portable=False) -> Tensor");
+  m.def("mm_experts(Tensor x, Tensor blocks, Tensor experts, int qtype, Tensor table, bool int8_x=False, "
+        "bool portable=False) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(strata_quants, CPU, m) {
   m.impl("dequantize", &dequantize);
   m.impl("mm", &mm);
+  m.impl("mm_experts", &mm_experts);
 }

@@ -1,19 +1,26 @@
 """Mixture-of-experts layers (engine/moe.py): Qwen3-MoE and Mixtral against transformers, from an
-HF folder, a float32 GGUF and a Q8_0 GGUF written here under llama.cpp's names."""
+HF folder, a float32 GGUF and a Q8_0 GGUF written here under llama.cpp's names; a quantized file's
+experts kept as its blocks (engine/quants `QuantExperts`, `strata_quants::mm_experts`)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+from gguf import GGML_QUANT_SIZES, GGUFReader
 from gguf import GGMLQuantizationType as Q
+from gguf.quants import dequantize as gguf_dequantize
 
 from engine import hf_loader
 from engine.gguf_loader import GGUFModel
 from engine.layers import GatedFFN
 from engine.model import Transformer
 from engine.moe import Experts
+from engine.quants import blocks as quants
+from engine.quants.build import compiler
 from engine.weights import DictSource
 from tests.helpers.family_gguf import moe_gguf
+from tests.helpers.quant_models import F16_AT, mix, random_blocks
 from tests.helpers.hf_reference import check_engine_greedy, check_prefill_and_decode
 
 COMMON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
@@ -186,5 +193,85 @@ def test_bf16_moe_model_stays_close(tmp_path):
     hf.load_state_dict(held, strict=True)
     loaded = GGUFModel(path)
     model = Transformer.build(loaded.config, loaded, dtype=torch.bfloat16, device=torch.device("cpu"), int4=True)
+    model.allocate_cache(num_slots=4, ctx=256)
+    check_prefill_and_decode(hf, model, atol=0.1)
+
+
+# ---- a quantized file's experts as its blocks -------------------------------------------------
+
+needs_kernels = pytest.mark.skipif(compiler() is None, reason="no C++ compiler: engine/quants' kernels cannot be built")
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", sorted(quants.TYPES), ids=lambda q: q.name)
+def test_expert_products_are_each_rows_own_product_on_its_experts_blocks(qtype):
+    """`mm_experts` on random blocks of 6 experts: each (row, expert) pair's result is `mm` of that
+    row alone on that expert's blocks, bit for bit (both builds, int8 and float32 activations), so
+    against gguf's dequantize within `mm`'s tolerances (tests/engine/test_quants.py); an expert no
+    pair chose is never read (its scales are NaN); no pairs, no rows."""
+    rng = np.random.default_rng(int(qtype) + 7)
+    experts_n, rows, cols = 6, 40, 512
+    raw = np.stack([random_blocks(qtype, rows, cols, rng) for _ in range(experts_n)])  # [E, N, row_bytes]
+    block, size = GGML_QUANT_SIZES[qtype]
+    exact = torch.from_numpy(gguf_dequantize(raw.reshape(-1, raw.shape[-1]), qtype)).double().view(experts_n, rows, cols)
+    poisoned = raw.copy()
+    for at in F16_AT[qtype]:  # expert 5's every block scale NaN
+        poisoned[5].reshape(rows, cols // block, size)[..., at:at + 2] = 0xFF
+    blocks = torch.from_numpy(poisoned)
+    gen = torch.Generator().manual_seed(int(qtype))
+    x = torch.randn(11, cols, generator=gen)
+    chosen = torch.tensor([3, 0, 3, 4, 4, 1, 3, 0, 2, 1, 3])  # not 5
+    reference = torch.stack([exact[e] @ x[p].double() for p, e in enumerate(chosen.tolist())])
+    for int8_x in (False, True):
+        for portable in (False, True):
+            y = quants.ops().mm_experts(x, blocks, chosen, int(qtype), quants.table(qtype), int8_x, portable)
+            assert y.shape == (11, rows) and y.dtype == torch.float32 and torch.isfinite(y).all()
+            for p, e in enumerate(chosen.tolist()):
+                alone = quants.ops().mm(x[p:p + 1], blocks[e], int(qtype), quants.table(qtype), int8_x, portable)
+                assert torch.equal(y[p:p + 1], alone), (int8_x, portable, p)
+            error = float((y.double() - reference).norm() / reference.norm())
+            assert error <= (1.5e-2 if int8_x else 1e-5), (int8_x, portable, error)
+    none = quants.ops().mm_experts(x[:0], blocks, chosen[:0], int(qtype), quants.table(qtype), True, False)
+    assert none.shape == (0, rows)
+    with pytest.raises(RuntimeError, match="expert 6 of 6"):
+        quants.ops().mm_experts(x[:1], blocks, torch.tensor([6]), int(qtype), quants.table(qtype), True, False)
+
+
+def qwen3_moe_256():
+    """Widths that are multiples of 256 (K-quant and IQ blocks): dim 256, experts of 256."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3MoeConfig(**(COMMON | dict(hidden_size=256)), head_dim=64, intermediate_size=256,
+                         moe_intermediate_size=256, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True)
+    return _randomized(Qwen3MoeForCausalLM(cfg))
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", ["Q4_K_M", "Q8_0", "IQ4_XS"])
+def test_a_quantized_moe_file_keeps_its_experts_as_blocks(name, tmp_path):
+    """The CPU default (bf16) on a Qwen3-MoE file in llama.cpp's mix (Q4_K_M: gate/up experts Q4_K,
+    down experts Q6_K in the `more_bits` layers, Q4_K in the others): every layer's experts are the
+    file's blocks in place (the same bytes, no dense copy), the model holds at most 1.15x the
+    file's tensor bytes (`held_bytes`), and it reads and decodes as transformers on the file's
+    own weights (int8 activations per 32, bf16 attention products: atol 0.1, as a bf16 model)."""
+    hf = qwen3_moe_256()
+    path = tmp_path / f"{name}.gguf"
+    held = moe_gguf(path, hf, Q.F32, pick=mix(name, hf.config.num_hidden_layers))
+    hf.load_state_dict(held, strict=True)  # the reference: transformers on the file's own weights
+    loaded = GGUFModel(path)
+    model = Transformer.build(loaded.config, loaded, dtype=torch.bfloat16, device=torch.device("cpu"), int4=True)
+    assert model.forms["quant-experts"] == 2 and "experts" not in model.forms
+    tensors = {t.name: t for t in GGUFReader(path).tensors}
+    kinds = set()
+    for i, block in enumerate(model.layers):
+        for part, role in zip(block.ffn.blocks, ("gate", "up", "down")):
+            stored = tensors[f"blk.{i}.ffn_{role}_exps.weight"]
+            assert part.qtype == stored.tensor_type and part.raw.shape == (4, 256, stored.data.shape[-1])
+            assert torch.equal(part.raw, torch.from_numpy(np.asarray(stored.data)).view(torch.uint8).view_as(part.raw))
+            kinds.add(part.qtype)
+    assert kinds == {"Q4_K_M": {Q.Q4_K, Q.Q6_K}, "Q8_0": {Q.Q8_0}, "IQ4_XS": {Q.IQ4_XS}}[name]
+    file_bytes = sum(int(t.n_bytes) for t in tensors.values())
+    assert quants.held_bytes(model) <= 1.15 * file_bytes
     model.allocate_cache(num_slots=4, ctx=256)
     check_prefill_and_decode(hf, model, atol=0.1)

@@ -229,7 +229,7 @@ def test_split_parts_are_rows_of_the_files_blocks(layout, tmp_path):
     path = tmp_path / "q8.gguf"
     qwen3next_gguf(path, qwen3_next(shared=64), Q.Q8_0, legacy=layout == "ssm_in")  # all Q8_0, as a real file
     model = _cpu_default(path).model
-    assert model.forms == {"quant": 16, "experts": 4} and compilable(model)
+    assert model.forms == {"quant": 16, "quant-experts": 4} and compilable(model)  # experts too: blocks
     split = ["0.lin_qkv", "0.lin_z"] if layout == "ssm_in" else []
     for name in [*split, "0.lin_b", "0.lin_a", "1.q", "1.q_gate"]:  # the same weights as the dense split
         blocks = GGUFModel(path).quant("layers." + name)

@@ -8,6 +8,7 @@ file a tokenizer so llama-server can take text)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import gguf
 import numpy as np
@@ -30,7 +31,8 @@ def with_norms_and_routers_counting(hf):
     return hf.float().eval()
 
 
-def moe_gguf(path, hf, qtype: Q, *, tokenizer_of: Path | None = None) -> dict[str, torch.Tensor]:
+def moe_gguf(path, hf, qtype: Q, *, tokenizer_of: Path | None = None,
+             pick: Callable[[str], Q] | None = None) -> dict[str, torch.Tensor]:
     cfg = hf.config
     if cfg.model_type == "mixtral":  # llama.cpp converts Mixtral as `llama` with expert tensors
         arch, experts, ffn = gguf.MODEL_ARCH.LLAMA, cfg.num_local_experts, cfg.intermediate_size
@@ -43,7 +45,7 @@ def moe_gguf(path, hf, qtype: Q, *, tokenizer_of: Path | None = None) -> dict[st
         writer.add_expert_count(experts)
         writer.add_expert_used_count(cfg.num_experts_per_tok)
 
-    return write_hf_as_gguf(path, hf, arch, metadata, qtype=qtype, heads=heads, tokenizer_of=tokenizer_of)
+    return write_hf_as_gguf(path, hf, arch, metadata, qtype=qtype, heads=heads, tokenizer_of=tokenizer_of, pick=pick)
 
 
 def gemma3_gguf(path, hf, qtype: Q, *, tokenizer_of: Path | None = None) -> dict[str, torch.Tensor]:

@@ -30,10 +30,17 @@ def permute_qk(weight: np.ndarray, n_heads: int) -> np.ndarray:
 
 def write_hf_as_gguf(path, hf, arch: gguf.MODEL_ARCH, metadata: Callable[[GGUFWriter], None], *,
                      qtype: Q = Q.F32, heads: tuple[int, int] | None = None,
-                     norm_plus_one: bool = False, tokenizer_of=None) -> dict[str, torch.Tensor]:
+                     norm_plus_one: bool = False, tokenizer_of=None,
+                     pick: Callable[[str], Q] | None = None) -> dict[str, torch.Tensor]:
     """heads: (n_heads, n_kv_heads) to permute Q/K rows (`llama`); norm_plus_one: Gemma's norms;
-    tokenizer_of: a GGUF whose tokenizer the file carries (so that a server can take text).
+    tokenizer_of: a GGUF whose tokenizer the file carries (so that a server can take text);
+    pick: llama.cpp's tensor name -> its type (a mix, tests/helpers/quant_models.py `mix`), instead
+    of `qtype` for every matrix; a type gguf-py cannot quantize (K-quants, IQ) gets valid random
+    blocks instead of the model's weights (the returned weights are then those blocks').
     Returns {hf name: float32 tensor as stored in the file, dequantized, HF layout}."""
+    from tests.helpers.quant_models import GGUF_QUANTIZES, random_blocks  # it imports this module
+
+    rng = np.random.default_rng(11)
     state = {k: v.detach().float().numpy() for k, v in hf.state_dict().items()}
     if getattr(hf.config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
@@ -62,16 +69,20 @@ def write_hf_as_gguf(path, hf, arch: gguf.MODEL_ARCH, metadata: Callable[[GGUFWr
         assert target is not None, f"no llama.cpp name for {base}"
         if norm_plus_one and base.endswith("norm"):
             w = w + 1
-        quantized = qtype != Q.F32 and w.ndim >= 2 and w.shape[-1] % 32 == 0 and not base.endswith(".gate")
+        kind = pick(target + ".weight") if pick is not None else qtype
+        quantized = kind != Q.F32 and w.ndim >= 2 and w.shape[-1] % 32 == 0 and not base.endswith(".gate")
         if quantized:  # the router (ffn_gate_inp) stays float32, as llama-quantize leaves it
-            raw = quantize(w, qtype)
-            held = dequantize(raw, qtype).reshape(w.shape)
+            if kind in GGUF_QUANTIZES:
+                raw = quantize(w, kind)
+            else:
+                raw = random_blocks(kind, w.size // w.shape[-1], w.shape[-1], rng).reshape(*w.shape[:-1], -1)
+            held = dequantize(raw, kind).reshape(w.shape)
         else:
             raw, held = w, w
         if heads is not None and base.endswith(("q_proj", "k_proj")):
             n = heads[0] if base.endswith("q_proj") else heads[1]
             raw = permute_qk(raw, n)  # rows permuted whole, so the same blocks as quantizing after
-        writer.add_tensor(target + ".weight", raw, raw_dtype=qtype if quantized else None)
+        writer.add_tensor(target + ".weight", raw, raw_dtype=kind if quantized else None)
         stored[base] = held - 1 if norm_plus_one and base.endswith("norm") else held
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

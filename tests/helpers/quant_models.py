@@ -50,7 +50,7 @@ def mix(name: str, layers: int = LAYERS):
         if tensor.endswith("norm.weight"):
             return Q.F32
         layer = int(tensor.split(".")[1]) if tensor.startswith("blk.") else -1
-        sensitive = tensor.endswith(("attn_v.weight", "ffn_down.weight")) and more_bits(layer, layers)
+        sensitive = tensor.endswith(("attn_v.weight", "ffn_down.weight", "ffn_down_exps.weight")) and more_bits(layer, layers)
         if name == "Q4_K_M":
             return Q.Q6_K if tensor == "output.weight" or sensitive else Q.Q4_K
         if name == "Q4_K_M+Q8_0":  # Q4_K_M, k in Q8_0 and up in Q5_0: every kind of part in one model
