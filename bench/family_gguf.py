@@ -3,6 +3,7 @@ checkpoint's layers, fewer of them), in Q8_0, carrying the default model's token
 template (vocabulary 49 152), so that Strata and llama-server serve the same file through HTTP:
 
     .venv/bin/python -m bench.family_gguf --family qwen3moe     # prints the path
+    .venv/bin/python -m bench.family_gguf --family qwen3moe --mix Q4_K_M
     LLAMA_SERVER=... .venv/bin/python -m bench.side_by_side --model "$(...)" --temperature 1 ...
 
 Built from transformers' own config and model classes (random init, norms and routers jittered
@@ -23,6 +24,7 @@ from gguf import GGMLQuantizationType as Q
 
 from engine.files import default_model_path
 from tests.helpers.family_gguf import gemma3_gguf, moe_gguf, qwen3next_gguf, with_norms_and_routers_counting
+from tests.helpers.quant_models import mix
 
 VOCAB = 49152  # SmolLM2's, so its tokenizer fits
 FAMILIES = ("qwen3moe", "gemma3", "qwen3next")
@@ -59,15 +61,25 @@ def hf_model(family: str):
     return with_norms_and_routers_counting(model(cfg))
 
 
-def family_gguf(family: str) -> Path:
-
-    path = Path(tempfile.gettempdir()) / "strata-bench-cache" / f"random-{family}-Q8_0-tokenizer.gguf"
+def family_gguf(family: str, mix_name: str = "Q8_0") -> Path:
+    """mix_name: Q8_0 (every matrix), or for qwen3moe a llama.cpp mix (tests/helpers/quant_models.py
+    `mix`: Q4_K_M's experts Q4_K, its down experts Q6_K in the `more_bits` layers), its K-quant
+    blocks random (gguf-py does not quantize them)."""
+    path = Path(tempfile.gettempdir()) / "strata-bench-cache" / f"random-{family}-{mix_name}-tokenizer.gguf"
     path.parent.mkdir(exist_ok=True)
     if not path.exists():
         started = time.perf_counter()
-        write = {"qwen3moe": moe_gguf, "gemma3": gemma3_gguf, "qwen3next": qwen3next_gguf}[family]
-        write(path.with_suffix(".tmp"), hf_model(family), Q.Q8_0, tokenizer_of=default_model_path())
-        path.with_suffix(".tmp").replace(path)
+        tmp = path.with_suffix(".tmp")
+        model = hf_model(family)
+        if mix_name != "Q8_0":
+            if family != "qwen3moe":
+                raise SystemExit(f"--mix {mix_name}: only qwen3moe's writer takes a mix")
+            moe_gguf(tmp, model, Q.F32, tokenizer_of=default_model_path(),
+                     pick=mix(mix_name, model.config.num_hidden_layers))
+        else:
+            write = {"qwen3moe": moe_gguf, "gemma3": gemma3_gguf, "qwen3next": qwen3next_gguf}[family]
+            write(tmp, model, Q.Q8_0, tokenizer_of=default_model_path())
+        tmp.replace(path)
         print(f"wrote {path} in {time.perf_counter() - started:.0f}s")
     return path
 
@@ -75,8 +87,9 @@ def family_gguf(family: str) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--family", default="qwen3moe", choices=FAMILIES)
+    parser.add_argument("--mix", default="Q8_0", help="Q8_0, or for qwen3moe a llama.cpp mix: Q4_K_M, Q5_K_M, ...")
     args = parser.parse_args()
-    print(family_gguf(args.family))
+    print(family_gguf(args.family, args.mix))
 
 
 if __name__ == "__main__":
