@@ -170,11 +170,17 @@ inline void codes_avx2(int qtype, const uint8_t* b, Codes c, const int8_t* kvalu
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   switch (qtype) {
     case Q8_0:
-    case Q4_0:
-    case Q4_1:
       codes_32(qtype, b, c);
-      if (qtype != Q8_0) store(c.q, _mm256_sub_epi8(nibbles_16(b + (qtype == Q4_1 ? 4 : 2)), _mm256_set1_epi8(qtype == Q4_0 ? 8 : 0)));
       return;
+    case Q4_0:
+    case Q4_1: {  // not through codes_32: its byte loop, then this store over it, cost 4x Q5_0's time
+      const bool with_min = qtype == Q4_1;
+      c.s[0] = c.s[1] = f16(b);
+      c.m[0] = with_min ? f16(b + 2) : 0.0f;
+      const __m256i v = nibbles_16(b + (with_min ? 4 : 2));
+      store(c.q, with_min ? v : _mm256_sub_epi8(v, _mm256_set1_epi8(8)));
+      return;
+    }
     case Q5_0:
     case Q5_1: {
       const bool with_min = qtype == Q5_1;
