@@ -5,6 +5,7 @@ compile time are measured by bench/engine_speed.py (`default` vs `default+eager`
 
 from __future__ import annotations
 
+import shutil
 import zipfile
 
 import pytest
@@ -55,14 +56,14 @@ def _counted(engine: TorchEngine, monkeypatch: pytest.MonkeyPatch) -> dict[bool,
 
 
 @pytest.mark.parametrize("head_inside", [True, False])
-def test_steps_ahead_of_time_give_the_per_layer_graphs_tokens(tmp_path, monkeypatch, head_inside):
+def test_steps_ahead_of_time_give_the_per_layer_graphs_tokens(tiny_package_cache, monkeypatch, head_inside):
     """Tokens, and here (float32, small) the K/V they wrote in place bit for bit; on SmolLM2 a
     few logits can come out a bf16 step apart (engine/aot.py), so a worker never mixes them.
     With the head inside the packages no graph is made at all (dynamo never starts); a head the
-    packages cannot hold (oneDNN-prepacked) runs as the head's graph after them."""
+    packages cannot hold (oneDNN-prepacked) runs as the head's graph after them. The packages
+    with the head are the session's (`tiny_packages`), loaded; those without it are built here."""
     from engine import aot
 
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(aot, "head_inside", lambda model: head_inside)
     regional, ahead = tiny_engine(), tiny_engine()
     regional.compile_decode(warm=True, ahead=False)
@@ -80,14 +81,16 @@ def test_steps_ahead_of_time_give_the_per_layer_graphs_tokens(tmp_path, monkeypa
 
 
 def test_packages_serve_any_slot_count_and_context_and_a_failed_build_leaves_the_per_layer_graphs(
-        tmp_path, monkeypatch):
+        tiny_package_cache, tiny_packages, monkeypatch):
+    """The session's packages (`tiny_packages`, built by `compile_decode` in a folder of their
+    own) copied to this test's cache folder: found there and loaded, for any slot count and
+    context; and a build that fails leaves the per-layer graphs."""
     from engine import aot
 
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    first = tiny_engine()
-    first.compile_decode(warm=True)
-    paths = {p.path for p in first.compiled.packaged}
-    assert len(paths) == 2 and {p.name for p in (tmp_path / "strata-aot").iterdir()} == {p.name for p in paths}
+    # the build left its two packages alone in the folder (no exported program, no scratch package)
+    assert len(tiny_packages) == 2 and {p.name for p in tiny_packages[0].parent.iterdir()} == {p.name for p in tiny_packages}
+    tmp_path = tiny_package_cache
+    paths = {tmp_path / "strata-aot" / p.name for p in tiny_packages}
     for path in paths:  # the checks of every input (run only under AOTI_RUNTIME_CHECK_INPUTS) are not compiled in
         with zipfile.ZipFile(path) as package:
             wrapper = next(package.read(n).decode() for n in package.namelist() if n.endswith(".wrapper.cpp"))
@@ -112,15 +115,20 @@ def test_packages_serve_any_slot_count_and_context_and_a_failed_build_leaves_the
         engine.compile_decode(warm=True, ahead=False)
     assert packaged_run(wider) == packaged_run(regional)
     assert _pair_run(two) == _pair_run(small)
-    # nothing cached; the batched package fails to build, so neither is used
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "fresh"))
-    real = aot.PackagedStep.start_build
-    monkeypatch.setattr(aot.PackagedStep, "start_build", lambda self, program: real(
+    # only the one-row package cached (as a build killed half-way leaves it): loaded; the batched
+    # one is built and fails, so neither is used
+    fresh = tmp_path / "fresh"
+    (fresh / "strata-aot").mkdir(parents=True)
+    shutil.copy(next(p for p in paths if p.name == tiny_packages[0].name), fresh / "strata-aot")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(fresh))
+    real, built = aot.PackagedStep.start_build, []
+    monkeypatch.setattr(aot.PackagedStep, "start_build", lambda self, program: built.append(self.batched) or real(
         self, program if not self.batched else str(tmp_path / "missing.pt2")))
     other, reference = tiny_engine(num_slots=5), tiny_engine(num_slots=5)
     other.compile_decode(warm=True)
     reference.compile_decode(warm=True, ahead=False)
-    assert other.compiled.packaged == [] and not list((tmp_path / "fresh" / "strata-aot").glob("exported-*"))
+    assert built == [True]  # the one-row package was loaded, not built again
+    assert other.compiled.packaged == [] and not list((fresh / "strata-aot").glob("exported-*"))
     assert packaged_run(other) == packaged_run(reference)
 
 
