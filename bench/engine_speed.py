@@ -7,7 +7,8 @@ A variant is `default` (what `strata serve` runs), `float32`, `bfloat16`, with `
 (bf16 linears dequantized instead of int4 from the file's blocks), `+noprefillbf16` (int4 only, no
 bf16 copy for prefill chunks), `+eager` (no compiled decode step, `--no-compile`) or `+nographs`
 (on a GPU: the compiled step launched kernel by kernel, not replayed from CUDA graphs) or
-`+isa=NAME` (that child under ONEDNN_MAX_CPU_ISA=NAME, e.g. AVX512_CORE_BF16: AMX off) appended;
+`+isa=NAME` (that child under ONEDNN_MAX_CPU_ISA=NAME, e.g. AVX512_CORE_BF16: AMX off) or
+`+model=PATH` (that child on another file: two files' speeds in one run) appended;
 `+compile` asks for the compiled step from an engine that did not compile by default (a
 `--baseline` before it did). `load s` includes the compile: inductor's cache is under the
 temporary folder's strata-bench-cache (TORCHINDUCTOR_CACHE_DIR wins), so the first run after a
@@ -156,8 +157,9 @@ class Child:
             cmd += ["--threads", str(args.threads)]
         if args.device != "cpu":
             cmd += ["--device", args.device]
-        if args.model:
-            cmd += ["--model", args.model]
+        model = next((f.removeprefix("model=") for f in variant.split("+")[1:] if f.startswith("model=")), args.model)
+        if model:
+            cmd += ["--model", model]
         root = tree or Path(__file__).resolve().parent.parent
         env = env_with_first(root)
         for flag in variant.split("+")[1:]:

@@ -319,10 +319,9 @@ class Transformer(nn.Module):
                 return counted("quant-experts", Experts.of_blocks(vector(p + "router"), *(QuantExperts(h) for h in held),
                                                                   cfg.n_experts_used, cfg.norm_topk, shared))
             gate_up = torch.cat([source.dense(p + "experts_gate"), source.dense(p + "experts_up")], dim=1)
-            model.forms["experts"] = model.forms.get("experts", 0) + 1
-            return Experts(vector(p + "router"), gate_up.to(device=device, dtype=dtype),
-                           source.dense(p + "experts_down").to(device=device, dtype=dtype),
-                           cfg.n_experts_used, cfg.norm_topk, shared)
+            return counted("experts", Experts(vector(p + "router"), gate_up.to(device=device, dtype=dtype),
+                                              source.dense(p + "experts_down").to(device=device, dtype=dtype),
+                                              cfg.n_experts_used, cfg.norm_topk, shared))
 
         for i, block in enumerate(model.layers):
             p = f"layers.{i}."
