@@ -67,7 +67,7 @@ def kernels(size: int, batches: list[int], rounds: int = 7) -> None:
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
     ops = quants.ops()
-    types = [Q.Q8_0, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS, Q.IQ3_S]
+    types = [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS, Q.IQ3_S]
     raws = {q: torch.from_numpy(random_blocks(q, size, size, rng)) for q in types}
     int4 = Int4Linear(quants.unpack_q4_k(quants.QuantBlocks(raws[Q.Q4_K], Q.Q4_K, size)))
     calls: dict[tuple[str, str], object] = {}
