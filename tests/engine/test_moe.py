@@ -270,6 +270,9 @@ def test_a_quantized_moe_file_keeps_its_experts_as_blocks(name, tmp_path):
             assert part.qtype == stored.tensor_type and part.raw.shape == (4, 256, stored.data.shape[-1])
             assert torch.equal(part.raw, torch.from_numpy(np.asarray(stored.data)).view(torch.uint8).view_as(part.raw))
             kinds.add(part.qtype)
+        # the dense form (float32 builds, CUDA) of the same 3-D tensor: gguf's own dequantize
+        exact = gguf_dequantize(np.asarray(stored.data), stored.tensor_type).reshape(4, -1, 256)
+        assert torch.equal(loaded.dense(f"layers.{i}.experts_down"), torch.from_numpy(exact))
     assert kinds == {"Q4_K_M": {Q.Q4_K, Q.Q6_K}, "Q8_0": {Q.Q8_0}, "IQ4_XS": {Q.IQ4_XS}}[name]
     file_bytes = sum(int(t.n_bytes) for t in tensors.values())
     assert quants.held_bytes(model) <= 1.15 * file_bytes
