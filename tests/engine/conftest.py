@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,31 +57,19 @@ def new_smollm2_engine(smollm2: LoadedSmolLM2):
     return lambda dtype, **kwargs: make_engine(smollm2, dtype, **kwargs)
 
 
-@pytest.fixture(scope="session")
-def tiny_packages(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    """The tiny engine's two packages (tests/helpers/tiny_engine.py: float32, the head inside),
-    built once a session by `compile_decode` in a cache folder of their own: a build is ~30-50 s
-    of 2 busy cores, and the tests that only run them took one each. The paths, one row first;
-    empty if the build failed (then every test that takes them fails on its own checks)."""
-    from tests.helpers.tiny_engine import tiny_engine
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("tiny-packages")))
-        engine = tiny_engine()
-        engine.compile_decode(warm=True)
-        return [p.path for p in engine.compiled.packaged]
-
-
 @pytest.fixture
-def tiny_package_cache(tiny_packages: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """This test's own inductor cache folder (TORCHINDUCTOR_CACHE_DIR) holding a copy of the tiny
-    engine's packages: a tiny engine loads them there, neither exporting nor compiling."""
-    folder = tmp_path / "strata-aot"
-    folder.mkdir()
-    for path in tiny_packages:
-        shutil.copy(path, folder)
+def packages(request: pytest.FixtureRequest, early_jobs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """This test's own inductor cache folder (tmp_path, as TORCHINDUCTOR_CACHE_DIR) holding the
+    packages its `early` jobs built in another process (tests/helpers/early.py): the copies'
+    paths. Its engine finds them there by their key, neither exporting nor compiling."""
+    from tests.helpers.early import copy_packages, result
+
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    return tmp_path
+    copies = []
+    for mark in request.node.iter_markers("early"):
+        for job in mark.args:
+            copies += copy_packages(result(early_jobs, job, tmp_path / "early"), tmp_path)
+    return copies
 
 
 def prefill_logits(model, slot: int, ids: list[int], start: int = 0) -> torch.Tensor:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ import torch
 from engine.quants.build import compiler
 from engine.runner import TorchEngine
 from engine.weights import can_prepack
+from tests.helpers.early import packaged
 from tests.helpers.tiny_engine import GREEDY, packaged_run, run_four_slots, tiny_engine
 
 def test_compiled_decode_gives_eager_tokens_without_recompiling():
@@ -55,13 +57,31 @@ def _counted(engine: TorchEngine, monkeypatch: pytest.MonkeyPatch) -> dict[bool,
     return calls
 
 
-@pytest.mark.parametrize("head_inside", [True, False])
-def test_steps_ahead_of_time_give_the_per_layer_graphs_tokens(tiny_package_cache, monkeypatch, head_inside):
+def _tiny_packages(folder: Path) -> list[str]:
+    """The tiny engine's packages (float32, the head inside), built early (tests/helpers/early.py)."""
+    engine = tiny_engine()
+    engine.compile_decode(warm=True)
+    return packaged(engine)
+
+
+def _tiny_layers_packages(folder: Path) -> list[str]:
+    """The tiny engine's packages without the head, as for a head they cannot hold."""
+    from engine import aot
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(aot, "head_inside", lambda model: False)
+        return _tiny_packages(folder)
+
+
+@pytest.mark.parametrize("head_inside", [
+    pytest.param(True, marks=pytest.mark.early.with_args(_tiny_packages)),
+    pytest.param(False, marks=pytest.mark.early.with_args(_tiny_layers_packages))])
+def test_steps_ahead_of_time_give_the_per_layer_graphs_tokens(packages, monkeypatch, head_inside):
     """Tokens, and here (float32, small) the K/V they wrote in place bit for bit; on SmolLM2 a
     few logits can come out a bf16 step apart (engine/aot.py), so a worker never mixes them.
     With the head inside the packages no graph is made at all (dynamo never starts); a head the
     packages cannot hold (oneDNN-prepacked) runs as the head's graph after them. The packages
-    with the head are the session's (`tiny_packages`), loaded; those without it are built here."""
+    were built early, in another process (tests/helpers/early.py): found here by their key."""
     from engine import aot
 
     monkeypatch.setattr(aot, "head_inside", lambda model: head_inside)
@@ -69,6 +89,7 @@ def test_steps_ahead_of_time_give_the_per_layer_graphs_tokens(tiny_package_cache
     regional.compile_decode(warm=True, ahead=False)
     ahead.compile_decode(warm=True)
     assert not regional.compiled.packaged
+    assert [p.path for p in ahead.compiled.packaged] == packages
     assert [p.batched for p in ahead.compiled.packaged] == [False, True]
     assert all(p.ready and p.head is head_inside for p in ahead.compiled.packaged)
     calls = _counted(ahead, monkeypatch)
@@ -80,17 +101,14 @@ def test_steps_ahead_of_time_give_the_per_layer_graphs_tokens(tiny_package_cache
         assert all(torch.equal(x, y) for x, y in zip(a.state(), b.state(), strict=True))
 
 
+@pytest.mark.early.with_args(_tiny_packages)
 def test_packages_serve_any_slot_count_and_context_and_a_failed_build_leaves_the_per_layer_graphs(
-        tiny_package_cache, tiny_packages, monkeypatch):
-    """The session's packages (`tiny_packages`, built by `compile_decode` in a folder of their
-    own) copied to this test's cache folder: found there and loaded, for any slot count and
-    context; and a build that fails leaves the per-layer graphs."""
+        packages, tmp_path, monkeypatch):
     from engine import aot
 
     # the build left its two packages alone in the folder (no exported program, no scratch package)
-    assert len(tiny_packages) == 2 and {p.name for p in tiny_packages[0].parent.iterdir()} == {p.name for p in tiny_packages}
-    tmp_path = tiny_package_cache
-    paths = {tmp_path / "strata-aot" / p.name for p in tiny_packages}
+    paths = set(packages)
+    assert len(paths) == 2 and {p.name for p in (tmp_path / "strata-aot").iterdir()} == {p.name for p in paths}
     for path in paths:  # the checks of every input (run only under AOTI_RUNTIME_CHECK_INPUTS) are not compiled in
         with zipfile.ZipFile(path) as package:
             wrapper = next(package.read(n).decode() for n in package.namelist() if n.endswith(".wrapper.cpp"))
@@ -119,7 +137,7 @@ def test_packages_serve_any_slot_count_and_context_and_a_failed_build_leaves_the
     # one is built and fails, so neither is used
     fresh = tmp_path / "fresh"
     (fresh / "strata-aot").mkdir(parents=True)
-    shutil.copy(next(p for p in paths if p.name == tiny_packages[0].name), fresh / "strata-aot")
+    shutil.copy(packages[0], fresh / "strata-aot")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(fresh))
     real, built = aot.PackagedStep.start_build, []
     monkeypatch.setattr(aot.PackagedStep, "start_build", lambda self, program: built.append(self.batched) or real(
@@ -143,8 +161,19 @@ def _quant_engine(path) -> TorchEngine:
     return TorchEngine(model, None, eos_token_ids=frozenset())
 
 
+def _mix_packages(folder: Path) -> list[str]:
+    """The packages of test_a_mix_decodes_compiled_ahead_of_time_as_eagerly's file, built early."""
+    from tests.helpers.quant_models import write_mix
+
+    write_mix(folder / "tiny-mixed.gguf", "Q4_K_M+Q8_0")
+    engine = _quant_engine(folder / "tiny-mixed.gguf")
+    engine.compile_decode(warm=True)
+    return packaged(engine)
+
+
 @pytest.mark.skipif(compiler() is None, reason="no C++ compiler: engine/quants' kernels cannot be built")
-def test_a_mix_decodes_compiled_ahead_of_time_as_eagerly(tmp_path, monkeypatch):
+@pytest.mark.early.with_args(_mix_packages)
+def test_a_mix_decodes_compiled_ahead_of_time_as_eagerly(packages, tmp_path, monkeypatch):
     """A K-quant file (Q4_K_M's Q4_K on int4 and Q6_K v/down and head, with Q8_0 and Q5_0 parts
     beside them in one linear) decodes through the per-layer graphs and through the packages
     (the head inside) with eager's greedy tokens, one row and two: the file's blocks go in as
@@ -154,7 +183,6 @@ def test_a_mix_decodes_compiled_ahead_of_time_as_eagerly(tmp_path, monkeypatch):
     from engine.quants.blocks import BlocksPart, QuantLinear
     from tests.helpers.quant_models import write_mix
 
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
     torch._dynamo.reset()  # this model's layer graphs (two kinds, one row and 2+) within the recompile limit
     path = tmp_path / "tiny-mixed.gguf"
     write_mix(path, "Q4_K_M+Q8_0")
@@ -166,6 +194,7 @@ def test_a_mix_decodes_compiled_ahead_of_time_as_eagerly(tmp_path, monkeypatch):
     regional.compile_decode(warm=True, ahead=False)
     ahead.compile_decode(warm=True)
     assert all(p.ready and p.head for p in ahead.compiled.packaged) and len(ahead.compiled.packaged) == 2
+    assert [p.path for p in ahead.compiled.packaged] == packages  # those built in another process
     calls = _counted(ahead, monkeypatch)
     want = _pair_run(eager)
     assert _pair_run(regional) == want
@@ -174,20 +203,31 @@ def test_a_mix_decodes_compiled_ahead_of_time_as_eagerly(tmp_path, monkeypatch):
     assert "_layer" not in vars(ahead.compiled) and "_head" not in vars(ahead.compiled)
 
 
+def _default_packages(folder: Path) -> list[str]:
+    """SmolLM2's packages as `strata serve` builds them on the CPU (the default engine), built early."""
+    from engine.load import load_engine
+
+    return packaged(load_engine(None, num_slots=4, ctx=512, cache_dir=folder))
+
+
 @pytest.mark.smollm2
-@pytest.mark.timeout(1800)  # builds SmolLM2's packages: ~10 min on 2 busy cores, past the 600 s default
-def test_default_engine_decodes_compiled_and_a_row_does_not_depend_on_its_neighbours(tmp_path):
+@pytest.mark.timeout(1800)  # may wait for SmolLM2's packages: ~10 min on 2 busy cores, past the 600 s default
+@pytest.mark.early.with_args(_default_packages)
+def test_default_engine_decodes_compiled_and_a_row_does_not_depend_on_its_neighbours(packages, tmp_path):
     """Compiled and eager greedy tokens can part at near-ties (bf16 rounding inside fused
     kernels; docs/engine.md), so a worker never mixes them: the default compiles at load, and a
     request's tokens must be the same whatever else shares its step (alone, a row goes through
     the one-row package compiled ahead of time; with others, through the batched one): its
     logits, bit for bit. Alone, a row also checks guessed tokens (prompt lookup, the default):
-    a confirmed guess is a second row of the batched package, and gives the same tokens."""
+    a confirmed guess is a second row of the batched package, and gives the same tokens. The
+    packages are built early by another process (`_default_packages`, the same `load_engine`;
+    tests/helpers/early.py), and loaded here as a restart loads them."""
     from engine.load import load_engine
     from tests.helpers.logprobs import assert_exact_logprobs
 
     engine = load_engine(None, num_slots=4, ctx=512, cache_dir=tmp_path)
     assert engine.compiled is not None and [p.batched for p in engine.compiled.packaged] == [False, True]
+    assert [p.path for p in engine.compiled.packaged] == packages  # built by another process: found by their key
     # the int8 head and its bound inside the packages: no graph of the head's own
     assert all(p.ready and p.head for p in engine.compiled.packaged) and "_head" not in vars(engine.compiled)
     prompts = [engine.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in

@@ -12,6 +12,7 @@ from engine.errors import ConfigError
 from engine.load import build_engine
 from engine.model import KV_BLOCK, ModelConfig
 from engine.protocol import SamplingParams
+from tests.helpers.early import packaged
 from tests.helpers.tiny_engine import TINY, run_four_slots, tiny_weights
 from workers.settings import WorkerSettings
 
@@ -90,16 +91,25 @@ def test_a_narrow_pool_answers_within_its_stated_cost_of_the_float32_pool(kv):
     assert sum(len(ref.keys() & step.keys()) for step, ref in zip(got, reference)) >= 0.95 * 5 * 40
 
 
-@pytest.mark.parametrize("ahead", [False, True], ids=["per-layer graphs", "packages ahead of time"])
-def test_an_int8_pool_compiled_gives_the_eager_tokens(ahead, tmp_path, monkeypatch):
+def _int8_packages(folder) -> list[str]:
+    """The packages of an int8 pool's tiny engine, built early (tests/helpers/early.py)."""
+    engine = _engine("int8", num_slots=4)
+    engine.compile_decode(warm=True)
+    return packaged(engine)
+
+
+@pytest.mark.parametrize("ahead", [False, pytest.param(True, marks=pytest.mark.early.with_args(_int8_packages))],
+                         ids=["per-layer graphs", "packages ahead of time"])
+def test_an_int8_pool_compiled_gives_the_eager_tokens(ahead, packages):
     """The per-layer graphs and the packages compiled ahead of time (the default's step) run the
     same store/load (the scale in the entry's last bytes: still one K and one V buffer a layer,
-    so the steps' inputs are as before)."""
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # a cold build: no package of another test
+    so the steps' inputs are as before). A cache folder of the test's own (`packages`): only the
+    packages built for this model, in another process, found by their key."""
     eager = run_four_slots(_engine("int8", num_slots=4))
     engine = _engine("int8", num_slots=4)
     torch._dynamo.reset()
     engine.compile_decode(warm=True, ahead=ahead)
     assert engine.compiled is not None
     assert [p.ready for p in engine.compiled.packaged] == ([True, True] if ahead else [])
+    assert [p.path for p in engine.compiled.packaged] == packages
     assert run_four_slots(engine) == eager

@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -155,26 +156,37 @@ def _child(call: str, env: dict[str, str]) -> str:
     return lines[-1].removeprefix("MEASURED ")
 
 
-@pytest.fixture(scope="module")
-def computed_reference(tmp_path_factory) -> str:
-    """`reference()` in a child of its own (the pytest process keeps no float32 model)."""
-    folder = str(tmp_path_factory.mktemp("precision"))
-    _child(f"t.reference({folder!r})", dict(os.environ))
-    return folder
-
-
 ISAS = onednn_isas() or [""]  # strict on every one: no expected failure on any ISA
 
 
+def _measured_on_every_isa(folder: Path) -> dict[str, dict]:
+    """`reference()` in a child of its own (the pytest process keeps no float32 model), then
+    `measure()` in a child process limited to each oneDNN instruction set, by ISA. Run early, by
+    another process beside the tests before these (tests/helpers/early.py)."""
+    _child(f"t.reference({str(folder)!r})", dict(os.environ))
+    measured = {}
+    for isa in ISAS:
+        env = {**os.environ, "ONEDNN_MAX_CPU_ISA": isa} if isa else dict(os.environ)
+        measured[isa] = json.loads(_child(f"t.measure({str(folder)!r})", env))
+    return measured
+
+
+@pytest.fixture(scope="module")
+def measured_on_every_isa(early_jobs, tmp_path_factory) -> dict[str, dict]:
+    from tests.helpers.early import result
+
+    return result(early_jobs, _measured_on_every_isa, tmp_path_factory.mktemp("precision"))
+
+
 @pytest.fixture(scope="module", params=ISAS, ids=lambda isa: isa or "cpu-default")
-def measured(request, computed_reference) -> dict:
-    """`measure()` in a child process limited to one oneDNN instruction set."""
-    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": request.param} if request.param else dict(os.environ)
-    result = json.loads(_child(f"t.measure({computed_reference!r})", env))
+def measured(request, measured_on_every_isa) -> dict:
+    """`measure()`'s result under one oneDNN instruction set."""
+    result = measured_on_every_isa[request.param]
     print(request.param, json.dumps(result))
     return result
 
 
+@pytest.mark.early.with_args(_measured_on_every_isa)
 def test_default_is_as_close_to_float32_as_transformers_bf16(measured):
     stats, total = measured["stats"], measured["total"]
     summary = {k: (f"{v['same_top']}/{total}", round(v["kl"], 5)) for k, v in stats.items()}
@@ -195,5 +207,6 @@ def test_default_is_as_close_to_float32_as_transformers_bf16(measured):
     assert stats["default"]["kl"] <= 2 * stats["hf_bf16"]["kl"], summary
 
 
+@pytest.mark.early.with_args(_measured_on_every_isa)
 def test_default_greedy_france_says_paris(measured):
     assert "Paris" in measured["france"], (measured["isa"], measured["france"])

@@ -14,6 +14,7 @@ from engine.protocol import SamplingParams
 from engine.quants.build import compiler
 from engine.runner import TorchEngine
 from engine.weights import DictSource
+from tests.helpers.early import packaged
 from tests.helpers.family_gguf import qwen3next_gguf, with_norms_and_routers_counting
 from tests.helpers.hf_reference import check_engine_greedy, check_prefill_and_decode, hf_greedy
 
@@ -236,18 +237,30 @@ def test_split_parts_are_rows_of_the_files_blocks(layout, tmp_path):
         assert torch.equal(dequantize(blocks), GGUFModel(path).dense("layers." + name))
 
 
-@pytest.mark.skipif(compiler() is None, reason="no C++ compiler: engine/quants' kernels cannot be built")
-def test_the_cpu_default_decodes_compiled_ahead_of_time_as_eagerly(tmp_path, monkeypatch):
-    # the CPU default's step: every layer and the head in the packages compiled ahead of time (two:
-    # one row, 2+ rows), the DeltaNet's state read and written inside them; eager's greedy tokens
+def _cpu_default_packages(folder) -> list[str]:
+    """The packages of the CPU default's model of a Q8_0 file, built early (tests/helpers/early.py)."""
     from gguf import GGMLQuantizationType as Q
 
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    qwen3next_gguf(folder / "q8.gguf", qwen3_next(shared=64), Q.Q8_0)
+    engine = _cpu_default(folder / "q8.gguf", num_slots=2)
+    engine.compile_decode(warm=True)
+    return packaged(engine)
+
+
+@pytest.mark.skipif(compiler() is None, reason="no C++ compiler: engine/quants' kernels cannot be built")
+@pytest.mark.early.with_args(_cpu_default_packages)
+def test_the_cpu_default_decodes_compiled_ahead_of_time_as_eagerly(packages, tmp_path):
+    # the CPU default's step: every layer and the head in the packages compiled ahead of time (two:
+    # one row, 2+ rows), the DeltaNet's state read and written inside them; eager's greedy tokens.
+    # The packages were built in another process (`packages`), found here by their key.
+    from gguf import GGMLQuantizationType as Q
+
     path = tmp_path / "q8.gguf"
     qwen3next_gguf(path, qwen3_next(shared=64), Q.Q8_0)
     eager, ahead = _cpu_default(path, num_slots=2), _cpu_default(path, num_slots=2)
     ahead.compile_decode(warm=True)
     assert ahead.compiled is not None and [p.batched for p in ahead.compiled.packaged] == [False, True]
+    assert [p.path for p in ahead.compiled.packaged] == packages
     assert all(p.ready and p.head for p in ahead.compiled.packaged)
 
     def greedy(engine: TorchEngine) -> list[list[int]]:  # two slots together, then slot 1 alone
