@@ -72,7 +72,8 @@ class Experts(nn.Module):
         return weights, experts
 
     def forward(self, h: Tensor, pieces: tuple[int, ...] | None = None) -> Tensor:
-        """h: [B, T, dim] (the FFN norm's output) -> [B, T, dim] in the experts' dtype. pieces (a
+        """h: [B, T, dim] (the FFN norm's output) -> [B, T, dim] in the experts' dtype (float32
+        for experts from the file's blocks). pieces (a
         prompt's blocks, engine/weights.py `in_pieces`) are not needed by the routed experts (each
         expert's product takes the tokens routed to it whatever their number); the shared expert's
         linears take them as a dense FFN's do."""
