@@ -15,6 +15,7 @@
 //     the integer sums exact (int16 pair sums, at most 2 * 128 * 127), one float rounding each;
 //   float32 activations: the same with x itself, q_e * x_e in float32.
 #include "layouts.h"
+#include <cstdlib>
 #include <type_traits>
 
 #ifdef STRATA_AVX2
@@ -406,6 +407,152 @@ inline void dot_float(const int8_t* q, const float* s, const float* m, bool mins
 #endif
 }
 
+#ifdef STRATA_AVX2
+// Fused K-quant dots (AVX2, int8 activations): Q4_K, Q5_K and Q6_K straight from the packed
+// bytes, no codes buffer. Per 32 weights and activation row: the unsigned codes (Q4_K 0..15,
+// Q5_K 0..31, Q6_K 0..63, offset not subtracted) times xq with `maddubs` (int16 pairs <= 2 * 63
+// * 127, no saturation), then `madd` with the sub-block's integer scale (Q6_K: one per 16, the
+// two halves of the register), so each int32 lane is exact and < 2^24 (<= 2 * 63 * 127 * 128):
+// one exact conversion and one fma by the chunk's dx; the super-block's sum times d once. The
+// offsets are linear in the activations: the K-quants' minimums (-dmin * m per 32) times xs,
+// Q6_K's -32 (-32 * d * sc per 16) times dx * (the 16's sum of xq), a vector fma per super-block.
+// Every row's operations are the same whatever R is (a row's result does not depend on its
+// neighbours, and mm_experts == mm of the row alone).
+
+// A K-quant super-block's 8 six-bit sub-block scales and minimums as bytes (scale_min_k's).
+inline void scale_min_k8(const uint8_t* s, uint64_t& sc, uint64_t& mn) {
+  uint32_t a, b, c;
+  std::memcpy(&a, s, 4);
+  std::memcpy(&b, s + 4, 4);
+  std::memcpy(&c, s + 8, 4);
+  const uint32_t sc_hi = (c & 0x0F0F0F0Fu) | ((a >> 2) & 0x30303030u);
+  const uint32_t mn_hi = ((c >> 4) & 0x0F0F0F0Fu) | ((b >> 2) & 0x30303030u);
+  sc = (a & 0x3F3F3F3Fu) | (uint64_t(sc_hi) << 32);
+  mn = (b & 0x3F3F3F3Fu) | (uint64_t(mn_hi) << 32);
+}
+
+template <int C>  // byte e: 0x10 where bit C of bits[e] is set
+inline __m256i bit_to_16(__m256i bits) {
+  const __m256i b = _mm256_and_si256(bits, _mm256_set1_epi8(char(1 << C)));
+  if constexpr (C < 4) return _mm256_slli_epi16(b, 4 - C);
+  else if constexpr (C > 4) return _mm256_srli_epi16(b, C - 4);
+  else return b;
+}
+
+// sb[r] (+)= the chunk's integer sum, scaled by the integer scales s, times dx
+template <int R, bool First>
+inline void chunk_int8(__m256i w, __m256i s, const int8_t* xq, const float* dx, int64_t K, int64_t C, __m256* sb) {
+  for (int r = 0; r < R; ++r) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * K));
+    const __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, x), s));
+    const __m256 d = _mm256_broadcast_ss(dx + r * C);
+    sb[r] = First ? _mm256_mul_ps(sums, d) : _mm256_fmadd_ps(sums, d, sb[r]);
+  }
+}
+
+template <int R, bool Five>
+inline void dot_q45_k(const uint8_t* row, const int8_t* xq, const float* dx, const float* xs, int64_t K, float* out) {
+  constexpr int bytes = Five ? 176 : 144;
+  const int64_t C = K / 32;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[R], sb[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < K / 256; ++i) {
+    const uint8_t* b = row + i * bytes;
+    uint64_t sc, mn;
+    scale_min_k8(b + 4, sc, mn);
+    // the minimums: -(dmin * m) per 32 (exact in float32), times each chunk's dx * sum(xq)
+    const __m256 mins = _mm256_mul_ps(_mm256_set1_ps(-f16(b + 2)),
+                                      _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(mn)))));
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xs + r * C + 8 * i), mins, acc[r]);
+    const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(sc))));
+    const uint8_t* qs = b + (Five ? 48 : 16);
+    const __m256i qh = Five ? load(b + 16) : _mm256_setzero_si256();
+    const int8_t* x = xq + 256 * i;
+    const float* d = dx + 8 * i;
+    auto pair = [&](auto J) {
+      constexpr int j = decltype(J)::value;
+      const __m256i v = load(qs + 32 * j);
+      __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+      if constexpr (Five) {
+        lo = _mm256_or_si256(lo, bit_to_16<2 * j>(qh));
+        hi = _mm256_or_si256(hi, bit_to_16<2 * j + 1>(qh));
+      }
+      const __m256i s_lo = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(short(0x0100 + 0x0202 * (2 * j))));
+      const __m256i s_hi = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(short(0x0100 + 0x0202 * (2 * j + 1))));
+      chunk_int8<R, j == 0>(lo, s_lo, x + 64 * j, d + 2 * j, K, C, sb);
+      chunk_int8<R, false>(hi, s_hi, x + 64 * j + 32, d + 2 * j + 1, K, C, sb);
+    };
+    pair(std::integral_constant<int, 0>{});
+    pair(std::integral_constant<int, 1>{});
+    pair(std::integral_constant<int, 2>{});
+    pair(std::integral_constant<int, 3>{});
+    const __m256 scale = _mm256_set1_ps(f16(b));
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(sb[r], scale, acc[r]);
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
+}
+
+// x16: rows [K/16] of dx * (each 16's sum of xq), for Q6_K's -32.
+template <int R>
+inline void dot_q6_k(const uint8_t* row, const int8_t* xq, const float* dx, const float* x16, int64_t K, float* out) {
+  const int64_t C = K / 32, G = K / 16;
+  const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
+  __m256 acc[R], sb[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < K / 256; ++i) {
+    const uint8_t* b = row + i * 210;
+    const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
+    const float d = f16(b + 208);
+    // the offset: -32 * d * sc per 16 (exact in float32) times dx * sum(xq) of the 16
+    const __m256 off = _mm256_set1_ps(-32.0f * d);
+    const __m256 off_lo = _mm256_mul_ps(off, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)));
+    const __m256 off_hi = _mm256_mul_ps(off, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))));
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x16 + r * G + 16 * i), off_lo, acc[r]);
+      acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x16 + r * G + 16 * i + 8), off_hi, acc[r]);
+    }
+    // the scales as int16, 0-7 in both halves of one register, 8-15 of another: chunk k's pair
+    // (2k to the low 128 bits, 2k + 1 to the high) is one shuffle of one of them
+    const __m256i sc16[2] = {_mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc8)),
+                             _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(sc8, 8)))};
+    const int8_t* x = xq + 256 * i;
+    const float* dc = dx + 8 * i;
+    auto half = [&](auto H) {
+      constexpr int h = decltype(H)::value;
+      const __m256i a = load(b + 64 * h), c = load(b + 64 * h + 32), qh = load(b + 128 + 32 * h);
+      auto chunk = [&](auto J) {
+        constexpr int j = decltype(J)::value;
+        const __m256i src = j % 2 ? c : a;
+        const __m256i lo = _mm256_and_si256(j < 2 ? src : _mm256_srli_epi16(src, 4), low4);
+        __m256i hb;
+        if constexpr (j == 0) hb = _mm256_slli_epi16(qh, 4);
+        else if constexpr (j == 1) hb = _mm256_slli_epi16(qh, 2);
+        else if constexpr (j == 2) hb = qh;
+        else hb = _mm256_srli_epi16(qh, 2);
+        const __m256i w = _mm256_or_si256(lo, _mm256_and_si256(hb, top2));
+        constexpr int k = 4 * h + j;
+        constexpr short lo_pair = short(0x0100 + 0x0404 * (k % 4)), hi_pair = short(lo_pair + 0x0202);
+        const __m256i s = _mm256_shuffle_epi8(sc16[h], _mm256_setr_epi16(lo_pair, lo_pair, lo_pair, lo_pair, lo_pair, lo_pair, lo_pair, lo_pair,
+                                                                         hi_pair, hi_pair, hi_pair, hi_pair, hi_pair, hi_pair, hi_pair, hi_pair));
+        chunk_int8<R, k == 0>(w, s, x + 32 * k, dc + k, K, C, sb);
+      };
+      chunk(std::integral_constant<int, 0>{});
+      chunk(std::integral_constant<int, 1>{});
+      chunk(std::integral_constant<int, 2>{});
+      chunk(std::integral_constant<int, 3>{});
+    };
+    half(std::integral_constant<int, 0>{});
+    half(std::integral_constant<int, 1>{});
+    const __m256 scale = _mm256_set1_ps(d);
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(sb[r], scale, acc[r]);
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
+}
+
+inline bool fused(int qtype) { return qtype == Q4_K || qtype == Q5_K || qtype == Q6_K; }
+#endif
+
 }  // namespace
 
 extern "C" {
@@ -445,6 +592,30 @@ void ENTRY(strata_mm_rows)(int qtype, const uint8_t* src, int64_t rb, int64_t K,
   const int bb = qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : qtype == Q5_0 ? 22 : qtype == Q5_1 ? 24
                : qtype == Q8_0 ? 34 : qtype == Q4_K ? 144 : qtype == Q5_K ? 176 : qtype == Q6_K ? 210
                : qtype == IQ3_S ? 110 : 136;
+#ifdef STRATA_AVX2
+  if (xq && fused(qtype)) {  // straight from the bytes (above)
+    const int64_t C = K / 32, G = K / 16;
+    float* x16 = nullptr;
+    if (qtype == Q6_K) {  // dx * (each 16's sum of xq), M * K / 16 floats
+      x16 = static_cast<float*>(std::malloc(sizeof(float) * (M * G > 0 ? M * G : 1)));
+      for (int64_t g = 0; g < M * G; ++g) {
+        int32_t sum = 0;
+        for (int e = 0; e < 16; ++e) sum += xq[16 * g + e];
+        x16[g] = dx[g / 2] * float(sum);
+      }
+    }
+    for (int64_t n = n0; n < n1; ++n) {
+      const uint8_t* row = src + n * rb;
+      in_fours(M, N, n, y, [&](auto R, int64_t r, float* out) {
+        if (qtype == Q4_K) dot_q45_k<R, false>(row, xq + r * K, dx + r * C, xs + r * C, K, out);
+        else if (qtype == Q5_K) dot_q45_k<R, true>(row, xq + r * K, dx + r * C, xs + r * C, K, out);
+        else dot_q6_k<R>(row, xq + r * K, dx + r * C, x16 + r * G, K, out);
+      });
+    }
+    std::free(x16);
+    return;
+  }
+#endif
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = src + n * rb;
     for (int64_t i = 0; i < K / bw; ++i) {

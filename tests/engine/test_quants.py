@@ -123,6 +123,32 @@ def test_mm_is_the_exact_weights_times_the_activations(qtype):
         assert error(results[int8_x, True], results[int8_x, False].double()) <= 1e-6
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda q: q.name)
+def test_fused_k_quant_dots_are_the_codes_paths_sums(qtype):
+    """Q4_K, Q5_K and Q6_K with int8 activations on AVX2 take their dots straight from the packed
+    bytes (kernel.cpp's fused dots), not through the codes the other types and the portable build
+    unpack to: at every batch size of 1 to 8 (four rows at a time, then 3, 2 or 1) and on a row of
+    one super-block or several, the same integers summed (within float32 rounding of the portable
+    codes path and of float64 on the quantized activations), each row alone the same bits. Random
+    blocks: every bit of the codes, the high bits and the 6-bit scales and minimums random."""
+    rng = np.random.default_rng(int(qtype) + 200)
+    for cols in (256, 1536):
+        raw = torch.from_numpy(random_blocks(qtype, 24, cols, rng))
+        exact = torch.from_numpy(gguf_dequantize(raw.numpy(), qtype)).double()
+        for batch in range(1, 9):
+            x = torch.randn(batch, cols) * torch.rand(batch, 1) * 4
+            x[0, 32:64] = 0  # a chunk of zeros (its int8 scale 0)
+            fused = quants.ops().mm(x, raw, int(qtype), quants.table(qtype), True, False)
+            codes = quants.ops().mm(x, raw, int(qtype), quants.table(qtype), True, True)
+            reference = int8_per_32(x) @ exact.T
+            for y, bound in ((fused, 1e-6), (codes, 1e-6)):
+                assert float((y.double() - reference).norm() / reference.norm()) <= bound, (qtype.name, cols, batch)
+            assert float((fused - codes).double().norm() / reference.norm()) <= 1e-6, (qtype.name, cols, batch)
+            for i in range(batch):
+                alone = quants.ops().mm(x[i:i + 1], raw, int(qtype), quants.table(qtype), True, False)
+                assert torch.equal(alone, fused[i:i + 1]), (qtype.name, cols, batch, i)
+
+
 @pytest.mark.parametrize("qtype", NEW_TYPES, ids=lambda q: q.name)
 def test_product_is_the_kernel_on_the_exact_weights(qtype):
     """QuantLinear: the decode form, any number of tokens a row, is `mm` with int8 activations
