@@ -50,6 +50,7 @@ from torch import Tensor, nn
 from engine.model import CacheIndex, Transformer
 from engine.quants.blocks import QuantLinear
 from engine.quants.build import load as load_quants
+from engine.quants.build import load_attend
 from engine.step import StepInputs, step_body
 from engine.weights import PackedLinear
 
@@ -220,6 +221,7 @@ class PackagedStep:
         nothing may run the model concurrently) and save the program for `build`."""
         started = time.perf_counter()
         load_quants()  # engine/quants' ops and their fake kernels (a child building from shapes had not loaded them)
+        load_attend()  # and engine/attend.cpp's
         rows = 2 if self.batched else 1
         x, inputs = example_inputs(self.model, rows, min(self.model.ctx, 256))
         # the step's rows and span dynamic (StepInputs.dims), and the layers' KV pool's size: any
@@ -380,6 +382,7 @@ def compile_package(program: str, path: str) -> None:
     quants_missing = load_quants()  # the program may call engine/quants' ops: they and their fake kernels
     if quants_missing is not None:
         log.info("engine/quants' kernels not loaded: %s", quants_missing)
+    load_attend()
     files = {"inputs.json": ""}
     exported = torch.export.load(program, extra_files=files)
     # inductor reads only the inputs' shapes, strides and dtypes; these are never touched

@@ -541,9 +541,11 @@ class Transformer(nn.Module):
         if self.cfg.recurrent:  # a CUDA graph's padding rows (at ctx, whole buffers) write the spare state row
             extra["state_at"] = torch.where(index.positions[:, 0] < self.ctx, index.rows[:, 0], self.num_slots - index.lo)
         # an eager step's reads, made once for all layers: the view, else the gather's flat index
-        view = self.kv_view(index)
+        # (neither for a decode step whose layers read the pool in place)
+        in_place = not index.reading and all(getattr(b.mixer, "in_place", True) for b in self.layers)
+        view = None if in_place else self.kv_view(index)
         gather = None
-        if view is None and index.ends:
+        if view is None and index.ends and not in_place:
             gather = gather_index(read_at, self.cfg.n_kv_heads, self.kv_pool_length)
         return StepInputs(index.rows, index.positions, cos, sin, index.mask(), write_at, read_at, **extra, lo=index.lo,
                           hi=None if whole else index.hi, sliced=index.sliced,

@@ -1,4 +1,6 @@
-"""Build and load the quantized-matrix kernels (dequant.cpp, ops.cpp) as a torch op library.
+"""Build and load the engine's C++ torch op libraries: the quantized-matrix kernels (dequant.cpp,
+kernel.cpp, ops.cpp: `strata_quants`) and the decode attention over the KV pool (engine/attend.cpp:
+`strata_attend`).
 
 `make install` runs `python -m engine.quants.build`; a process that finds no library for the
 current sources (a checkout updated since) builds it then, once (~1 minute on 2 cores). g++ is
@@ -36,6 +38,10 @@ UNITS = [("dequant", "dequant.cpp", ["-ffp-contract=off"]),
          ("ops", "ops.cpp", ["-fopenmp", *(["-DSTRATA_HAVE_AVX2"] if X86 else [])])]
 COMMON = ["-O3", "-std=c++20", "-fPIC", "-fno-math-errno"]
 BUILD_DIR = HERE / "_build"
+# engine/attend.cpp: one unit; its x86 AVX2 clone is picked at run time by the compiler's own
+# target_clones, and no fused multiply-add, so both clones give the same bits.
+ATTEND = HERE.parent / "attend.cpp"
+ATTEND_FLAGS = ["-fopenmp", "-ffp-contract=off"]
 
 
 def _torch_flags() -> tuple[list[str], list[str]]:
@@ -48,21 +54,29 @@ def _torch_flags() -> tuple[list[str], list[str]]:
     return compile_flags, link
 
 
-def library_path() -> Path:
+def _units(library: str) -> tuple[list[Path], list[tuple[str, Path, list[str]]]]:
+    """A library's hashed sources and its (object, source, flags) units."""
+    if library == "strata_attend":
+        return [ATTEND], [("attend", ATTEND, ATTEND_FLAGS)]
+    return [HERE / name for name in SOURCES], [(unit, HERE / name, flags) for unit, name, flags in UNITS]
+
+
+def library_path(library: str = "strata_quants") -> Path:
+    sources, units = _units(library)
     h = hashlib.sha1(torch.__version__.encode())
-    for name in SOURCES:
-        h.update((HERE / name).read_bytes())
-    h.update(repr((UNITS, COMMON)).encode())
-    return BUILD_DIR / f"strata_quants-{h.hexdigest()[:12]}.so"
+    for path in sources:
+        h.update(path.read_bytes())
+    h.update(repr(([(u, p.name, f) for u, p, f in units], COMMON)).encode())
+    return BUILD_DIR / f"{library}-{h.hexdigest()[:12]}.so"
 
 
 def compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
 
 
-def build() -> Path:
+def build(library: str = "strata_quants") -> Path:
     """Compile the library if it is not there yet; its path."""
-    target = library_path()
+    target = library_path(library)
     if target.exists():
         return target
     cxx = compiler()
@@ -72,10 +86,10 @@ def build() -> Path:
     BUILD_DIR.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(dir=BUILD_DIR) as tmp:
         objects = []
-        for unit, name, flags in UNITS:
+        for unit, path, flags in _units(library)[1]:
             obj = Path(tmp) / (unit + ".o")
-            extra = compile_flags if name == "ops.cpp" else []
-            subprocess.run([cxx, *COMMON, *flags, *extra, "-c", str(HERE / name), "-o", str(obj)], check=True)
+            extra = compile_flags if path.name in ("ops.cpp", "attend.cpp") else []  # those include torch
+            subprocess.run([cxx, *COMMON, *flags, *extra, "-c", str(path), "-o", str(obj)], check=True)
             objects.append(str(obj))
         out = Path(tmp) / target.name
         subprocess.run([cxx, "-shared", *objects, "-o", str(out), *link], check=True)
@@ -98,11 +112,27 @@ def load() -> str | None:
     return None
 
 
+@cache
+def load_attend() -> str | None:
+    """Load strata_attend::decode (engine/attend.cpp) with its fake kernel, as `load`: None on
+    success, else why it is not available (attention then gathers each row's positions first)."""
+    try:
+        torch.ops.load_library(str(build("strata_attend")))
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
+        log.warning("decode attention kernel unavailable (%s): the pool's rows are gathered first", e)
+        return str(e)
+    from engine.quants import fake
+
+    fake.register_attend()
+    return None
+
+
 if __name__ == "__main__":
     if compiler() is None:  # `make install` still succeeds: those types are dequantized to bf16
         print("engine/quants: no C++ compiler (g++): K-quant/IQ GGUF types will be dequantized to bf16",
               file=sys.stderr)
         sys.exit(0)
-    path = build()
-    torch.ops.load_library(str(path))
-    print(f"built {path}", file=sys.stderr)
+    for name in ("strata_quants", "strata_attend"):
+        path = build(name)
+        torch.ops.load_library(str(path))
+        print(f"built {path}", file=sys.stderr)

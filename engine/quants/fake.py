@@ -1,4 +1,5 @@
-"""What `strata_quants::mm`, `::mm_experts` and `::dequantize` (ops.cpp) return, without running them: the fake
+"""What `strata_quants::mm`, `::mm_experts`, `::dequantize` (ops.cpp) and `strata_attend::decode`
+(engine/attend.cpp) return, without running them: the fake
 (meta) kernels dynamo, inductor and torch.export trace the decode step's products with, so the
 file's blocks go into compiled graphs and packages compiled ahead of time as graph inputs, and
 the C++ op is called from there (a fallback kernel: inductor does not look inside it)."""
@@ -14,6 +15,17 @@ def register() -> None:
     torch.library.register_fake("strata_quants::mm", _mm)
     torch.library.register_fake("strata_quants::mm_experts", _mm_experts)
     torch.library.register_fake("strata_quants::dequantize", _dequantize)
+
+
+def register_attend() -> None:
+    """strata_attend::decode's (engine/attend.cpp), once its library is loaded (build.load_attend)."""
+    torch.library.register_fake("strata_attend::decode", _decode)
+
+
+def _decode(q: Tensor, k_pool: Tensor, v_pool: Tensor, read_at: Tensor, mask: Tensor, scale: float) -> Tensor:
+    # q: [B, T, H, D], pools [KV, N, W], read_at [B, L], mask [B, T, L] -> [B, T, H * D] float32
+    torch._check(q.dim() == 4 and k_pool.dim() == 3)
+    return q.new_empty((q.shape[0], q.shape[1], q.shape[2] * q.shape[3]), dtype=torch.float32)
 
 
 def _mm(x: Tensor, blocks: Tensor, qtype: int, table: Tensor, int8_x: bool = False, portable: bool = False) -> Tensor:
