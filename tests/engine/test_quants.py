@@ -79,7 +79,9 @@ def int8_per_32(x: torch.Tensor) -> torch.Tensor:
     nearest even, in float32, times max|x| / 127; float64 out."""
     chunks = x.reshape(x.shape[0], -1, 32)
     amax = chunks.abs().amax(-1, keepdim=True)
-    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    # 127 / max|x| divided in float32 as the kernel does (torch's `127.0 / amax` is
+    # 127 * (1 / amax), an ulp off at times: then an xq rounds the other way, ~1e-4 of the output)
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
     return (torch.round(chunks * inv).double() * (amax / 127.0).double()).reshape(x.shape)
 
 
@@ -127,15 +129,16 @@ def test_mm_is_the_exact_weights_times_the_activations(qtype):
 def test_fused_k_quant_dots_are_the_codes_paths_sums(qtype):
     """Q4_K, Q5_K and Q6_K with int8 activations on AVX2 take their dots straight from the packed
     bytes (kernel.cpp's fused dots), not through the codes the other types and the portable build
-    unpack to: at every batch size of 1 to 8 (four rows at a time, then 3, 2 or 1) and on a row of
-    one super-block or several, the same integers summed (within float32 rounding of the portable
+    unpack to: at every batch size of 1 to 10 (eight rows at a time, then the rest in one pass) and
+    on a row of one super-block or several, the same integers summed (within float32 rounding of the portable
     codes path and of float64 on the quantized activations), each row alone the same bits. Random
     blocks: every bit of the codes, the high bits and the 6-bit scales and minimums random."""
     rng = np.random.default_rng(int(qtype) + 200)
+    torch.manual_seed(int(qtype) + 200)
     for cols in (256, 1536):
         raw = torch.from_numpy(random_blocks(qtype, 24, cols, rng))
         exact = torch.from_numpy(gguf_dequantize(raw.numpy(), qtype)).double()
-        for batch in range(1, 9):
+        for batch in range(1, 11):
             x = torch.randn(batch, cols) * torch.rand(batch, 1) * 4
             x[0, 32:64] = 0  # a chunk of zeros (its int8 scale 0)
             fused = quants.ops().mm(x, raw, int(qtype), quants.table(qtype), True, False)
