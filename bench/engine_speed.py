@@ -5,7 +5,9 @@ first token, load time and memory, for several engine variants in one run.
 
 A variant is `default` (what `strata serve` runs), `float32`, `bfloat16`, with `+noint4`
 (bf16 linears dequantized instead of int4 from the file's blocks), `+noprefillbf16` (int4 only, no
-bf16 copy for prefill chunks), `+eager` (no compiled decode step, `--no-compile`) or `+nographs`
+bf16 copy for prefill chunks), `+eager` (no compiled decode step, `--no-compile`), `+gathered` (a
+decode step gathers each row's K/V positions first instead of engine/attend.cpp reading the pool
+in place) or `+nographs`
 (on a GPU: the compiled step launched kernel by kernel, not replayed from CUDA graphs) or
 `+isa=NAME` (that child under ONEDNN_MAX_CPU_ISA=NAME, e.g. AVX512_CORE_BF16: AMX off) or
 `+model=PATH` (that child on another file: two files' speeds in one run) appended;
@@ -72,6 +74,10 @@ def _load(variant: str, num_slots: int, threads: int | None, device: str = "cpu"
             kwargs["compile"] = "eager" not in flags
     if device != "cpu":  # a baseline older than --device has none
         kwargs["device"] = device
+    if "gathered" in flags:  # the decode step gathers each row's positions first (engine/attend.cpp's fallback)
+        import engine.layers
+
+        engine.layers.IN_PLACE_DTYPES = ()
     engine = load_engine(model, num_slots=num_slots, ctx=CTX, dtype=dtype, threads=threads, **kwargs)
     if hasattr(engine, "use_prompt_lookup"):  # the step's own speed: what guesses give depends on the text
         engine.use_prompt_lookup(False)
@@ -86,7 +92,7 @@ class Probe:
     alike, and the median of the rounds is compared."""
 
     def __init__(self, variant: str, num_slots: int, threads: int | None, device: str = "cpu",
-                 model: str | None = None) -> None:
+                 model: str | None = None, context: int = DECODE_CONTEXT) -> None:
         from engine.protocol import SamplingParams
 
         self.rss_start = _status_mib("VmRSS")
@@ -96,12 +102,13 @@ class Probe:
         self.rss_loaded = _status_mib("VmRSS")
         self.filler = self.engine.tokenizer.encode("The history of the lighthouse keepers of the northern coast. " * 400)
         self.greedy = SamplingParams(temperature=0.0)
+        self.context = context
 
     def decode(self, num_slots: int, steps: int) -> float:
         engine, slots, last = self.engine, list(range(num_slots)), {}
         for s in slots:
             engine.begin(s, self.greedy)
-            last[s] = engine.read(s, self.filler[s : s + DECODE_CONTEXT], sample=True)
+            last[s] = engine.read(s, self.filler[s : s + self.context], sample=True)
         for _ in range(2):  # warm-up
             for s, t in zip(slots, engine.decode(slots, [last[s] for s in slots])):
                 last[s] = t[-1] if isinstance(t, list) else t  # a list since decode may confirm guesses
@@ -152,7 +159,8 @@ class Child:
     def __init__(self, name: str, variant: str, args: argparse.Namespace, tree: Path | None) -> None:
         self.name = name
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--variants", variant,
-               "--steps", str(args.steps), "--slots", str(max(2, *args.batches))]  # ttft reads in slot 1
+               "--steps", str(args.steps), "--slots", str(max(2, *args.batches)),  # ttft reads in slot 1
+               "--context", str(args.context)]
         if args.threads:
             cmd += ["--threads", str(args.threads)]
         if args.device != "cpu":
@@ -197,6 +205,7 @@ def main() -> None:
     parser.add_argument("--baseline-variants", nargs="+", default=["float32", "bfloat16+int4"])
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 4, 8, 16])
     parser.add_argument("--steps", type=int, default=16, help="decode steps per sample")
+    parser.add_argument("--context", type=int, default=DECODE_CONTEXT, help="tokens each decoding slot holds")
     parser.add_argument("--rounds", type=int, default=3, help="samples per measurement; the median is shown")
     parser.add_argument("--slots", type=int, default=16, help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=None)
@@ -207,7 +216,7 @@ def main() -> None:
     args = parser.parse_args()
 
     if args.child:
-        Probe(args.variants[0], args.slots, args.threads, args.device, args.model).serve_commands(args.steps)
+        Probe(args.variants[0], args.slots, args.threads, args.device, args.model, args.context).serve_commands(args.steps)
         return
 
     from rich.console import Console
@@ -238,7 +247,7 @@ def main() -> None:
                 child.close()
 
     base_name, base = runs[0]
-    table = Table(title=f"{args.model or 'SmolLM2-135M-Instruct Q4_1'}, decode at ~{DECODE_CONTEXT} tokens of context; median of "
+    table = Table(title=f"{args.model or 'SmolLM2-135M-Instruct Q4_1'}, decode at ~{args.context} tokens of context; median of "
                         f"{args.rounds} interleaved rounds; (×) = ratio to {base_name}, same run")
     table.add_column("variant", no_wrap=True)
     columns = [(f"decode_b{b}", f"decode B={b} tok/s") for b in args.batches]

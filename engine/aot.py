@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 
 # what the packaged step runs (the quants' op schema and its fake kernel among it)
 _SOURCES = ("model.py", "layers.py", "step.py", "moe.py", "weights.py", "aot.py", "quants/blocks.py",
-            "quants/fake.py", "quants/ops.cpp")
+            "quants/fake.py", "quants/ops.cpp", "attend.cpp")
 
 
 def head_inside(model: Transformer) -> bool:
@@ -159,7 +159,9 @@ def package_key(model: Transformer, batched: bool, places: list[tuple[object, st
     # export fixes, is built apart)
     parts = ["batched" if batched else "one row", "head" if head else "layers", torch.__version__,
              repr(model.cfg), str(model.dtype), _cpu(), str(torch.backends.cpu.get_cpu_capability()),
-             "one slot" if model.num_slots == 1 else "slots"]
+             "one slot" if model.num_slots == 1 else "slots",
+             # attention read in place (engine/attend.cpp) or gathered: another graph
+             "in place" if any(getattr(b.mixer, "in_place", False) for b in model.layers) else "gathered"]
     # the layout of blocks (which parts are of which type): the shapes alone do not tell it
     parts += [f"{name}: {m.extra_repr()}" for name, m in model.named_modules() if isinstance(m, QuantLinear)]
     for owner, name in places:
