@@ -14,9 +14,10 @@
 //     sum_e w_e x_e ~ dx * (s0 * sum_{e<16} q_e xq_e + s1 * sum_{e>=16} q_e xq_e) + m * dx * sum xq
 //     the integer sums exact (int16 pair sums, at most 2 * 128 * 127), one float rounding each;
 //   float32 activations: the same with x itself, q_e * x_e in float32.
-// Except on AVX2 with int8 activations for Q4_K, Q5_K and Q6_K (the layers of Q4_K_M, Q5_K_M and
-// Q6_K files): their dots read the packed bytes directly (dot_q45_k, dot_q6_k below), the same
-// integers per 32 and an exact float per chunk, ~3x the codes path's speed at one row.
+// Except on AVX2 with int8 activations for every type but IQ4_XS and IQ3_S: their dots read the
+// packed bytes directly (dot_q45_k, dot_q6_k, dot_q32 below), the same integers per 32 and an
+// exact float per chunk; ~3x the codes path's speed at one row for Q4_K, Q5_K, Q6_K, ~2x for the
+// 32-weight types.
 #include "layouts.h"
 #include <cstdlib>
 #include <type_traits>
@@ -575,7 +576,64 @@ inline void dot_q6_k(const uint8_t* row, const int8_t* xq, const float* dx, cons
   for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
 }
 
-inline bool fused(int qtype) { return qtype == Q4_K || qtype == Q5_K || qtype == Q6_K; }
+// Fused 32-weight dots (AVX2, int8 activations): Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (Q5_0 and Q8_0:
+// the layers and head parts of small models' Q4_K_M files, whose columns take no 256-weight
+// blocks) straight from each block's bytes, no codes buffer: the block's codes made in a register
+// (nibbles, Q5's high bit << 4, Q4_0's -8 and Q5_0's -16; Q8_0's bytes as they are), then per
+// activation row the codes path's own operations (dot_int8: |q| `maddubs` xq with q's sign, or q
+// unsigned as it is for the types with a minimum, `madd`, one conversion, one fma by d * dx; the
+// minimums m * xs summed first, as min_bias does), so the result is the AVX2 codes path's bit for
+// bit (checked against the parent commit's build: 1-11 rows, every type); up to eight rows share
+// each block's unpacking.
+template <int T>
+inline __m256i codes_q32(const uint8_t* b) {
+  if constexpr (T == Q8_0) {
+    return load(b + 2);
+  } else if constexpr (T == Q4_0 || T == Q4_1) {
+    const __m256i v = nibbles_16(b + (T == Q4_1 ? 4 : 2));
+    return T == Q4_1 ? v : _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+  } else {  // Q5_0, Q5_1
+    const uint8_t* p = b + (T == Q5_1 ? 4 : 2);
+    uint32_t qh;
+    std::memcpy(&qh, p, 4);
+    const __m256i v = _mm256_or_si256(nibbles_16(p + 4), _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10)));
+    return T == Q5_1 ? v : _mm256_sub_epi8(v, _mm256_set1_epi8(16));
+  }
+}
+
+template <int R, int T>
+inline void dot_q32(const uint8_t* row, const int8_t* xq, const float* dx, const float* xs, int64_t K, float* out) {
+  constexpr bool mins = T == Q4_1 || T == Q5_1;  // unsigned codes, a minimum per block
+  constexpr int bytes = T == Q4_0 ? 18 : T == Q4_1 ? 20 : T == Q5_0 ? 22 : T == Q5_1 ? 24 : 34;
+  const int64_t C = K / 32;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[R];
+  float bias[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_setzero_ps(), bias[r] = 0.0f;
+    if constexpr (mins)  // min_bias's sum, the same operations
+      for (int64_t c = 0; c < C; ++c) {
+        float p = f16(row + c * bytes + 2) * xs[r * C + c];
+        asm("" : "+x"(p));  // no fma: min_bias's product is rounded before its sum
+        bias[r] += p;
+      }
+  }
+  for (int64_t c = 0; c < C; ++c) {
+    const uint8_t* b = row + c * bytes;
+    const __m256i w = codes_q32<T>(b);
+    const __m256i magnitude = mins ? w : _mm256_sign_epi8(w, w);  // |w| as unsigned: -128 too
+    const __m256 scale = _mm256_set1_ps(f16(b));
+    for (int r = 0; r < R; ++r) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * K + 32 * c));
+      const __m256i pairs = _mm256_maddubs_epi16(magnitude, mins ? x : _mm256_sign_epi8(x, w));
+      const __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+      acc[r] = _mm256_fmadd_ps(sums, _mm256_mul_ps(scale, _mm256_broadcast_ss(dx + r * C + c)), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + bias[r];
+}
+
+inline bool fused(int qtype) { return qtype != IQ4_XS && qtype != IQ3_S; }  // all but the codebook types
 
 // strata_mm_rows for those (int8 activations): its own function, so that the codes path's loop
 // keeps its inlining (codes_avx2 out of line costs the 32-weight types 3-4x)
@@ -595,7 +653,13 @@ __attribute__((noinline)) void fused_rows(int qtype, const uint8_t* src, int64_t
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = src + n * rb;
     in_eights(M, N, n, y, [&](auto R, int64_t r, float* out) {
-      if (qtype == Q4_K) dot_q45_k<R, false>(row, xq + r * K, dx + r * C, xs + r * C, K, out);
+      const int8_t* x = xq + r * K;
+      if (qtype == Q4_0) dot_q32<R, Q4_0>(row, x, dx + r * C, xs + r * C, K, out);
+      else if (qtype == Q4_1) dot_q32<R, Q4_1>(row, x, dx + r * C, xs + r * C, K, out);
+      else if (qtype == Q5_0) dot_q32<R, Q5_0>(row, x, dx + r * C, xs + r * C, K, out);
+      else if (qtype == Q5_1) dot_q32<R, Q5_1>(row, x, dx + r * C, xs + r * C, K, out);
+      else if (qtype == Q8_0) dot_q32<R, Q8_0>(row, x, dx + r * C, xs + r * C, K, out);
+      else if (qtype == Q4_K) dot_q45_k<R, false>(row, xq + r * K, dx + r * C, xs + r * C, K, out);
       else if (qtype == Q5_K) dot_q45_k<R, true>(row, xq + r * K, dx + r * C, xs + r * C, K, out);
       else dot_q6_k<R>(row, xq + r * K, dx + r * C, x16 + r * G, K, out);
     });
