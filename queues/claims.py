@@ -30,11 +30,13 @@ class Waiting:
     priority: int
     seq: int  # arrival number
     n: int = 1  # the slots it takes: one per answer (QueuedRequest.n)
+    affinity: str | None = None  # its prompt's prefix affinity key (queues/affinity.py); None: too short
 
     @classmethod
-    def of(cls, member: str, priority: str | bytes | None, n: str | bytes | None = None) -> "Waiting":
+    def of(cls, member: str, priority: str | bytes | None, n: str | bytes | None = None,
+           affinity: str | bytes | None = None) -> "Waiting":
         seq, request_id = Member.parse(member)
-        return cls(member, request_id, int(priority or 0), seq, int(n or 1))
+        return cls(member, request_id, int(priority or 0), seq, int(n or 1), text(affinity) if affinity else None)
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,7 @@ class Claims:
         """The first `count` waiting requests in service order. Their priority comes from their
         hashes: with aging the score no longer says it."""
         flat = scripts.run(self._scripts, scripts.head(self.keys, count))
-        return [Waiting.of(text(flat[i]), flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
+        return [Waiting.of(text(flat[i]), flat[i + 1], flat[i + 2], flat[i + 3]) for i in range(0, len(flat), 4)]
 
     def claim(self, waiting: Waiting, now_ms: int) -> Claimed | None:
         """None when another worker took it first, or when its queue deadline had passed (it
@@ -244,6 +246,7 @@ class Claims:
                 if w in dead and self._requeue(rid, now_ms, w) is not RequeueResult.NOTHING]
 
     def wait_for_work(self, timeout_s: float) -> None:
-        """Block until an enqueue pushes a wake-up (or the timeout passes)."""
-        self.client.blpop([self.keys.wake], timeout=timeout_s)
+        """Block until an enqueue pushes a wake-up, or another worker leaves this one a request
+        whose prefix it holds (queues/membership.py `wake`), or the timeout passes."""
+        self.client.blpop([self.keys.wake, self.keys.wake_worker(self.worker_id)], timeout=timeout_s)
 

@@ -75,6 +75,11 @@ class Keys:
         """List a worker blocks on while idle; enqueue pushes to it."""
         return f"{self.base}:wake"
 
+    def wake_worker(self, worker_id: str) -> str:
+        """List one worker blocks on beside `wake`: another worker that leaves it the head whose
+        prefix it holds pushes here (short TTL), so it claims it at once instead of after a nap."""
+        return f"{self.base}:wake:{worker_id}"
+
     @property
     def workers(self) -> str:
         """Sorted set: worker id -> last heartbeat (ms)."""
@@ -99,6 +104,8 @@ class Keys:
         return f"{self.base}:out:{request_id}"
 
     def worker(self, worker_id: str) -> str:
+        """Hash with a short TTL: what the worker publishes about itself (queues/worker_state.py),
+        among it `prefixes`, the affinity keys of the prompt prefixes its KV cache holds."""
         return f"{self.base}:worker:{worker_id}"
 
 

@@ -4,14 +4,26 @@ check). Claims on requests are queues/claims.py; this is the fleet they belong t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import redis
 import redis.asyncio as aioredis
 
+from queues import scripts
 from queues.keys import Keys, models_key
 from queues.records import text
 from queues.worker_state import WorkerState
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Another worker that could take a newcomer now (free unreserved slot, free lines: the idle
+    set), with the prefix affinity keys it advertises and whether it holds a head back for memory."""
+
+    worker: str
+    prefixes: frozenset[str] = frozenset()
+    waits_for_memory: bool = False
 
 
 class Membership:
@@ -22,6 +34,7 @@ class Membership:
         self.keys = Keys(model)
         self.model = model
         self.worker_id = worker_id
+        self._scripts = scripts.register(client, ("peers",))
 
     def heartbeat(self, state: WorkerState, now_ms: int, ttl_s: int) -> None:
         k = self.keys
@@ -57,6 +70,23 @@ class Membership:
         """Another live worker has a free slot and free lines."""
         others = self.client.zrangebyscore(self.keys.idle, now_ms - within_ms, "+inf")
         return any(text(w) != self.worker_id for w in others)
+
+    def peers(self, now_ms: int, within_ms: int) -> list[Peer]:
+        """The other live workers in the idle set, with what they advertise (peers.lua: one round
+        trip). Non-empty exactly when idle_elsewhere is true."""
+        flat = scripts.run(self._scripts, scripts.peers(self.keys, now_ms - within_ms, self.worker_id))
+        return [Peer(text(flat[i]), frozenset(p for p in text(flat[i + 1] or "").split(",") if p),
+                     bool(flat[i + 2])) for i in range(0, len(flat), 3)]
+
+    def wake(self, worker_id: str, ttl_ms: int = 2000) -> None:
+        """Wake that worker if it blocks for work (Claims.wait_for_work); one entry, gone soon if
+        it was not blocking."""
+        key = self.keys.wake_worker(worker_id)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.lpush(key, self.worker_id)
+        pipe.ltrim(key, 0, 0)
+        pipe.pexpire(key, ttl_ms)
+        pipe.execute()
 
     def forget_dead(self, is_dead: Callable[[str], bool]) -> list[str]:
         """Workers of the set known to be dead (same host, no such process) leave it, with their

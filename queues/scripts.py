@@ -16,11 +16,12 @@ from typing import Any, Sequence
 import redis.cluster
 import redis.exceptions
 
+from queues.affinity import affinity_key
 from queues.keys import Keys, batch_key, batch_lease_key, batch_results_key
 
 # Lua has no import: the scripts that fence, end or cancel a request get _lib.lua in front.
 REQUEST_SCRIPTS = ("enqueue", "claim", "report", "finish", "requeue", "cancel", "expire")
-READ_SCRIPTS = ("head",)  # no state change: a read that takes one round trip instead of two
+READ_SCRIPTS = ("head", "peers")  # no state change: a read that takes one round trip instead of two
 WITH_LIB = ("claim", "report", "finish", "requeue", "expire", "cancel")
 BATCH_SCRIPTS = ("batch_result", "batch_lease", "batch_advance")
 
@@ -144,7 +145,10 @@ def enqueue(keys: Keys, request, now_ms: int, max_waiting: int, hard_limit: int,
             fields: dict[str, str] | None = None, queue_timeout_ms: int | None = None) -> Call:
     """One request joins the queue (the API's, the batch job's and the simulator's enqueue).
     `queue_timeout_ms`: not claimed within it, the request expires (None: it waits as long as
-    it takes). `fields`: more fields of the request hash (e.g. key_name)."""
+    it takes). `fields`: more fields of the request hash (e.g. key_name). The prompt's affinity
+    key (queues/affinity.py: a hash of its first whole blocks, up to 256 tokens) goes on the hash
+    as `affinity`, computed here once, where every enqueuer has the token ids."""
+    key = affinity_key(request.prompt)
     return Call(
         "enqueue",
         keys=dict(seq_counter=keys.seq, waiting=keys.waiting, req=keys.req(request.id), wake=keys.wake,
@@ -153,7 +157,8 @@ def enqueue(keys: Keys, request, now_ms: int, max_waiting: int, hard_limit: int,
                   prompt_tokens=len(request.prompt), params=request.params_json(), now=now_ms,
                   max_ahead=max_waiting, hard_limit=hard_limit,
                   queue_deadline="" if queue_timeout_ms is None else now_ms + queue_timeout_ms),
-        more_args=_pairs({**(fields or {}), **({"n": str(request.n)} if request.n > 1 else {})}),
+        more_args=_pairs({**(fields or {}), **({"n": str(request.n)} if request.n > 1 else {}),
+                          **({"affinity": key} if key else {})}),
     )
 
 
@@ -168,6 +173,11 @@ class ClaimResult(enum.IntEnum):
 
 def head(keys: Keys, count: int) -> Call:
     return Call("head", keys=dict(waiting=keys.waiting), args=dict(count=count, req_prefix=keys.req("")))
+
+
+def peers(keys: Keys, since_ms: int, worker: str) -> Call:
+    return Call("peers", keys=dict(idle=keys.idle),
+                args=dict(since=since_ms, worker_prefix=keys.worker(""), self_id=worker))
 
 
 def claim(keys: Keys, member: str, request_id: str, worker: str, now_ms: int, lease_deadline_ms: int,
@@ -327,7 +337,7 @@ def batch_result(batch_id: str, line: int, result: str, count: str) -> Call:
 
 # Every script's result enum (None: it answers a status, see above).
 RESULTS: dict[str, type[enum.IntEnum] | None] = {
-    "enqueue": None, "head": None, "claim": ClaimResult, "report": ReportResult, "finish": FinishResult,
+    "enqueue": None, "head": None, "peers": None, "claim": ClaimResult, "report": ReportResult, "finish": FinishResult,
     "requeue": RequeueResult, "cancel": None, "expire": ExpireResult, "batch_advance": None,
     "batch_lease": LeaseResult, "batch_result": LineResult,
 }

@@ -39,6 +39,10 @@ class WorkerState:
     blocks_shared: int = 0
     waits_for_memory: str = ""  # the head a free slot would take, held back until the pool has room
     blocks_short: int = 0  # ... and how many more free blocks it needs
+    # the affinity keys (queues/affinity.py) of the prompt prefixes it holds, newest first, at most
+    # workers/affinity.py ADVERTISED: in a slot now, or cached in its KV pool. Another worker with a
+    # free slot leaves it a newcomer with one of these keys for a moment (docs/scheduling.md)
+    prefixes: list[str] = field(default_factory=list)
     heartbeat_ms: int = 0
 
     def to_hash(self) -> dict[str, str | int]:
@@ -62,7 +66,7 @@ class WorkerState:
             raw = h.get(f.name)
             if raw in (None, ""):
                 continue
-            if f.name == "parked":
+            if f.name in ("parked", "prefixes"):
                 values[f.name] = [p for p in raw.split(",") if p]
             elif f.name == "reserved":
                 values[f.name] = _reserved(raw)

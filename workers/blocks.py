@@ -141,6 +141,20 @@ class BlockPool:
         prompt[:-1] count."""
         return self._cached_after(prompt, 0, None)
 
+    def prefix_key(self, tokens: Sequence[int]) -> bytes | None:
+        """The key the block closing the last whole block of `tokens` has once cached (its chain
+        covers every block before it); None when `tokens` is shorter than a block."""
+        key = None
+        bs = self.block_size
+        for start in range(0, len(tokens) - bs + 1, bs):
+            key = block_hash(key, tokens[start : start + bs])
+        return key
+
+    def is_cached(self, key: bytes) -> bool:
+        """A block of that key is cached: so is the whole prefix it closes (an ancestor is never
+        evicted before its descendant)."""
+        return key in self._by_hash
+
     def _cached_after(self, prompt: Sequence[int], start: int, parent: bytes | None) -> list[int]:
         """cached_blocks from the block at `start`, whose parent's hash is `parent`."""
         found: list[int] = []

@@ -22,6 +22,7 @@ from queues.records import Done, Event, Failed, QueuedRequest, Token
 from queues.worker_state import WorkerState
 from workers import admission, scheduler
 from workers.acceptance import accept
+from workers.affinity import HeldPrefixes
 from workers.kv_pool import KvPool
 from workers.slot import Phase, Slot
 from workers.text import Decoder, TextStream, scored
@@ -124,6 +125,8 @@ class Worker:
         self._dropped: list[tuple[str, int]] = []  # claims let go while Redis was away: handed back once it is back
         # tokens of the answers already ended of a request of n that still runs (their slots are free)
         self._ended_tokens: dict[str, int] = {}
+        self.prefixes = HeldPrefixes()  # the prompt prefixes held here, advertised in the worker hash
+        self._left: dict[str, int] = {}  # member -> when this worker first left it to a worker holding its prefix
 
     # -- the loop -------------------------------------------------------------------------
     def run(self) -> None:
@@ -199,14 +202,20 @@ class Worker:
         self._ended_tokens.clear()
 
     def _wait(self) -> None:
-        """Nothing to do: block until an enqueue wakes us (or Redis is back)."""
+        """Nothing to do: block until an enqueue wakes us (or Redis is back). A request left to a
+        worker holding its prefix is ours once the affinity wait is over: back by then."""
+        wait_s = self.idle_wait_s
+        now = self.clock()
+        wakes_at = scheduler.affinity_wakes_at(self._left, now, self.policy)
+        if wakes_at is not None:
+            wait_s = min(wait_s, max(0.01, (wakes_at - now) / 1000))
         if self.redis_up:
             try:
-                self.claims.wait_for_work(self.idle_wait_s)
+                self.claims.wait_for_work(wait_s)
                 return
             except UNAVAILABLE as error:
                 self.forget(error)
-        time.sleep(self.idle_wait_s)
+        time.sleep(wait_s)
 
     def forget(self, error: Exception) -> None:
         """Redis went away mid-step: what this step produced may not have reached the clients, so
@@ -290,7 +299,9 @@ class Worker:
         # The read in progress is visible in the worker hash: published when it changes, as the
         # step ends. A short read that starts and ends within one step is never in progress
         # between steps, and costs no round trip of its own (a battery's step has several).
-        if reading(self.current) != self.upkeep.shown_reading:
+        # so are the prefixes it holds and a head it holds back for memory (others' affinity reads them)
+        if (reading(self.current) != self.upkeep.shown_reading
+                or self._affinity_shown() != self.upkeep.shown_affinity):
             self.upkeep.publish(self.describe(), now)
         self.upkeep.note_idle(scheduler.is_idle(self.slots), now)
         return bool(lines.read or decoding)
@@ -360,13 +371,19 @@ class Worker:
         """Tokens its request produced so far: all its answers', earlier attempts included."""
         return sum(s.generated for s in self._siblings(slot)) + self._ended_tokens.get(slot.request.id, 0)
 
+    def _affinity_shown(self) -> tuple[list[str], str]:
+        """What the worker hash should say for other workers' prefix affinity."""
+        return (self.prefixes.held(self.slots, self.pool.blocks if self.pool else None),
+                getattr(self.waits_for_memory.waits, "id", ""))
+
     def describe(self) -> WorkerState:
         """The worker hash an operator reads with HGETALL (workers/upkeep.py `describe`). Between
         steps: a compiled step built in the background may take over here (`decode_path`)."""
         return describe(self.slots, self.current, device=self.device, ctx=self.engine.ctx, steps=self.steps,
                         give_ways=self.give_ways, decode_path=self.engine.decode_path(),
                         prompt_tokens_read=self.prompt_tokens_read,
-                        pool=self.pool.blocks if self.pool else None, waits=self.waits_for_memory)
+                        pool=self.pool.blocks if self.pool else None, waits=self.waits_for_memory,
+                        prefixes=self.prefixes.held(self.slots, self.pool.blocks if self.pool else None))
 
     # -- the parts --------------------------------------------------------------------------
     def _admit(self, now: int, out: StepOutput) -> None:
@@ -376,17 +393,28 @@ class Worker:
         self.waits_for_memory = admission.Admission()
         while not self.stopping and any(s.is_free for s in self.slots):
             head = self.claims.head(sum(s.is_free for s in self.slots))
+            self._left = {w.member: self._left[w.member] for w in head if w.member in self._left}
             picks = scheduler.pick_many(self.slots, head, self.policy)
             if not picks and scheduler.look_further(head, self.policy):
                 picks = scheduler.pick_many(self.slots, self.claims.head(scheduler.RESERVED_LOOKAHEAD), self.policy)
             if not picks:
                 return
             lines_busy = not scheduler.lines_free(self.slots)
-            # another worker is asked about (a round trip) only when a pick would wait for the lines here
-            idle = (lines_busy or len(picks) > 1) and self.upkeep.idle_elsewhere(now)
+            held = self._held_for(picks)
+            # another worker is asked about (a round trip) only when a pick would wait for the lines
+            # here, or when the first pick's prefix may be held elsewhere (then with what each advertises)
+            peers = self.upkeep.peers(now) if held is not None else None
+            idle = bool(peers) if peers is not None else (lines_busy or len(picks) > 1) and self.upkeep.idle_elsewhere(now)
             picks = [p for i, p in enumerate(picks) if scheduler.admit_here(lines_busy or i > 0, idle)]
             if not picks:
                 return  # an idle worker takes it: nobody here gives way or waits for the lines
+            if peers:
+                before = picks
+                picks, holder = scheduler.leave_for_prefix(picks, held or (), peers, self._left, now, self.policy)
+                if holder is not None:
+                    self._leave(before[len(picks)], holder, now)
+                if not picks:
+                    return  # the worker holding its prefix takes it (at most affinity_wait_s from now)
             if self.pool is not None:
                 picks = self._fitting(picks)
                 if not picks:
@@ -395,8 +423,27 @@ class Worker:
             for each in claimed:
                 if each is not None:
                     self._take_slots(each, out)
+                    self.prefixes.note(each.request, self.pool.blocks if self.pool else None)
             if all(each is not None for each in claimed):
                 return
+
+    def _held_for(self, picks: list[Waiting]) -> list[str] | None:
+        """The prefixes held here, when the first pick's may be held elsewhere instead (it has an
+        affinity key this worker does not hold, and affinity is on); None otherwise."""
+        key = picks[0].affinity if picks else None
+        if not key or self.policy.affinity_wait_s <= 0:
+            return None
+        held = self.prefixes.held(self.slots, self.pool.blocks if self.pool else None)
+        return None if key in held else held
+
+    def _leave(self, left: Waiting, holder: str, now: int) -> None:
+        """`left` is left to `holder`, which holds its prefix: it is woken the first time, and the
+        wait is counted from then."""
+        if left.member not in self._left:
+            self._left[left.member] = now
+            log.info("%s: leaving it to %s, which holds its prompt's prefix (for %.2f s at most)",
+                     left.id, holder, self.policy.affinity_wait_s)
+            self.membership.wake(holder)
 
     def _fitting(self, picks: list[Waiting]) -> list[Waiting]:
         """Admission by memory (workers/admission.py): the picks the pool can promise all they may

@@ -10,6 +10,8 @@ The rules are docs/design.md's "Scheduling rules", cited by number:
 - at a chunk boundary a read gives way to a higher priority whatever its length, within its own
   level only to a prompt under half as long, never to a lower priority, at most yields_max times
   (rule 4, outranks);
+- which worker serves a newcomer whose prompt prefix another idle worker holds (a note under
+  rule 2: it picks the worker, never the order, and for at most affinity_wait_s: leave_for_prefix);
 - which free slot (rule 9, free_slot); reserved slots (--reserve N:P) take only requests of
   priority >= P, and such a request takes one only when no slot of a lower class is free
   (rule 10, allowed_slots, pick_waiting).
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol, Sequence, TypeVar
+from typing import Collection, Mapping, Protocol, Sequence, TypeVar
 
 from workers.slot import Phase, Slot
 
@@ -42,6 +44,8 @@ class Policy:
     slot_low_first: bool = True
     reserve: tuple[Reserve, ...] = ()
     aging_s: float | None = None  # a waiting request's priority rises by 1 every aging_s (in Redis's order)
+    # the longest a worker leaves a newcomer to another that holds its prompt's prefix (0: never)
+    affinity_wait_s: float = 0.5
 
 
 def slot_floors(num_slots: int, reserve: Sequence[Reserve]) -> list[int | None]:
@@ -201,6 +205,54 @@ def admit_here(lines_busy: bool, idle_elsewhere: bool) -> bool:
     """Rule 4's last sentence: when another worker has a free slot and free lines, a newcomer
     goes there instead of making a read here give way or wait."""
     return not lines_busy or not idle_elsewhere
+
+
+class Holder(Protocol):
+    """Another worker that could take a newcomer now (queues/membership.py `Peer`: in the idle set,
+    so a free unreserved slot and free lines), what it advertises, and whether its pool holds a
+    head back for memory (then it takes nothing now)."""
+
+    @property
+    def worker(self) -> str: ...
+
+    @property
+    def prefixes(self) -> Collection[str]: ...
+
+    @property
+    def waits_for_memory(self) -> bool: ...
+
+
+def leave_for_prefix(picks: Sequence[W], held_here: Collection[str], holders: Sequence[Holder],
+                     left_since: Mapping[str, int], now_ms: int, policy: Policy) -> tuple[list[W], str | None]:
+    """Prefix affinity, a note under rule 2: of this step's picks (service order, each one this
+    worker would claim now), those it keeps, and the worker it leaves the next one to (None: it
+    keeps them all). A pick is left only while all of this holds: its prompt has an affinity key;
+    this worker does not hold that prefix; another worker that holds it could take it now (idle:
+    a free slot and free lines; not waiting for memory); and this worker first left it less than
+    affinity_wait_s ago (`left_since`: member -> ms). The picks after a left one are left too, so
+    requests are still claimed in service order, whoever claims them: only the worker changes.
+    A pick without a key (a higher priority, say) is never delayed by one behind it with a key."""
+    bound_ms = int(policy.affinity_wait_s * 1000)
+    if bound_ms <= 0:
+        return list(picks), None
+    for i, pick in enumerate(picks):
+        key = getattr(pick, "affinity", None)
+        if not key or key in held_here:
+            continue
+        member = getattr(pick, "member", "")
+        if now_ms - left_since.get(member, now_ms) >= bound_ms:
+            continue
+        holder = next((h.worker for h in holders if key in h.prefixes and not h.waits_for_memory), None)
+        if holder is not None:
+            return list(picks[:i]), holder
+    return list(picks), None
+
+
+def affinity_wakes_at(left_since: Mapping[str, int], now_ms: int, policy: Policy) -> int | None:
+    """When the next pick left to another worker becomes this worker's to take (ms), or None:
+    none is left, or every wait is over already."""
+    ends = [t + int(policy.affinity_wait_s * 1000) for t in left_since.values()]
+    return min((end for end in ends if end > now_ms), default=None)
 
 
 def next_read(slots: Sequence[Slot], current: Slot | None, policy: Policy) -> Lines:

@@ -44,6 +44,10 @@ class WorkerSettings(RedisSettings, ModelSettings):
     aging_s: float | None = Field(
         None, gt=0, description="a waiting request's priority rises by 1 every this many seconds (off: none); "
                                 "published in Redis for every enqueue of the model")
+    affinity_wait_s: float = Field(
+        0.5, ge=0, description="prefix affinity: a worker with a free slot leaves a newcomer for up to this long to an "
+                               "idle worker that advertises its prompt's prefix (the first 256 tokens' hash) as cached; "
+                               "never the order requests are served in, only the worker (0: off)")
     threads: int | None = Field(None, description="torch CPU threads; default all cores")
     int4: bool = Field(True, description="CPU + bfloat16: linears stored as Q4_0/Q4_1 run as int4 from the file's own blocks "
                                          "(the only copy kept); off: dequantized to bfloat16 (more memory, faster prompts)")
@@ -99,7 +103,7 @@ class WorkerSettings(RedisSettings, ModelSettings):
         """The scheduling flags, as workers/scheduler.py takes them."""
         return Policy(prefill_preempt=self.prefill_preempt, yields_max=self.yields_max,
                       batch_groups=self.batch_groups, slot_low_first=self.slot_low_first,
-                      reserve=self.reserve_tiers(), aging_s=self.aging_s)
+                      reserve=self.reserve_tiers(), aging_s=self.aging_s, affinity_wait_s=self.affinity_wait_s)
 
 
 def parse_reserve(tiers: list[str]) -> tuple[Reserve, ...]:

@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 
 from engine.protocol import DecodePath
 from queues.claims import Claims
-from queues.membership import Membership
+from queues.membership import Membership, Peer
 from queues.worker_state import WorkerState
 from workers.admission import Admission
 from workers.blocks import BlockPool
@@ -30,6 +30,7 @@ class Upkeep:
         self._next_beat = 0
         self._idle: bool | None = None  # what the idle set says of us (None: not said yet)
         self.shown_reading: str | None = None  # the read in progress the worker hash names (None: not said yet)
+        self.shown_affinity: tuple[list[str], str] | None = None  # the prefixes and memory wait it names
 
     def due(self, now: int) -> bool:
         return now >= self._next_beat
@@ -55,6 +56,7 @@ class Upkeep:
         """The worker hash, with a TTL of a few heartbeats: a dead worker's hash goes by itself."""
         self.membership.heartbeat(state, now, ttl_s=max(3, 5 * self.heartbeat_ms // 1000))
         self.shown_reading = state.reading
+        self.shown_affinity = (state.prefixes, state.waits_for_memory)
 
     def note_idle(self, idle: bool, now: int) -> None:
         """Say whether a newcomer can land here (workers/scheduler.py `is_idle`), when it changes."""
@@ -66,10 +68,15 @@ class Upkeep:
         """Another live worker (heard from within three heartbeats) could take a newcomer now."""
         return self.membership.idle_elsewhere(now, within_ms=3 * self.heartbeat_ms)
 
+    def peers(self, now: int) -> list[Peer]:
+        """The other workers idle_elsewhere counts, with the prefixes they advertise."""
+        return self.membership.peers(now, within_ms=3 * self.heartbeat_ms)
+
     def redis_lost(self) -> None:
         """Redis went away: once it is back, say the idle signal again and beat at once."""
         self._idle = None
         self.shown_reading = None
+        self.shown_affinity = None
         self._next_beat = 0
 
 
@@ -81,7 +88,8 @@ def reading(current: Slot | None) -> str:
 
 def describe(slots: Sequence[Slot], current: Slot | None, *, device: str, ctx: int, steps: int,
              give_ways: int, decode_path: DecodePath = DecodePath(), prompt_tokens_read: int = 0,
-             pool: BlockPool | None = None, waits: Admission = Admission()) -> WorkerState:
+             pool: BlockPool | None = None, waits: Admission = Admission(),
+             prefixes: Sequence[str] = ()) -> WorkerState:
     """The worker hash an operator reads with HGETALL."""
     read = current if reading(current) else None
     blocks = {}
@@ -110,5 +118,6 @@ def describe(slots: Sequence[Slot], current: Slot | None, *, device: str, ctx: i
         compile_progress=decode_path.percent,
         waits_for_memory=waiting,
         blocks_short=waits.blocks_short if waiting else 0,
+        prefixes=list(prefixes),
         **blocks,
     )

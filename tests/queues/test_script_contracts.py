@@ -23,6 +23,7 @@ REQUEST = QueuedRequest(id="r", priority=1, prompt=[1, 2], max_tokens=4)
 CALLS = {
     "enqueue": scripts.enqueue(K, REQUEST, 0, 0, 0, {"key_name": "k"}, 1000),
     "head": scripts.head(K, 4),
+    "peers": scripts.peers(K, 0, "w"),
     "claim": scripts.claim(K, "000000000001:r", "r", "w", 0, 10, 60),
     "report": scripts.report(K, "w", 0, 10, [scripts.Reported("r", 1, 2, 0, True, None, 1, [{"type": "token", "text": "a", "ids": "5"}])]),
     "finish": scripts.finish(K, "r", "w", 1, "finished", 0, 60, 2, "stop", "10,20", {"type": "done"}),
