@@ -4,12 +4,15 @@ written in one of llama.cpp's mixes (tests/helpers/quant_models.py's recipes):
 
     .venv/bin/python -m bench.quant_speed --mix Q4_K_M [--batches 1 4] [--steps 8]
     .venv/bin/python -m bench.quant_speed --kernels [--size 2048] [--batches 1 4]
+        [--rows 49152] [--types Q6_K Q8_0] [--forms "float32 x"]
 
 --kernels: the products alone, one thread, per type: CPU time of a size x size product with
 random blocks at each batch size through `strata_quants::mm` (int8 activations, the layers'
 form; float32 activations, the head's; the portable build's int8 form) beside torch's int4 kernel
 on the same shape (a Q4_K matrix repacked, as the loader does), the reference, measured in the
-same run (median of interleaved rounds, so a load change hits all alike).
+same run (median of interleaved rounds, so a load change hits all alike). --rows: the matrix's
+output rows (default: size; 49152 x 2048 or x 576 is a vocabulary head's shape); --types and
+--forms: only those (names as printed: `float32 x` is the head's form).
 
 Model level (no tokenizer, no worker), eager, bench/step_timing.py's loop, CPU bf16 as `strata
 serve` builds it (int4 for Q4_0/Q4_1 matrices without their bf16 prefill copy, which alone would
@@ -55,7 +58,8 @@ def rss() -> str:
     return f"RSS {found['VmRSS']:.0f} MiB (anonymous {found['RssAnon']:.0f}, file pages {found['RssFile']:.0f})"
 
 
-def kernels(size: int, batches: list[int], rounds: int = 7) -> None:
+def kernels(size: int, batches: list[int], rounds: int = 7, rows: int | None = None,
+            only_types: list[str] | None = None, forms: list[str] | None = None) -> None:
     """One thread: each product's median CPU time over `rounds` interleaved rounds."""
     import numpy as np
     from gguf import GGMLQuantizationType as Q
@@ -68,15 +72,22 @@ def kernels(size: int, batches: list[int], rounds: int = 7) -> None:
     rng = np.random.default_rng(0)
     ops = quants.ops()
     types = [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS, Q.IQ3_S]
-    raws = {q: torch.from_numpy(random_blocks(q, size, size, rng)) for q in types}
-    int4 = Int4Linear(quants.unpack_q4_k(quants.QuantBlocks(raws[Q.Q4_K], Q.Q4_K, size)))
+    if only_types:
+        types = [q for q in types if q.name in only_types]
+    rows = rows or size
+    raws = {q: torch.from_numpy(random_blocks(q, rows, size, rng)) for q in types}
+    int4 = (Int4Linear(quants.unpack_q4_k(quants.QuantBlocks(raws[Q.Q4_K], Q.Q4_K, size)))
+            if Q.Q4_K in raws else None)
     calls: dict[tuple[str, str], object] = {}
     for batch in batches:
         x = torch.randn(batch, size)
         xb = x.to(torch.bfloat16)
-        calls[("torch int4 (Q4_K repacked)", f"B={batch}")] = lambda xb=xb: int4(xb)
+        if int4 is not None and not forms:
+            calls[("torch int4 (Q4_K repacked)", f"B={batch}")] = lambda xb=xb: int4(xb)
         for q in types:
             for form, args in (("int8 x", (True, False)), ("float32 x", (False, False)), ("portable int8 x", (True, True))):
+                if forms and form not in forms:
+                    continue
                 calls[(f"{q.name} {form}", f"B={batch}")] = (
                     lambda x=x, q=q, args=args: ops.mm(x, raws[q], int(q), quants.table(q), *args))
     times: dict[tuple[str, str], list[float]] = {key: [] for key in calls}
@@ -87,7 +98,7 @@ def kernels(size: int, batches: list[int], rounds: int = 7) -> None:
                 call()  # type: ignore[operator]
             times[key].append((time.thread_time() - started) / 5)
     names = dict.fromkeys(name for name, _ in calls)
-    print(f"{size}x{size} product, one thread, CPU ms (median of {rounds} rounds of 5 calls); "
+    print(f"{rows}x{size} product, one thread, CPU ms (median of {rounds} rounds of 5 calls); "
           f"load average {os.getloadavg()[0]:.2f}")
     print(f"{'':28}" + "".join(f"{f'B={b}':>10}" for b in batches))
     for name in names:
@@ -104,9 +115,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--kernels", action="store_true", help="time the products alone (above)")
     parser.add_argument("--size", type=int, default=2048, help="--kernels: the square matrix's side")
+    parser.add_argument("--rows", type=int, help="--kernels: the matrix's output rows (default: --size)")
+    parser.add_argument("--types", nargs="+", help="--kernels: only these types (Q6_K Q8_0 ...)")
+    parser.add_argument("--forms", nargs="+", help="--kernels: only these forms ('float32 x', 'int8 x', ...)")
+    parser.add_argument("--rounds", type=int, default=7, help="--kernels: interleaved rounds")
     args = parser.parse_args()
     if args.kernels:
-        kernels(args.size, args.batches)
+        kernels(args.size, args.batches, args.rounds, args.rows, args.types, args.forms)
         return
     torch.set_num_threads(args.threads)
     path = Path(tempfile.gettempdir()) / "strata-bench-cache" / f"random-{args.shape}-{args.mix}.gguf"

@@ -18,6 +18,9 @@
 // packed bytes directly (dot_q45_k, dot_q6_k, dot_q32 below), the same integers per 32 and an
 // exact float per chunk; ~3x the codes path's speed at one row for Q4_K, Q5_K, Q6_K, ~2x for the
 // 32-weight types.
+// And on AVX2 with float32 activations (the head) for Q6_K, Q8_0, Q4_K and Q5_K: their dots
+// (dot_q6_k_float, dot_q8_0_float, dot_q45_k_float) make each 32 codes in a register and then do
+// dot_float's operations in its order, the codes path's bits.
 #include "layouts.h"
 #include <cstdlib>
 #include <type_traits>
@@ -633,6 +636,139 @@ inline void dot_q32(const uint8_t* row, const int8_t* xq, const float* dx, const
   for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + bias[r];
 }
 
+// Fused float32-activation dots (AVX2; the head, `int8_x=False`): Q6_K and Q8_0 (the vocabulary
+// heads of Q4_K_M files and of the others) straight from the packed bytes. Each 32 weights' codes
+// are made in a register (codes_avx2's integers: Q6_K's 6 bits minus 32, Q8_0's bytes), widened
+// to float32 as dot_float does, and then dot_float's own operations per row in its order (the
+// products of each 16 summed in two fmas per 8 lanes, times the scale per 16 by fma into the
+// lanes' sums, the same horizontal sum, + 0 for no minimum): the AVX2 codes path's bits, so the
+// head's logits stay the float32 products of the exact weights (engine.md "exact head"; tested
+// against an emulation of dot_float and against the parent's build). Rows four at a time, as
+// dot_float.
+inline void floats_of(__m256i w, __m256 f[4]) {  // 32 int8 codes -> 4 x 8 floats, exactly
+  const __m128i lo = _mm256_castsi256_si128(w), hi = _mm256_extracti128_si256(w, 1);
+  f[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+  f[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(lo, lo)));
+  f[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+  f[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(hi, hi)));
+}
+
+template <int R>  // dot_float's per-chunk operations: x rows [K] from the chunk's first weight
+inline void chunk_float(const __m256 f[4], __m256 lo_scale, __m256 hi_scale, const float* x, int64_t K, __m256* acc) {
+  for (int r = 0; r < R; ++r) {
+    const float* v = x + r * K;
+    const __m256 lo = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(v + 8), _mm256_mul_ps(f[0], _mm256_loadu_ps(v)));
+    const __m256 hi = _mm256_fmadd_ps(f[3], _mm256_loadu_ps(v + 24), _mm256_mul_ps(f[2], _mm256_loadu_ps(v + 16)));
+    acc[r] = _mm256_fmadd_ps(lo, lo_scale, acc[r]);
+    acc[r] = _mm256_fmadd_ps(hi, hi_scale, acc[r]);
+  }
+}
+
+template <int R>
+inline void dot_q8_0_float(const uint8_t* row, const float* x, int64_t K, float* out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < K / 32; ++c) {
+    const uint8_t* b = row + 34 * c;
+    __m256 f[4];
+    floats_of(load(b + 2), f);
+    const __m256 d = _mm256_set1_ps(f16(b));
+    chunk_float<R>(f, d, d, x + 32 * c, K, acc);
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + 0.0f;  // dot_float's + bias (0: no minimum)
+}
+
+template <int R>
+inline void dot_q6_k_float(const uint8_t* row, const float* x, int64_t K, float* out) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30), bias = _mm256_set1_epi8(32);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < K / 256; ++i) {
+    const uint8_t* b = row + i * 210;
+    const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
+    const __m256 d = _mm256_set1_ps(f16(b + 208));
+    alignas(32) float s[16];  // d * sc per 16, codes_avx2's products
+    _mm256_store_ps(s, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8))));
+    _mm256_store_ps(s + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(sc8, sc8)))));
+    const float* v = x + 256 * i;
+    for (int h = 0; h < 2; ++h) {
+      const __m256i a = load(b + 64 * h), c = load(b + 64 * h + 32), qh = load(b + 128 + 32 * h);
+      for (int j = 0; j < 4; ++j) {
+        const __m256i src = j % 2 ? c : a;
+        const __m256i lo = _mm256_and_si256(j < 2 ? src : _mm256_srli_epi16(src, 4), low4);
+        const __m256i hb = j == 0 ? _mm256_slli_epi16(qh, 4) : j == 1 ? _mm256_slli_epi16(qh, 2)
+                         : j == 2 ? qh : _mm256_srli_epi16(qh, 2);
+        __m256 f[4];
+        floats_of(_mm256_sub_epi8(_mm256_or_si256(lo, _mm256_and_si256(hb, top2)), bias), f);
+        const int k = 4 * h + j;
+        chunk_float<R>(f, _mm256_broadcast_ss(s + 2 * k), _mm256_broadcast_ss(s + 2 * k + 1), v + 32 * k, K, acc);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + 0.0f;
+}
+
+// Q4_K / Q5_K: the unsigned codes (nibbles, Q5_K's high bit << 4), d * sc per 32 for both
+// halves, and the minimums' share as min_bias sums it (-(dmin * m) times each chunk's sum of x,
+// product rounded, then added, chunk after chunk), added after the horizontal sum.
+template <int R, bool Five>
+inline void dot_q45_k_float(const uint8_t* row, const float* x, const float* xs, int64_t K, float* out) {
+  constexpr int bytes = Five ? 176 : 144;
+  const int64_t C = K / 32;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[R];
+  float bias[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), bias[r] = 0.0f;
+  for (int64_t i = 0; i < K / 256; ++i) {
+    const uint8_t* b = row + i * bytes;
+    const float d = f16(b), dmin = f16(b + 2);
+    uint8_t sc[8], mn[8];
+    scale_min_k(b + 4, sc, mn);
+    for (int r = 0; r < R; ++r)
+      for (int k = 0; k < 8; ++k) {
+        float p = -(dmin * float(mn[k])) * xs[r * C + 8 * i + k];
+        asm("" : "+x"(p));  // no fma: min_bias's product is rounded before its sum
+        bias[r] += p;
+      }
+    const uint8_t* qs = b + (Five ? 48 : 16);
+    const __m256i qh = Five ? load(b + 16) : _mm256_setzero_si256();
+    const float* v = x + 256 * i;
+    for (int j = 0; j < 4; ++j) {
+      const __m256i q = load(qs + 32 * j);
+      __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+      if constexpr (Five) {
+        const __m256i one = _mm256_set1_epi8(1);
+        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), one), 4));
+        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j + 1), one), 4));
+      }
+      __m256 f[4];
+      floats_of(lo, f);
+      const __m256 s_lo = _mm256_set1_ps(d * float(sc[2 * j])), s_hi = _mm256_set1_ps(d * float(sc[2 * j + 1]));
+      chunk_float<R>(f, s_lo, s_lo, v + 64 * j, K, acc);
+      floats_of(hi, f);
+      chunk_float<R>(f, s_hi, s_hi, v + 64 * j + 32, K, acc);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + bias[r];
+}
+
+inline bool fused_float(int qtype) { return qtype == Q6_K || qtype == Q8_0 || qtype == Q4_K || qtype == Q5_K; }
+
+__attribute__((noinline)) void fused_float_rows(int qtype, const uint8_t* src, int64_t rb, int64_t K, int64_t n0,
+                                                int64_t n1, int64_t M, int64_t N, const float* x, const float* xs,
+                                                float* y) {
+  const int64_t C = K / 32;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = src + n * rb;
+    in_fours(M, N, n, y, [&](auto R, int64_t r, float* out) {
+      if (qtype == Q8_0) dot_q8_0_float<R>(row, x + r * K, K, out);
+      else if (qtype == Q4_K) dot_q45_k_float<R, false>(row, x + r * K, xs + r * C, K, out);
+      else if (qtype == Q5_K) dot_q45_k_float<R, true>(row, x + r * K, xs + r * C, K, out);
+      else dot_q6_k_float<R>(row, x + r * K, K, out);
+    });
+  }
+}
+
 inline bool fused(int qtype) { return qtype != IQ4_XS && qtype != IQ3_S; }  // all but the codebook types
 
 // strata_mm_rows for those (int8 activations): its own function, so that the codes path's loop
@@ -709,6 +845,7 @@ void ENTRY(strata_mm_rows)(int qtype, const uint8_t* src, int64_t rb, int64_t K,
                : qtype == IQ3_S ? 110 : 136;
 #ifdef STRATA_AVX2
   if (xq && fused(qtype)) return fused_rows(qtype, src, rb, K, n0, n1, M, N, xq, dx, xs, y);
+  if (!xq && fused_float(qtype)) return fused_float_rows(qtype, src, rb, K, n0, n1, M, N, x, xs, y);
 #endif
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = src + n * rb;

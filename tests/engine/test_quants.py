@@ -153,6 +153,112 @@ def test_fused_dots_are_the_codes_paths_sums(qtype):
                 assert torch.equal(alone, fused[i:i + 1]), (qtype.name, cols, batch, i)
 
 
+def cpu_has_avx2() -> bool:
+    """Whether ops.cpp picks kernel.cpp's AVX2 build here (x86 with AVX2, FMA and F16C)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return {"avx2", "fma", "f16c"} <= set(flags)
+
+
+def codes_of(raw: np.ndarray, qtype: Q) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """kernel.cpp's codes of rows of Q8_0 / Q4_K / Q5_K / Q6_K blocks: q [N, K] (offsets
+    subtracted), s [N, K/16] float32 (d * sc), m [N, K/32] float32 (-(dmin * mn))."""
+    block, size = GGML_QUANT_SIZES[qtype]
+    b = raw.reshape(raw.shape[0], -1, size)
+    n, nb = b.shape[:2]
+    half = lambda at: b[..., at:at + 2].copy().view(np.float16)[..., 0].astype(np.float32)  # noqa: E731
+    if qtype == Q.Q8_0:
+        q = b[..., 2:].view(np.int8).astype(np.int32)
+        s = np.repeat(half(0)[..., None], 2, -1)
+        m = np.zeros((n, nb, 1), np.float32)
+    elif qtype == Q.Q6_K:
+        ql, qh = b[..., :128].astype(np.int32), b[..., 128:192].astype(np.int32)
+        q = np.empty((n, nb, 256), np.int32)
+        for h in range(2):
+            for j in range(4):
+                lo = (ql[..., 64 * h + 32 * (j % 2):][..., :32] >> (4 * (j // 2))) & 15
+                q[..., 128 * h + 32 * j:][..., :32] = (lo | (((qh[..., 32 * h:32 * h + 32] >> (2 * j)) & 3) << 4)) - 32
+        s = half(208)[..., None] * b[..., 192:208].view(np.int8).astype(np.float32)
+        m = np.zeros((n, nb, 8), np.float32)
+    else:  # Q4_K, Q5_K
+        five = qtype == Q.Q5_K
+        sc8 = b[..., 4:16].astype(np.int32)
+        sc = np.concatenate([sc8[..., :4] & 63, (sc8[..., 8:] & 15) | ((sc8[..., :4] >> 6) << 4)], -1)
+        mn = np.concatenate([sc8[..., 4:8] & 63, (sc8[..., 8:] >> 4) | ((sc8[..., 4:8] >> 6) << 4)], -1)
+        qs = b[..., 48 if five else 16:].astype(np.int32)
+        q = np.empty((n, nb, 256), np.int32)
+        for k in range(8):
+            q[..., 32 * k:32 * k + 32] = (qs[..., 32 * (k // 2):32 * (k // 2) + 32] >> (4 * (k % 2))) & 15
+            if five:
+                q[..., 32 * k:32 * k + 32] |= ((b[..., 16:48].astype(np.int32) >> k) & 1) << 4
+        s = np.repeat(half(0)[..., None] * sc.astype(np.float32), 2, -1)
+        m = -(half(2)[..., None] * mn.astype(np.float32))
+    return q.reshape(n, -1), s.reshape(n, -1), m.reshape(n, -1)
+
+
+def avx2_dot_float(x: np.ndarray, q: np.ndarray, s: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """kernel.cpp's `dot_float` (the AVX2 codes path, float32 activations) in numpy, operation by
+    operation: per 32 weights, eight lanes of products of the first 16 in two fmas, of the last
+    16 likewise, each fma'd by its scale into the lanes' sums; the lanes' horizontal sum in
+    `hsum`'s order; then the minimums' share (min_bias: each chunk's m times its sum of x, summed
+    chunk by chunk). An fma is the float64 sum of an exact product, rounded to float32 (a double
+    rounding could differ from the fma's one in ~2^-29 of cases; the seeds here hit none)."""
+    f32, f64 = np.float32, np.float64
+    fma = lambda a, b, c: (a.astype(f64) * b.astype(f64) + c.astype(f64)).astype(f32)  # noqa: E731
+    B, K = x.shape
+    xq = x.reshape(B, 1, K // 8, 8)
+    qq = q.astype(f32).reshape(1, q.shape[0], K // 8, 8)
+    acc = np.zeros((B, q.shape[0], 8), f32)
+    for c in range(K // 32):
+        g = lambda i: (qq[:, :, 4 * c + i], xq[:, :, 4 * c + i])  # noqa: E731
+        lo = fma(*g(1), (g(0)[0] * g(0)[1]).astype(f32))
+        hi = fma(*g(3), (g(2)[0] * g(2)[1]).astype(f32))
+        acc = fma(lo, s[None, :, 2 * c, None], acc)
+        acc = fma(hi, s[None, :, 2 * c + 1, None], acc)
+    t = acc[..., :4] + acc[..., 4:]
+    out = (t[..., 0] + t[..., 2]) + (t[..., 1] + t[..., 3])
+    xs = np.zeros((B, K // 32), f32)  # ops.cpp's sums of x, element after element
+    for e in range(32):
+        xs += x.reshape(B, -1, 32)[..., e]
+    bias = np.zeros((B, q.shape[0]), f32)
+    for c in range(K // 32):
+        bias += (m[None, :, c] * xs[:, None, c]).astype(f32)
+    return out + bias
+
+
+@pytest.mark.parametrize("qtype", [Q.Q6_K, Q.Q8_0, Q.Q4_K, Q.Q5_K], ids=lambda q: q.name)
+def test_fused_float_dots_are_the_codes_paths_bits(qtype):
+    """The head's form (float32 activations, `int8_x=False`) on AVX2 for Q6_K, Q8_0, Q4_K and
+    Q5_K: fused dots from the packed bytes (no codes buffer) doing `dot_float`'s operations in its
+    order, so the same float32 bits as the codes path (emulated above, torch.equal; the head's
+    logits stay the exact weights' float32 products, nothing else rounded), within float32
+    rounding of float64 and of the portable build, at 1-10 rows (four at a time, then the rest)
+    and one super-block a row or several, each row alone the same bits."""
+    rng = np.random.default_rng(int(qtype) + 300)
+    torch.manual_seed(int(qtype) + 300)
+    for cols in (256, 1536):
+        raw = random_blocks(qtype, 24, cols, rng)
+        exact = torch.from_numpy(gguf_dequantize(raw, qtype)).double()
+        q, s, m = codes_of(raw, qtype)
+        assert np.array_equal(q * np.repeat(s, 16, -1).astype(np.float64) + np.repeat(m, 32, -1), exact.numpy())
+        for batch in range(1, 11):
+            x = torch.randn(batch, cols) * torch.rand(batch, 1) * 4
+            x[0, 32:64] = 0
+            fused = quants.ops().mm(x, torch.from_numpy(raw), int(qtype), quants.table(qtype), False, False)
+            portable = quants.ops().mm(x, torch.from_numpy(raw), int(qtype), quants.table(qtype), False, True)
+            reference = x.double() @ exact.T
+            for y in (fused, portable):
+                assert float((y.double() - reference).norm() / reference.norm()) <= 1e-6, (qtype.name, cols, batch)
+            if cpu_has_avx2():  # ops.cpp runs the AVX2 build
+                assert torch.equal(fused, torch.from_numpy(avx2_dot_float(x.numpy(), q, s, m))), (qtype.name, cols, batch)
+            for i in range(batch):
+                alone = quants.ops().mm(x[i:i + 1], torch.from_numpy(raw), int(qtype), quants.table(qtype), False, False)
+                assert torch.equal(alone, fused[i:i + 1]), (qtype.name, cols, batch, i)
+
+
 @pytest.mark.parametrize("qtype", NEW_TYPES, ids=lambda q: q.name)
 def test_product_is_the_kernel_on_the_exact_weights(qtype):
     """QuantLinear: the decode form, any number of tokens a row, is `mm` with int8 activations
