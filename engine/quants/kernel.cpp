@@ -691,19 +691,30 @@ inline void dot_q6_k_float(const uint8_t* row, const float* x, int64_t K, float*
     _mm256_store_ps(s, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8))));
     _mm256_store_ps(s + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(sc8, sc8)))));
     const float* v = x + 256 * i;
-    for (int h = 0; h < 2; ++h) {
+    auto half = [&](auto H) {
+      constexpr int h = decltype(H)::value;
       const __m256i a = load(b + 64 * h), c = load(b + 64 * h + 32), qh = load(b + 128 + 32 * h);
-      for (int j = 0; j < 4; ++j) {
+      auto chunk = [&](auto J) {
+        constexpr int j = decltype(J)::value;
         const __m256i src = j % 2 ? c : a;
         const __m256i lo = _mm256_and_si256(j < 2 ? src : _mm256_srli_epi16(src, 4), low4);
-        const __m256i hb = j == 0 ? _mm256_slli_epi16(qh, 4) : j == 1 ? _mm256_slli_epi16(qh, 2)
-                         : j == 2 ? qh : _mm256_srli_epi16(qh, 2);
+        __m256i hb;
+        if constexpr (j == 0) hb = _mm256_slli_epi16(qh, 4);
+        else if constexpr (j == 1) hb = _mm256_slli_epi16(qh, 2);
+        else if constexpr (j == 2) hb = qh;
+        else hb = _mm256_srli_epi16(qh, 2);
         __m256 f[4];
         floats_of(_mm256_sub_epi8(_mm256_or_si256(lo, _mm256_and_si256(hb, top2)), bias), f);
-        const int k = 4 * h + j;
+        constexpr int k = 4 * h + j;
         chunk_float<R>(f, _mm256_broadcast_ss(s + 2 * k), _mm256_broadcast_ss(s + 2 * k + 1), v + 32 * k, K, acc);
-      }
-    }
+      };
+      chunk(std::integral_constant<int, 0>{});
+      chunk(std::integral_constant<int, 1>{});
+      chunk(std::integral_constant<int, 2>{});
+      chunk(std::integral_constant<int, 3>{});
+    };
+    half(std::integral_constant<int, 0>{});
+    half(std::integral_constant<int, 1>{});
   }
   for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + 0.0f;
 }
