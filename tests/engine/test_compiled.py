@@ -151,7 +151,7 @@ def test_packages_serve_any_slot_count_and_context_and_a_failed_build_leaves_the
 
 
 def _quant_engine(path) -> TorchEngine:
-    """A GGUF file's model as the CPU default builds it (bf16, Q4_K on int4, the rest as blocks)."""
+    """A GGUF file's model as the CPU default builds it (bf16, every quantized type as blocks)."""
     from engine.gguf_loader import GGUFModel
     from engine.model import Transformer
 
@@ -174,7 +174,7 @@ def _mix_packages(folder: Path) -> list[str]:
 @pytest.mark.skipif(compiler() is None, reason="no C++ compiler: engine/quants' kernels cannot be built")
 @pytest.mark.early.with_args(_mix_packages)
 def test_a_mix_decodes_compiled_ahead_of_time_as_eagerly(packages, tmp_path, monkeypatch):
-    """A K-quant file (Q4_K_M's Q4_K on int4 and Q6_K v/down and head, with Q8_0 and Q5_0 parts
+    """A K-quant file (Q4_K_M's Q4_K and Q6_K v/down and head, with Q8_0 and Q5_0 parts
     beside them in one linear) decodes through the per-layer graphs and through the packages
     (the head inside) with eager's greedy tokens, one row and two: the file's blocks go in as
     the graphs' inputs, `strata_quants::mm` called from them."""
@@ -189,7 +189,7 @@ def test_a_mix_decodes_compiled_ahead_of_time_as_eagerly(packages, tmp_path, mon
     eager, regional, ahead = (_quant_engine(path) for _ in range(3))
     linears = [m for m in eager.model.modules() if isinstance(m, QuantLinear)]
     kinds = {p.qtype.name if isinstance(p, BlocksPart) else "int4" for m in linears for p in m.parts}
-    assert kinds == {"int4", "Q6_K", "Q8_0", "Q5_0"} and isinstance(eager.model.head, QuantLinear)
+    assert kinds == {"Q4_K", "Q6_K", "Q8_0", "Q5_0"} and isinstance(eager.model.head, QuantLinear)
     assert compilable(eager.model) and aot.head_inside(eager.model)
     regional.compile_decode(warm=True, ahead=False)
     ahead.compile_decode(warm=True)
