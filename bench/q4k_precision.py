@@ -1,5 +1,5 @@
 """Q4_K on `strata_quants::mm` (int8 x per 32, the default) against torch's int4 kernel (bf16 x, bf16
-scales, STRATA_Q4K_INT4=1): relative error of one product against float64 of the exact weights, on
+scales, `QuantLinear(int4=True)`): relative error of one product against float64 of the exact weights, on
 SmolLM2-135M's own layer inputs (float32 engine, eager) and on normal x; random Q4_K blocks (gguf-py
 cannot quantize Q4_K). docs/bench-log.md, 2026-12-06.
 

@@ -10,8 +10,8 @@ to float32, rounded to bf16 and multiplied by oneDNN (`F.linear` in bf16, the de
 arithmetic), so no dense copy is ever held. Chosen by role, not by a call's length, like the int4
 matrices' bf16 copy (engine/weights.py `TwoFormLinear`): a cached repeat reads its last tokens as
 the cold read did. Q4_K parts go through `mm` too (its fused Q4_K dot is 2-3x torch's int4
-kernel on the same matrix); STRATA_Q4K_INT4=1 repacks them once into torch's int4 groups instead
-(exact; the form before Dec 6: bf16 activations, finer, slower). `QuantRows` looks rows up (the
+kernel on the same matrix); a `QuantLinear(int4=True)` repacks them once into torch's int4 groups
+instead (exact; the loader's form before Dec 6: bf16 activations, finer, slower). `QuantRows` looks rows up (the
 embedding, the head's exact top logits). Either holds exactly the file's bytes for the matrix
 (the mapped file's pages). The decode form also runs inside compiled graphs and the packages
 compiled ahead of time: the ops have fake kernels (fake.py) and a QuantLinear's blocks are tensor
@@ -19,7 +19,6 @@ attributes, the graphs' inputs."""
 
 from __future__ import annotations
 
-import os
 from functools import cache
 from typing import NamedTuple
 
@@ -36,13 +35,6 @@ from engine.weights import Int4Blocks, Int4Linear, fuse_int4
 TYPES = {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS, Q.IQ3_S}
 INT4_TYPES = {Q.Q4_0, Q.Q4_1}  # torch's int4 kernel takes these first (model.py), unless --no-int4
 SLAB_BYTES = 8 << 20  # float32 bytes of one unpacked slab of rows in a prefill product
-
-
-def q4_k_on_int4() -> bool:
-    """STRATA_Q4K_INT4=1: Q4_K parts of a `QuantLinear` built with `int4` on torch's int4 kernel
-    (bf16 activations) rather than `mm` (int8 activations, the default since Dec 6: faster in the
-    engine at 1 and 4 rows, docs/engine.md). Read when a linear is built."""
-    return os.environ.get("STRATA_Q4K_INT4", "") == "1"
 
 
 @cache
@@ -129,7 +121,7 @@ class QuantLinear(nn.Module):
 
     Q4_K parts run on `strata_quants::mm` like the others (its fused Q4_K dot: 0.23 / 0.50 ms
     against torch's int4 kernel's 0.72 / 1.10 on a 2048^2 matrix at 1 / 4 rows, bench/quant_speed.py
-    --kernels). With `int4` and STRATA_Q4K_INT4=1 (`q4_k_on_int4`) they are repacked once, exactly,
+    --kernels; the loader's form since Dec 6). With `int4` they are repacked once, exactly,
     into torch's int4 groups and run on its int4 kernel instead (`Int4Linear`, as Q4_0/Q4_1 files
     do: bf16 activations, each group's scale and offset rounded to bf16: ~3e-3 relative error
     against int8's ~9e-3 on real layer inputs); the raw Q4_K bytes are then not kept (int4 holds
@@ -139,7 +131,7 @@ class QuantLinear(nn.Module):
                  int4: bool = False, int8_x: bool = True) -> None:
         """slabs: prompt tokens (`prompt_form`) go through unpacked slabs (bf16, or float32 where
         bf16 is slow: `slab_dtype`; False: through `mm` too).
-        int4: Q4_K parts on torch's int4 kernel, where STRATA_Q4K_INT4=1 (`q4_k_on_int4`).
+        int4: Q4_K parts on torch's int4 kernel (tests and benches compare the two forms).
         int8_x: `mm` quantizes the activations to int8 per 32 (llama.cpp's arithmetic, ~5e-3
         relative error on the output; ~9e-3 on real layer inputs); False keeps them float32 (the
         head: its logits are then the exact rows' product)."""
@@ -155,7 +147,6 @@ class QuantLinear(nn.Module):
         # `_tensors`) rather than as constants baked into its code
         self.parts: list[int | BlocksPart] = []
         self.int4 = nn.ModuleList()
-        int4 = int4 and q4_k_on_int4()
         run: list[QuantBlocks] = []
         for p in [*parts, None]:
             if p is not None and int4 and p.qtype == Q.Q4_K:

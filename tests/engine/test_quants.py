@@ -60,16 +60,15 @@ def test_q4_k_repacked_as_int4_groups_is_gguf_dequantize_bit_for_bit():
 
 
 @pytest.mark.skipif(not int4_available(), reason="torch's CPU int4 kernel is missing")
-def test_q4_k_on_torchs_int4_kernel_is_within_bf16_of_float32(monkeypatch):
-    """int4 (STRATA_Q4K_INT4=1; by default Q4_K runs on `mm`): bf16 activations and each group's
+def test_q4_k_on_torchs_int4_kernel_is_within_bf16_of_float32():
+    """int4 (`QuantLinear(int4=True)`; the loader's Q4_K runs on `mm`): bf16 activations and each group's
     scale and offset in bf16 (as Q4_0/Q4_1 files): relative error of the output <= 1e-2 (~3e-3
     measured), decode and prefill alike."""
     rng = np.random.default_rng(4)
     raw = random_blocks(Q.Q4_K, 48, 512, rng)
     exact = torch.from_numpy(gguf_dequantize(raw, Q.Q4_K)).double()
     blocks = quants.QuantBlocks(torch.from_numpy(raw), Q.Q4_K, 512)
-    assert len(quants.QuantLinear([blocks], int4=True).int4) == 0  # the default: mm
-    monkeypatch.setenv("STRATA_Q4K_INT4", "1")
+    assert len(quants.QuantLinear([blocks]).int4) == 0  # the default: mm
     linear = quants.QuantLinear([blocks], int4=True)
     assert len(linear.int4) == 1 and quants.held_bytes(linear) <= 1.12 * raw.nbytes
     for tokens in (1, 20):
@@ -362,13 +361,17 @@ def test_a_cached_prefix_then_the_rest_reads_as_the_cold_read(tmp_path, monkeypa
     one call per aligned block, however it was read, so every linear's output for the last 3
     tokens is the same bits. The attention over them is not: 67 queries in one call against 3
     after a cached 64 round differently in float32 (~1e-7 of the logits; also on Q5_K_M, Q6_K and
-    Q8_0 files). With Q4_K on torch's int4 kernel (STRATA_Q4K_INT4=1) the K/V and logits are the
+    Q8_0 files). With Q4_K on torch's int4 kernel (the loader's form before Dec 6) the K/V and logits are the
     same bits (bf16-valued q, k, v from every int4 layer); on `mm`, the default, within 1e-5 of
     the logits' range (the decode form's int8 activations, read by mistake, would be ~1e-2)."""
     from engine.model import PROMPT_BLOCK
 
     if q4_k_int4:
-        monkeypatch.setenv("STRATA_Q4K_INT4", "1")
+        class OnInt4(quants.QuantLinear):
+            def __init__(self, *args, **kwargs) -> None:
+                super().__init__(*args, **kwargs, int4=True)
+
+        monkeypatch.setattr("engine.model.QuantLinear", OnInt4)
     path = tmp_path / "tiny-Q4_K_M.gguf"
     write_mix(path, "Q4_K_M")
     loaded = GGUFModel(path)
