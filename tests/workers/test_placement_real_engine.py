@@ -1,7 +1,10 @@
 """The worker's pool places each slot's blocks as one run from its home (workers/blocks.py), so a
 served batch's eager decode steps read the KV as one strided view of each pool, not a gather
 (`Transformer.kv_view`), even when the slots take their blocks in turn, one step at a time; and
-the answers are those of the same batch gathered from blocks placed without homes, bit for bit.""" 
+the answers are those of the same batch gathered from blocks placed without homes, bit for bit.
+That view and that gather are the fallback of a pool engine/attend.cpp does not read (no C++
+compiler, CUDA, fp8), forced here; the CPU's default reads every row in place, wherever its
+blocks lie: placed or not, the same answers bit for bit too.""" 
 
 from __future__ import annotations
 
@@ -25,10 +28,13 @@ PROMPTS = {f"r{i}": [(7 * i + 3 * j) % 256 for j in range(20 + 9 * i)] for i in 
 ANSWER = KV_BLOCK + 10  # every answer crosses into a block it takes while the others decode
 
 
-def serve(redis_url: str, worker_id: str, requests: dict[str, list[int]]) -> list[tuple[int, int] | None]:
+def serve(redis_url: str, worker_id: str, requests: dict[str, list[int]],
+          in_place: bool = False) -> list[tuple[int, int] | None]:
     """Serve the requests together; the kv_view of every decode step with all three rows."""
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     engine = pooled(kv_blocks=12)  # 3 slots: homes 0, 4, 8
+    for block in engine.model.layers:
+        block.mixer.in_place = in_place
     model, views = engine.model, []
     step_inputs = model.step_inputs
 
@@ -64,3 +70,15 @@ def test_a_served_batch_decodes_through_one_view_with_the_gathers_answers(redis_
     for rid in PROMPTS:
         tokens = answer(client, rid)
         assert len(tokens) == ANSWER and tokens == answer(client, f"unplaced-{rid}")  # logprobs too
+
+
+def test_a_served_batch_read_in_place_answers_alike_wherever_its_blocks_lie(redis_url, monkeypatch: pytest.MonkeyPatch):
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    placed = serve(redis_url, "placed", PROMPTS, in_place=True)
+    assert len(placed) > ANSWER // 2 and set(placed) == {None}  # no view: each row read where it lies
+    with monkeypatch.context() as m:
+        m.setattr(workers.kv_pool, "BlockPool", lambda tokens, block, slots: BlockPool(tokens, block))
+        serve(redis_url, "unplaced", {f"unplaced-{rid}": p for rid, p in PROMPTS.items()}, in_place=True)
+    for rid in PROMPTS:
+        tokens = answer(client, rid)
+        assert len(tokens) == ANSWER and tokens == answer(client, f"unplaced-{rid}")
