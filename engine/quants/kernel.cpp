@@ -522,11 +522,39 @@ inline void dot_q45_k(const uint8_t* row, const int8_t* xq, const float* dx, con
   for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
 }
 
+// Q6_K: f(k, codes) for the 8 chunks of 32 weights of the super-block at b, k as a compile-time
+// constant, codes each weight's unsigned 6 bits (0-63) in a byte: 4 low bits from ql's nibbles
+// (chunks 0-1 of a 128-weight half the low nibbles, 2-3 the high), 2 high bits from qh.
+template <typename F>
+inline void q6_k_chunks(const uint8_t* b, F&& f) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
+  auto half = [&](auto H) {
+    constexpr int h = decltype(H)::value;
+    const __m256i a = load(b + 64 * h), c = load(b + 64 * h + 32), qh = load(b + 128 + 32 * h);
+    auto chunk = [&](auto J) {
+      constexpr int j = decltype(J)::value;
+      const __m256i src = j % 2 ? c : a;
+      const __m256i lo = _mm256_and_si256(j < 2 ? src : _mm256_srli_epi16(src, 4), low4);
+      __m256i hb;
+      if constexpr (j == 0) hb = _mm256_slli_epi16(qh, 4);
+      else if constexpr (j == 1) hb = _mm256_slli_epi16(qh, 2);
+      else if constexpr (j == 2) hb = qh;
+      else hb = _mm256_srli_epi16(qh, 2);
+      f(std::integral_constant<int, 4 * h + j>{}, _mm256_or_si256(lo, _mm256_and_si256(hb, top2)));
+    };
+    chunk(std::integral_constant<int, 0>{});
+    chunk(std::integral_constant<int, 1>{});
+    chunk(std::integral_constant<int, 2>{});
+    chunk(std::integral_constant<int, 3>{});
+  };
+  half(std::integral_constant<int, 0>{});
+  half(std::integral_constant<int, 1>{});
+}
+
 // x16: rows [K/16] of dx * (each 16's sum of xq), for Q6_K's -32.
 template <int R>
 inline void dot_q6_k(const uint8_t* row, const int8_t* xq, const float* dx, const float* x16, int64_t K, float* out) {
   const int64_t C = K / 32, G = K / 16;
-  const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
   __m256 acc[R], sb[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t i = 0; i < K / 256; ++i) {
@@ -547,32 +575,13 @@ inline void dot_q6_k(const uint8_t* row, const int8_t* xq, const float* dx, cons
                              _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(sc8, 8)))};
     const int8_t* x = xq + 256 * i;
     const float* dc = dx + 8 * i;
-    auto half = [&](auto H) {
-      constexpr int h = decltype(H)::value;
-      const __m256i a = load(b + 64 * h), c = load(b + 64 * h + 32), qh = load(b + 128 + 32 * h);
-      auto chunk = [&](auto J) {
-        constexpr int j = decltype(J)::value;
-        const __m256i src = j % 2 ? c : a;
-        const __m256i lo = _mm256_and_si256(j < 2 ? src : _mm256_srli_epi16(src, 4), low4);
-        __m256i hb;
-        if constexpr (j == 0) hb = _mm256_slli_epi16(qh, 4);
-        else if constexpr (j == 1) hb = _mm256_slli_epi16(qh, 2);
-        else if constexpr (j == 2) hb = qh;
-        else hb = _mm256_srli_epi16(qh, 2);
-        const __m256i w = _mm256_or_si256(lo, _mm256_and_si256(hb, top2));
-        constexpr int k = 4 * h + j;
-        constexpr short lo_pair = short(0x0100 + 0x0404 * (k % 4)), hi_pair = short(lo_pair + 0x0202);
-        const __m256i s = _mm256_shuffle_epi8(sc16[h], _mm256_setr_epi16(lo_pair, lo_pair, lo_pair, lo_pair, lo_pair, lo_pair, lo_pair, lo_pair,
-                                                                         hi_pair, hi_pair, hi_pair, hi_pair, hi_pair, hi_pair, hi_pair, hi_pair));
-        chunk_int8<R, k == 0>(w, s, x + 32 * k, dc + k, K, C, sb);
-      };
-      chunk(std::integral_constant<int, 0>{});
-      chunk(std::integral_constant<int, 1>{});
-      chunk(std::integral_constant<int, 2>{});
-      chunk(std::integral_constant<int, 3>{});
-    };
-    half(std::integral_constant<int, 0>{});
-    half(std::integral_constant<int, 1>{});
+    q6_k_chunks(b, [&](auto At, __m256i w) {
+      constexpr int k = decltype(At)::value;
+      constexpr short lo_pair = short(0x0100 + 0x0404 * (k % 4)), hi_pair = short(lo_pair + 0x0202);
+      const __m256i s = _mm256_shuffle_epi8(sc16[k / 4], _mm256_setr_epi16(lo_pair, lo_pair, lo_pair, lo_pair, lo_pair, lo_pair, lo_pair, lo_pair,
+                                                                           hi_pair, hi_pair, hi_pair, hi_pair, hi_pair, hi_pair, hi_pair, hi_pair));
+      chunk_int8<R, k == 0>(w, s, x + 32 * k, dc + k, K, C, sb);
+    });
     const __m256 scale = _mm256_set1_ps(d);
     for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(sb[r], scale, acc[r]);
   }
@@ -680,7 +689,7 @@ inline void dot_q8_0_float(const uint8_t* row, const float* x, int64_t K, float*
 
 template <int R>
 inline void dot_q6_k_float(const uint8_t* row, const float* x, int64_t K, float* out) {
-  const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30), bias = _mm256_set1_epi8(32);
+  const __m256i bias = _mm256_set1_epi8(32);
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t i = 0; i < K / 256; ++i) {
@@ -691,30 +700,12 @@ inline void dot_q6_k_float(const uint8_t* row, const float* x, int64_t K, float*
     _mm256_store_ps(s, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8))));
     _mm256_store_ps(s + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(sc8, sc8)))));
     const float* v = x + 256 * i;
-    auto half = [&](auto H) {
-      constexpr int h = decltype(H)::value;
-      const __m256i a = load(b + 64 * h), c = load(b + 64 * h + 32), qh = load(b + 128 + 32 * h);
-      auto chunk = [&](auto J) {
-        constexpr int j = decltype(J)::value;
-        const __m256i src = j % 2 ? c : a;
-        const __m256i lo = _mm256_and_si256(j < 2 ? src : _mm256_srli_epi16(src, 4), low4);
-        __m256i hb;
-        if constexpr (j == 0) hb = _mm256_slli_epi16(qh, 4);
-        else if constexpr (j == 1) hb = _mm256_slli_epi16(qh, 2);
-        else if constexpr (j == 2) hb = qh;
-        else hb = _mm256_srli_epi16(qh, 2);
-        __m256 f[4];
-        floats_of(_mm256_sub_epi8(_mm256_or_si256(lo, _mm256_and_si256(hb, top2)), bias), f);
-        constexpr int k = 4 * h + j;
-        chunk_float<R>(f, _mm256_broadcast_ss(s + 2 * k), _mm256_broadcast_ss(s + 2 * k + 1), v + 32 * k, K, acc);
-      };
-      chunk(std::integral_constant<int, 0>{});
-      chunk(std::integral_constant<int, 1>{});
-      chunk(std::integral_constant<int, 2>{});
-      chunk(std::integral_constant<int, 3>{});
-    };
-    half(std::integral_constant<int, 0>{});
-    half(std::integral_constant<int, 1>{});
+    q6_k_chunks(b, [&](auto At, __m256i w) {
+      constexpr int k = decltype(At)::value;
+      __m256 f[4];
+      floats_of(_mm256_sub_epi8(w, bias), f);
+      chunk_float<R>(f, _mm256_broadcast_ss(s + 2 * k), _mm256_broadcast_ss(s + 2 * k + 1), v + 32 * k, K, acc);
+    });
   }
   for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + 0.0f;
 }
