@@ -21,7 +21,7 @@ import time
 import torch
 
 from engine.layers import attend_plain, gather_index
-from engine.quants.build import load_attend
+from engine.quants.build import load
 
 KV, G, D, BS = 3, 3, 64, 64
 
@@ -46,7 +46,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=30)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    assert load_attend() is None, load_attend()
+    assert load("strata_attend") is None, load("strata_attend")
     compiled = torch.compile(gathered, dynamic=True)
     forms = {"gather eager": gathered, "gather compiled": compiled, "in place": in_place}
     print(f"threads {args.threads}; CPU ms per call, median of {args.calls}")

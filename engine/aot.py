@@ -49,8 +49,7 @@ from torch import Tensor, nn
 
 from engine.model import CacheIndex, Transformer
 from engine.quants.blocks import QuantLinear
-from engine.quants.build import load as load_quants
-from engine.quants.build import load_attend
+from engine.quants.build import load as load_ops
 from engine.step import StepInputs, step_body
 from engine.weights import PackedLinear
 
@@ -161,7 +160,7 @@ def package_key(model: Transformer, batched: bool, places: list[tuple[object, st
              repr(model.cfg), str(model.dtype), _cpu(), str(torch.backends.cpu.get_cpu_capability()),
              "one slot" if model.num_slots == 1 else "slots",
              # attention read in place (engine/attend.cpp) or gathered: another graph
-             "in place" if any(getattr(b.mixer, "in_place", False) for b in model.layers) else "gathered"]
+             "in place" if model.reads_in_place else "gathered"]
     # the layout of blocks (which parts are of which type): the shapes alone do not tell it
     parts += [f"{name}: {m.extra_repr()}" for name, m in model.named_modules() if isinstance(m, QuantLinear)]
     for owner, name in places:
@@ -222,8 +221,8 @@ class PackagedStep:
         """Trace the layers (the model's tensors are swapped for the trace's inputs meanwhile, so
         nothing may run the model concurrently) and save the program for `build`."""
         started = time.perf_counter()
-        load_quants()  # engine/quants' ops and their fake kernels (a child building from shapes had not loaded them)
-        load_attend()  # and engine/attend.cpp's
+        load_ops()  # engine/quants' ops and their fake kernels (a child building from shapes had not loaded them)
+        load_ops("strata_attend")  # and engine/attend.cpp's
         rows = 2 if self.batched else 1
         x, inputs = example_inputs(self.model, rows, min(self.model.ctx, 256))
         # the step's rows and span dynamic (StepInputs.dims), and the layers' KV pool's size: any
@@ -381,10 +380,10 @@ def compile_package(program: str, path: str) -> None:
     """An exported program (torch.export.save) -> an AOTInductor package at `path`, written whole
     or not at all (a worker may be killed mid-build; two may build the same key)."""
     _leave_out_input_checks()
-    quants_missing = load_quants()  # the program may call engine/quants' ops: they and their fake kernels
+    quants_missing = load_ops()  # the program may call engine/quants' ops: they and their fake kernels
     if quants_missing is not None:
         log.info("engine/quants' kernels not loaded: %s", quants_missing)
-    load_attend()
+    load_ops("strata_attend")
     files = {"inputs.json": ""}
     exported = torch.export.load(program, extra_files=files)
     # inductor reads only the inputs' shapes, strides and dtypes; these are never touched

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine import kv_dtype
-from engine.quants.build import load_attend
+from engine.quants.build import load
 from engine.step import StepInputs
 from engine.weights import in_pieces
 
@@ -65,7 +65,7 @@ class Attention(nn.Module):
         self.v_cache = torch.zeros(shape, device=device, dtype=dtype)
         # On the CPU a decode step reads each row's positions where they lie (1.5-2.5x faster than
         # gathering them first, docs/kv_pool.md); CUDA, an fp8 pool, or no C++ compiler: gathered.
-        self.in_place = device.type == "cpu" and dtype in IN_PLACE_DTYPES and load_attend() is None
+        self.in_place = device.type == "cpu" and dtype in IN_PLACE_DTYPES and load("strata_attend") is None
 
     def forward(self, h: Tensor, inputs: StepInputs, state: tuple[Tensor, ...]) -> Tensor:
         """h: [B, T, dim] normed residual; state: this layer's K/V pools [KV, N, hd], written at

@@ -457,6 +457,12 @@ class Transformer(nn.Module):
             run += 1
         self.runs[slot] = (blocks[0] if blocks else self.spare_block, run)
 
+    @property
+    def reads_in_place(self) -> bool:
+        """Whether a decode step's attention layers read the KV pool where it lies (engine/attend.cpp,
+        set per layer by `Attention.allocate`): then the step needs neither a view nor a gather."""
+        return all(b.mixer.in_place for b in self.layers if isinstance(b.mixer, Attention))
+
     def kv_view(self, index: CacheIndex) -> tuple[int, int] | None:
         """Where an eager decode step may read its rows' K/V as one strided view of each pool
         instead of a gather: (the pool position of row 0's position 0, the distance from a row's to
@@ -543,7 +549,7 @@ class Transformer(nn.Module):
             extra["state_at"] = torch.where(index.positions[:, 0] < self.ctx, index.rows[:, 0], self.num_slots - index.lo)
         # an eager step's reads, made once for all layers: the view, else the gather's flat index
         # (neither for a decode step whose layers read the pool in place)
-        in_place = not index.reading and all(getattr(b.mixer, "in_place", True) for b in self.layers)
+        in_place = not index.reading and self.reads_in_place
         view = None if in_place else self.kv_view(index)
         gather = None
         if view is None and index.ends and not in_place:

@@ -97,33 +97,23 @@ def build(library: str = "strata_quants") -> Path:
     return target
 
 
+# what runs instead where a library cannot be built or loaded
+WITHOUT = {"strata_quants": "those GGUF types are dequantized to bf16",
+           "strata_attend": "a decode step gathers the pool's rows first"}
+
+
 @cache
-def load() -> str | None:
-    """Load the ops into torch.ops.strata_quants (building them if needed), with their fake
+def load(library: str = "strata_quants") -> str | None:
+    """Load a library's ops into torch.ops.<library> (building it if needed), with their fake
     kernels (fake.py). None on success, else why they are not available."""
     try:
-        torch.ops.load_library(str(build()))
+        torch.ops.load_library(str(build(library)))
     except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
-        log.warning("quantized-matrix kernels unavailable (%s): those GGUF types are dequantized to bf16", e)
+        log.warning("%s unavailable (%s): %s", library, e, WITHOUT[library])
         return str(e)
     from engine.quants import fake
 
-    fake.register()  # before any trace of the decode step (engine/compiled.py, engine/aot.py)
-    return None
-
-
-@cache
-def load_attend() -> str | None:
-    """Load strata_attend::decode (engine/attend.cpp) with its fake kernel, as `load`: None on
-    success, else why it is not available (attention then gathers each row's positions first)."""
-    try:
-        torch.ops.load_library(str(build("strata_attend")))
-    except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
-        log.warning("decode attention kernel unavailable (%s): the pool's rows are gathered first", e)
-        return str(e)
-    from engine.quants import fake
-
-    fake.register_attend()
+    fake.register(library)  # before any trace of the decode step (engine/compiled.py, engine/aot.py)
     return None
 
 

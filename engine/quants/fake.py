@@ -10,16 +10,14 @@ import torch
 from torch import Tensor
 
 
-def register() -> None:
-    """Once the library is loaded (build.load): its ops get their fake kernels."""
+def register(library: str) -> None:
+    """Once a library is loaded (build.load): its ops get their fake kernels."""
+    if library == "strata_attend":
+        torch.library.register_fake("strata_attend::decode", _decode)
+        return
     torch.library.register_fake("strata_quants::mm", _mm)
     torch.library.register_fake("strata_quants::mm_experts", _mm_experts)
     torch.library.register_fake("strata_quants::dequantize", _dequantize)
-
-
-def register_attend() -> None:
-    """strata_attend::decode's (engine/attend.cpp), once its library is loaded (build.load_attend)."""
-    torch.library.register_fake("strata_attend::decode", _decode)
 
 
 def _decode(q: Tensor, k_pool: Tensor, v_pool: Tensor, read_at: Tensor, mask: Tensor, scale: float) -> Tensor:

@@ -8,7 +8,7 @@ import torch
 
 from engine import kv_dtype
 from engine.layers import attend_plain, gather_index
-from engine.quants.build import compiler, load_attend
+from engine.quants.build import compiler, load
 
 pytestmark = pytest.mark.skipif(compiler() is None, reason="no C++ compiler: engine/attend.cpp cannot be built")
 
@@ -40,7 +40,7 @@ def _gathered(q, pool, read_at, seen, scale=0.0):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
 @pytest.mark.parametrize("rows,tokens,span", [(1, 1, 7), (4, 1, 300), (8, 3, 129), (3, 4, 64)])
 def test_decode_reads_the_pool_as_the_gathered_rows_give(dtype, rows, tokens, span):
-    assert load_attend() is None
+    assert load("strata_attend") is None
     q, pool, read_at, seen = _case(dtype, rows + 1, tokens, span)
     got = torch.ops.strata_attend.decode(q, *pool, read_at, seen, D**-0.5)
     want = _gathered(q, pool, read_at, seen)
