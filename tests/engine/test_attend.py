@@ -73,7 +73,7 @@ def test_decode_refuses_what_it_cannot_read():
     q, pool, read_at, seen = _case(torch.float32, 2, 1, 16)
     with pytest.raises(RuntimeError, match="query heads"):
         torch.ops.strata_attend.decode(q[:, :, :8], *pool, read_at, seen, 0.125)
-    with pytest.raises(RuntimeError, match="float16"):
+    with pytest.raises(RuntimeError, match="a Half pool"):
         torch.ops.strata_attend.decode(q, *(p.half() for p in pool), read_at, seen, 0.125)
     with pytest.raises(RuntimeError, match="outside the pool"):
         torch.ops.strata_attend.decode(q, *pool, read_at + N, seen, 0.125)
