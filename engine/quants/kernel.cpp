@@ -613,25 +613,24 @@ inline __m256i codes_q32(const uint8_t* b) {
   }
 }
 
+// xs8: the types with a minimum, the rows' chunk sums of x eight rows a chunk (row r in lane r,
+// see eights_by_chunk): min_bias's products and sums for all rows in one lane each.
 template <int R, int T>
-inline void dot_q32(const uint8_t* row, const int8_t* xq, const float* dx, const float* xs, int64_t K, float* out) {
+inline void dot_q32(const uint8_t* row, const int8_t* xq, const float* dx, const float* xs8, int64_t K, float* out) {
   constexpr bool mins = T == Q4_1 || T == Q5_1;  // unsigned codes, a minimum per block
   constexpr int bytes = T == Q4_0 ? 18 : T == Q4_1 ? 20 : T == Q5_0 ? 22 : T == Q5_1 ? 24 : 34;
   const int64_t C = K / 32;
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R];
-  float bias[R];
-  for (int r = 0; r < R; ++r) {
-    acc[r] = _mm256_setzero_ps(), bias[r] = 0.0f;
-    if constexpr (mins)  // min_bias's sum, the same operations
-      for (int64_t c = 0; c < C; ++c) {
-        float p = f16(row + c * bytes + 2) * xs[r * C + c];
-        asm("" : "+x"(p));  // no fma: min_bias's product is rounded before its sum
-        bias[r] += p;
-      }
-  }
+  __m256 bias = _mm256_setzero_ps();
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t c = 0; c < C; ++c) {
     const uint8_t* b = row + c * bytes;
+    if constexpr (mins) {  // min_bias's sum, the same operations in each row's lane
+      __m256 p = _mm256_mul_ps(_mm256_set1_ps(f16(b + 2)), _mm256_loadu_ps(xs8 + 8 * c));
+      asm("" : "+x"(p));  // no fma: min_bias's product is rounded before its sum
+      bias = _mm256_add_ps(bias, p);
+    }
     const __m256i w = codes_q32<T>(b);
     const __m256i magnitude = mins ? w : _mm256_sign_epi8(w, w);  // |w| as unsigned: -128 too
     const __m256 scale = _mm256_set1_ps(f16(b));
@@ -642,7 +641,19 @@ inline void dot_q32(const uint8_t* row, const int8_t* xq, const float* dx, const
       acc[r] = _mm256_fmadd_ps(sums, _mm256_mul_ps(scale, _mm256_broadcast_ss(dx + r * C + c)), acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + bias[r];
+  alignas(32) float sums[8];
+  _mm256_store_ps(sums, bias);
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + sums[r];
+}
+
+// xs [M, C] -> [ceil(M / 8), C, 8]: eight rows' sums of each chunk side by side (rows past M 0).
+inline float* eights_by_chunk(const float* xs, int64_t M, int64_t C) {
+  const int64_t groups = (M + 7) / 8;
+  float* xs8 = static_cast<float*>(std::malloc(sizeof(float) * (groups * C * 8 > 0 ? groups * C * 8 : 1)));
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t j = 0; j < 8; ++j) xs8[(g * C + c) * 8 + j] = 8 * g + j < M ? xs[(8 * g + j) * C + c] : 0.0f;
+  return xs8;
 }
 
 // Fused float32-activation dots (AVX2; the head, `int8_x=False`): Q6_K and Q8_0 (the vocabulary
@@ -788,21 +799,24 @@ __attribute__((noinline)) void fused_rows(int qtype, const uint8_t* src, int64_t
       x16[g] = dx[g / 2] * float(sum);
     }
   }
+  float* xs8 = qtype == Q4_1 || qtype == Q5_1 ? eights_by_chunk(xs, M, C) : nullptr;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = src + n * rb;
     in_eights(M, N, n, y, [&](auto R, int64_t r, float* out) {
       const int8_t* x = xq + r * K;
-      if (qtype == Q4_0) dot_q32<R, Q4_0>(row, x, dx + r * C, xs + r * C, K, out);
-      else if (qtype == Q4_1) dot_q32<R, Q4_1>(row, x, dx + r * C, xs + r * C, K, out);
-      else if (qtype == Q5_0) dot_q32<R, Q5_0>(row, x, dx + r * C, xs + r * C, K, out);
-      else if (qtype == Q5_1) dot_q32<R, Q5_1>(row, x, dx + r * C, xs + r * C, K, out);
-      else if (qtype == Q8_0) dot_q32<R, Q8_0>(row, x, dx + r * C, xs + r * C, K, out);
+      const float* sums8 = xs8 ? xs8 + r * C : nullptr;  // r is a multiple of 8: its group's [C, 8]
+      if (qtype == Q4_0) dot_q32<R, Q4_0>(row, x, dx + r * C, nullptr, K, out);
+      else if (qtype == Q4_1) dot_q32<R, Q4_1>(row, x, dx + r * C, sums8, K, out);
+      else if (qtype == Q5_0) dot_q32<R, Q5_0>(row, x, dx + r * C, nullptr, K, out);
+      else if (qtype == Q5_1) dot_q32<R, Q5_1>(row, x, dx + r * C, sums8, K, out);
+      else if (qtype == Q8_0) dot_q32<R, Q8_0>(row, x, dx + r * C, nullptr, K, out);
       else if (qtype == Q4_K) dot_q45_k<R, false>(row, xq + r * K, dx + r * C, xs + r * C, K, out);
       else if (qtype == Q5_K) dot_q45_k<R, true>(row, xq + r * K, dx + r * C, xs + r * C, K, out);
       else dot_q6_k<R>(row, xq + r * K, dx + r * C, x16 + r * G, K, out);
     });
   }
   std::free(x16);
+  std::free(xs8);
 }
 #endif
 
