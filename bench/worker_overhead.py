@@ -106,6 +106,8 @@ def main() -> None:
     parser.add_argument("--appendfsync", default="everysec", choices=["always", "everysec"],
                         help="the embedded Redis's (strata serve's --redis-fsync)")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--no-prompt-lookup", dest="prompt_lookup", action="store_false",
+                        help="one token a step (strata serve --no-prompt-lookup)")
     args = parser.parse_args()
 
     from engine.load import load_engine
@@ -114,7 +116,7 @@ def main() -> None:
     server = EmbeddedRedis(Path(tempfile.mkdtemp(prefix="strata-overhead-")), appendfsync=args.appendfsync).start()
     profile = cProfile.Profile() if args.profile else None
     try:
-        engine = load_engine(None, num_slots=args.parallel, ctx=2048)
+        engine = load_engine(None, num_slots=args.parallel, ctx=2048, prompt_lookup=args.prompt_lookup)
         results = []
         for clients in args.clients:
             runs = [run(engine, server.url, clients, args.tokens, 100 * clients + r, profile) for r in range(args.rounds)]

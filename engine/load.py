@@ -55,7 +55,8 @@ def load_engine(
     """Open a GGUF file or HF folder (None: the default SmolLM2) and allocate its slots.
 
     dtype None: see `default_dtype`. int4: with bf16 on the CPU, linears stored as Q4_0/Q4_1 run
-    as int4 straight from the file's blocks (the only copy kept); off, they are dequantized to
+    straight from the file's blocks (the only copy kept; torch's int4 kernel where oneDNN prepacks
+    bf16, engine/quants' `mm` on AVX2 alone: Transformer.build); off, they are dequantized to
     bf16 (more memory, faster prompt reading). prefill_bf16: with int4, each int4 matrix also keeps
     a bf16 prepacked copy that prefill chunks use (2.3x faster there; +2 bytes a weight).
     cache_dir: where the converted tokenizer is kept so a restart does not convert it again

@@ -29,7 +29,7 @@ from engine.layers import Attention, Block, GatedFFN, gather_index
 from engine.exact_head import exact_logits
 from engine.memory import ensure_kv_fits
 from engine.moe import Experts
-from engine.quants.blocks import INT4_TYPES, QuantExperts, QuantLinear, QuantRows
+from engine.quants.blocks import INT4_TYPES, QuantExperts, QuantLinear, QuantRows, available as quants_available
 from engine.rope import RopeScaling, tables
 from engine.step import Body, HeadOut, StepInputs, run_layers, step_body
 from engine.weights import (
@@ -257,7 +257,9 @@ class Transformer(nn.Module):
     def build(cls, cfg: ModelConfig, source: WeightSource, *, dtype: torch.dtype, device: torch.device,
               int4: bool = False, prepack: bool = True, prefill_bf16: bool = False) -> "Transformer":
         """One copy of each weight in the form the step uses:
-        - linears: int4 from the file's Q4_0/Q4_1 blocks when `int4` (CPU, bf16 only), else dense
+        - linears: int4 from the file's Q4_0/Q4_1 blocks when `int4` (CPU, bf16 only, where oneDNN
+          prepacks bf16; on AVX2 alone engine/quants' `mm` on the same blocks), other quantized
+          types as the file's blocks (`QuantLinear`), else dense
           `dtype`, prepacked by oneDNN for CPU bf16; with `prefill_bf16` an int4 matrix also keeps
           a bf16 prepacked copy for prefill chunks (`TwoFormLinear`: the one exception to one copy);
         - embedding: a row table (a quantized file's own blocks, looked up and dequantized per
@@ -273,9 +275,12 @@ class Transformer(nn.Module):
         model.device, model.dtype = device, dtype
         model.cache_dtype = torch.float32 if device.type == "cpu" else dtype
         cpu_bf16 = device.type == "cpu" and dtype == torch.bfloat16
-        use_int4 = int4 and cpu_bf16 and int4_available()
         use_packed = prepack and cpu_bf16 and can_prepack()
         use_quant = cpu_bf16  # the file's blocks through engine/quants' kernels, where the source has them
+        # Q4_0/Q4_1 on torch's int4 kernel only where oneDNN prepacks their bf16 prompt copy: where it
+        # cannot (AVX2 alone) the fused dots of `mm` read the same blocks faster, decode and prompt
+        # (docs/bench-log.md, Dec 6)
+        use_int4 = int4 and cpu_bf16 and int4_available() and (can_prepack() or not quants_available())
         names = source.names()
 
         def vector(name: str) -> Tensor:

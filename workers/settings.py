@@ -49,8 +49,9 @@ class WorkerSettings(RedisSettings, ModelSettings):
                                "idle worker that advertises its prompt's prefix (the first 256 tokens' hash) as cached; "
                                "never the order requests are served in, only the worker (0: off)")
     threads: int | None = Field(None, description="torch CPU threads; default all cores")
-    int4: bool = Field(True, description="CPU + bfloat16: linears stored as Q4_0/Q4_1 run as int4 from the file's own blocks "
-                                         "(the only copy kept); off: dequantized to bfloat16 (more memory, faster prompts)")
+    int4: bool = Field(True, description="CPU + bfloat16: linears stored as Q4_0/Q4_1 run from the file's own blocks (torch's "
+                                         "int4 kernel where oneDNN prepacks bfloat16, engine/quants' `mm` on AVX2 alone); "
+                                         "off: dequantized to bfloat16 (more memory)")
     prefill_bf16: bool = Field(True, description="with --int4: each int4 matrix also keeps a bfloat16 prepacked copy that "
                                                  "every prompt token goes through (faster prompt reading, +2 bytes a weight); "
                                                  "off: int4 only")

@@ -31,9 +31,9 @@ from torch import Tensor, nn
 from engine.quants.build import load
 from engine.weights import Int4Blocks, Int4Linear, fuse_int4
 
-# What the kernels take (dequant.cpp). Q4_0/Q4_1 stay on torch's int4 path when it applies.
+# What the kernels take (dequant.cpp). Q4_0/Q4_1 go to torch's int4 path where it has its bf16 prompt copy.
 TYPES = {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS, Q.IQ3_S}
-INT4_TYPES = {Q.Q4_0, Q.Q4_1}  # torch's int4 kernel takes these first (model.py), unless --no-int4
+INT4_TYPES = {Q.Q4_0, Q.Q4_1}  # torch's int4 kernel takes these first where oneDNN prepacks bf16 (model.py)
 SLAB_BYTES = 8 << 20  # float32 bytes of one unpacked slab of rows in a prefill product
 
 

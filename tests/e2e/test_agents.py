@@ -1,6 +1,6 @@
 """The coding agent's API end to end (issue 28), with the clients agents use: the `openai`
 client, the OpenAI Agents SDK and LangChain's ChatOpenAI, against a real worker on the default
-engine (the SmolLM2 GGUF, bf16 with int4 linears, four slots, eager), a real API and Redis.
+engine (the SmolLM2 GGUF, bf16 linears on its Q4_1 blocks, four slots, eager), a real API and Redis.
 
 SmolLM2-135M is weak: what it writes is only guaranteed valid where a grammar enforces it, so
 tool-call flows use tool_choice "required" or a named tool, and structured output a schema."""

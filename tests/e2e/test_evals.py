@@ -1,5 +1,5 @@
 """The evaluation battery's API end to end (issue 29): a real worker on the default engine
-(the SmolLM2 GGUF in bf16 with int4 linears, four slots, eager), a real API and Redis."""
+(the SmolLM2 GGUF in bf16, linears on its Q4_1 blocks, four slots, eager), a real API and Redis."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Faults injected into a running `strata serve` (two workers, the real SmolLM2 file on the
-default engine: bf16, int4 decode, the bf16 copy for prompts; eager, as the compiled step's own
+default engine: bf16, Q4_1 blocks for decode and prompts (engine.md); eager, as the compiled step's own
 tests cover it): a worker frozen past its lease, workers killed with SIGKILL, the embedded Redis
 killed; and, without a fault, one request repeated (cold, its first block cached, batched, on the
 other worker). Every accepted request ends exactly once, its text as an undisturbed run gives it, token

@@ -47,7 +47,8 @@ def smollm2_f32(smollm2: LoadedSmolLM2):
 
 @pytest.fixture(scope="session")
 def smollm2_default(smollm2: LoadedSmolLM2):
-    """What `strata serve` runs on the CPU for this file: bf16 activations, int4 linears."""
+    """What `strata serve` runs on the CPU for this file: bf16 activations, linears on the file's
+    Q4_1 blocks (`q4_forms`)."""
     return make_engine(smollm2, torch.bfloat16)
 
 
@@ -87,3 +88,15 @@ def decode_logits(model, slots: list[int], tokens: list[int], positions: list[in
     index = CacheIndex.for_slots(slots, torch.tensor(positions).unsqueeze(1), span)
     with torch.inference_mode():
         return model.logits(model(torch.tensor(tokens).unsqueeze(1), index))
+
+
+def q4_forms(linears: int, prompt_copy: bool = True) -> dict[str, int]:
+    """The forms a Q4_0/Q4_1 file's `linears` get in bf16 on this CPU (Transformer.build): torch's
+    int4 kernel (with a prepacked bf16 copy for prompts: `prompt_copy`, the engine's default) where
+    oneDNN prepacks bf16; on AVX2 alone (no prepacking) the file's blocks on `strata_quants::mm`,
+    whose fused dots beat the int4 kernel there."""
+    from engine.weights import can_prepack
+
+    if not can_prepack():
+        return {"quant": linears}
+    return {"int4+bf16-packed": linears} if prompt_copy else {"int4": linears}

@@ -1,4 +1,5 @@
-"""The default engine (bf16, int4 decode, the bf16 copy for prompts, int8 head) gives a greedy
+"""The default engine (bf16, int4 decode and the bf16 copy for prompts, or on AVX2 alone `mm` and
+float32 slabs of the file's blocks; int8 head) gives a greedy
 request the same tokens however its text reached the cache: read cold or after a cached prefix,
 in chunks of any block-aligned size, alone or beside other rows, resumed after some of its answer
 with the answer replayed, and with one thread or two. Token for token, not within a tolerance:
@@ -17,7 +18,7 @@ import torch
 
 from engine.model import KV_BUCKET, PROMPT_BLOCK
 from engine.protocol import SamplingParams
-from engine.weights import can_prepack
+from tests.engine.conftest import q4_forms
 
 pytestmark = pytest.mark.smollm2
 
@@ -59,7 +60,7 @@ def _kv(engine, slot: int, n: int) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def engine(smollm2_default):
     engine = smollm2_default  # 4 slots, ctx 512; every case begins the slots it uses
-    assert engine.model.forms == ({"int4+bf16-packed": 120} if can_prepack() else {"int4": 120})
+    assert engine.model.forms == q4_forms(120)
     assert not engine.prompt_lookup and engine.compiled is None  # one token a step, eager, as below
     return engine
 

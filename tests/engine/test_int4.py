@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as Q
 from engine.model import Transformer
 from engine.protocol import SamplingParams
 from engine.weights import Int4Blocks, Int4Linear, can_prepack, dequantize_int4
-from tests.engine.conftest import decode_logits, prefill_logits
+from tests.engine.conftest import decode_logits, prefill_logits, q4_forms
 from tests.helpers.gguf_llama import tiny_llama_file
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -30,7 +30,8 @@ def kernel_weight(blocks: Int4Blocks) -> torch.Tensor:
 
 def test_q4_0_file_blocks_are_the_dequantized_weights(tmp_path):
     # A tiny llama-arch file, every matrix Q4_0: the blocks (un-permuted like dense()) dequantize
-    # to exactly the float32 weights, and the int4 model decodes close to the float32 one.
+    # to exactly the float32 weights, and the bf16 model (int4, or `mm` on AVX2 alone) decodes
+    # close to the float32 one.
     loaded = tiny_llama_file(tmp_path, Q.Q4_0)
     blocks = loaded.int4_blocks()
     assert blocks is not None and len(blocks) == 2 * 7
@@ -40,7 +41,7 @@ def test_q4_0_file_blocks_are_the_dequantized_weights(tmp_path):
     logits = {}
     for dtype in (torch.float32, torch.bfloat16):
         model = Transformer.build(loaded.config, loaded, dtype=dtype, device=torch.device("cpu"), int4=True)
-        assert model.forms == ({"float32-dense": 8} if dtype == torch.float32 else {"int4": 8}), model.forms
+        assert model.forms == ({"float32-dense": 8} if dtype == torch.float32 else q4_forms(8, prompt_copy=False)), model.forms
         model.allocate_cache(2, 64)
         ids = list(range(3, 20))
         prefill_logits(model, 0, ids)
@@ -90,13 +91,14 @@ def _greedy(engine, slot, prompt_ids, steps):
 
 
 @pytest.mark.smollm2
-def test_default_engine_is_int4_and_a_batch_equals_solo(smollm2, new_smollm2_engine):
-    # The int4 kernel works row by row, so a row's result does not depend on its neighbours:
-    # greedy tokens are the same alone and in a batch of 3 (sliced and scattered slots). The
-    # prompts (16+ tokens) are read through the bf16 copy where oneDNN packs one (not on AVX2
-    # alone: int4 there too), every decode step through int4.
+def test_default_engine_reads_the_q4_blocks_and_a_batch_equals_solo(smollm2, new_smollm2_engine):
+    # The int4 kernel (and on AVX2 alone `mm`, tests/engine/conftest.py `q4_forms`) works row by
+    # row, so a row's result does not depend on its neighbours: greedy tokens are the same alone
+    # and in a batch of 3 (sliced and scattered slots). The prompts (16+ tokens) are read through
+    # the bf16 copy where oneDNN packs one (AVX2 alone: float32 slabs of the blocks), every decode
+    # step through the blocks.
     engine = new_smollm2_engine(torch.bfloat16, num_slots=4, ctx=256)
-    assert engine.model.forms == ({"int4+bf16-packed": 120} if can_prepack() else {"int4": 120})
+    assert engine.model.forms == q4_forms(120)
     tok = smollm2.tokenizer
     prompts = [tok.encode_chat([{"role": "user", "content": c}])
                for c in ("Write a short poem about the sea.", "What is the capital of France?", "Name three rivers.")]
