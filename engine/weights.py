@@ -199,6 +199,9 @@ def in_pieces(linear: nn.Module, x: Tensor, pieces: tuple[int, ...] | None) -> T
     form = prompt_form(linear)
     if len(pieces) == 1:
         return form(x)
+    together = getattr(linear, "prompt_pieces", None)  # a QuantLinear: its slabs unpacked once for all pieces
+    if together is not None:
+        return together(x, pieces)
     return torch.cat([form(part) for part in x.split(list(pieces), dim=-2)], dim=-2)
 
 

@@ -175,19 +175,29 @@ class QuantLinear(nn.Module):
         """A part's blocks, read from its attribute (where a package's trace puts its input)."""
         return QuantBlocks(getattr(self, part.raw), part.qtype, self.cols)
 
+    def prompt_pieces(self, x: Tensor, pieces: tuple[int, ...]) -> Tensor:
+        """Prompt tokens in pieces of rows (engine/weights.py `in_pieces`; sizes summing to x's
+        [..., T, in] T): each piece's product the call `prompt_form` makes of it alone, the same
+        bits, but each slab unpacked once for all the pieces (a 512-token chunk is 8 of them)."""
+        chunks = x.split(list(pieces), dim=-2)
+        ys = self._products([c.reshape(-1, self.cols) for c in chunks], prompt=self.slabs)
+        return torch.cat([y.view(*c.shape[:-1], self.out_features) for y, c in zip(ys, chunks)], dim=-2)
+
     def _product(self, x: Tensor, prompt: bool) -> Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        return self._products([flat], prompt)[0].view(*x.shape[:-1], self.out_features)
+
+    def _products(self, flats: list[Tensor], prompt: bool) -> list[Tensor]:
+        """Each of `flats` [n, in] times the matrix, + bias: [n, out] float32 each."""
         # The op straight from torch.ops (not `ops()`, whose cached load a graph cannot trace):
         # this module exists only once the library loaded.
-        flat = x.reshape(-1, x.shape[-1])
-        outs = [self.int4[p](flat).float() if isinstance(p, int)
-                else self._slabs(flat, self.blocks(p)) if prompt
-                else torch.ops.strata_quants.mm(flat, getattr(self, p.raw), int(p.qtype), getattr(self, p.table),
-                                                self.int8_x)
-                for p in self.parts]
-        y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.view(*x.shape[:-1], self.out_features)
+        per_part = [[self.int4[p](flat).float() for flat in flats] if isinstance(p, int)
+                    else self._slabs(flats, self.blocks(p)) if prompt
+                    else [torch.ops.strata_quants.mm(flat, getattr(self, p.raw), int(p.qtype), getattr(self, p.table),
+                                                     self.int8_x) for flat in flats]
+                    for p in self.parts]
+        ys = [outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1) for outs in zip(*per_part)]
+        return ys if self.bias is None else [y + self.bias for y in ys]
 
     def extra_repr(self) -> str:
         """The parts' kinds in order (the package key's: blocks of the same shape can be of two
@@ -195,17 +205,19 @@ class QuantLinear(nn.Module):
         kinds = ["int4" if isinstance(p, int) else p.qtype.name for p in self.parts]
         return f"cols={self.cols}, parts={kinds}, int8_x={self.int8_x}, slabs={self.slabs}"
 
-    def _slabs(self, x: Tensor, part: QuantBlocks) -> Tensor:
-        """Prompt tokens: a slab of rows unpacked, rounded to `slab_dtype()`, multiplied by oneDNN."""
+    def _slabs(self, flats: list[Tensor], part: QuantBlocks) -> list[Tensor]:
+        """Prompt tokens: a slab of rows unpacked, rounded to `slab_dtype()`, multiplied by oneDNN,
+        once for all of `flats` (each its own product)."""
         dtype = slab_dtype()
-        xs = x.to(dtype)
+        xs = [flat.to(dtype) for flat in flats]
         step = max(1, SLAB_BYTES // (4 * self.cols))
         rows = part.raw.shape[0]
-        out = torch.empty(x.shape[0], rows, dtype=torch.float32)
+        outs = [torch.empty(flat.shape[0], rows, dtype=torch.float32) for flat in flats]
         for lo in range(0, rows, step):
-            slab = QuantBlocks(part.raw[lo:lo + step], part.qtype, part.cols)
-            out[:, lo:lo + step] = F.linear(xs, dequantize(slab).to(dtype))
-        return out
+            slab = dequantize(QuantBlocks(part.raw[lo:lo + step], part.qtype, part.cols)).to(dtype)
+            for x, out in zip(xs, outs):
+                out[:, lo:lo + step] = F.linear(x, slab)
+        return outs
 
     def dequantized(self, rows: slice = slice(None)) -> Tensor:
         """float32 rows of the matrix (the exact file weights; a one-part matrix, the head)."""

@@ -295,6 +295,25 @@ def test_product_is_the_kernel_on_the_exact_weights(qtype):
         assert torch.equal(prompt, torch.cat([part, part], dim=-1) + bias), (qtype.name, tokens)
 
 
+@pytest.mark.parametrize("slabs", [True, False])
+def test_prompt_pieces_are_each_pieces_own_product(slabs):
+    """A prompt chunk's pieces (engine/weights.py `in_pieces`) through `prompt_pieces`, each slab
+    unpacked once for all of them: every piece's rows are exactly what `prompt_form` gives that
+    piece alone, so a prompt token's result still does not depend on the rest of its chunk."""
+    from engine.weights import in_pieces
+
+    rng = np.random.default_rng(3)
+    cols = 256
+    parts = [quants.QuantBlocks(torch.from_numpy(random_blocks(q, rows, cols, rng)), q, cols)
+             for q, rows in ((Q.Q4_K, 48), (Q.Q6_K, 16), (Q.Q8_0, 40))]
+    linear = quants.QuantLinear(parts, bias=torch.randn(104), slabs=slabs)
+    x = torch.randn(1, 150, cols)
+    pieces = (64, 64, 22)
+    alone = torch.cat([linear.prompt_form(part) for part in x.split(list(pieces), dim=-2)], dim=-2)
+    together = in_pieces(linear, x, pieces)
+    assert together.shape == (1, 150, 104) and torch.equal(together, alone)
+
+
 def test_a_row_of_a_batch_does_not_depend_on_its_neighbours():
     rng = np.random.default_rng(2)
     blocks = quants.QuantBlocks(torch.from_numpy(random_blocks(Q.Q4_K, 64, 256, rng)), Q.Q4_K, 256)
