@@ -52,7 +52,8 @@ def enqueue(url: str, model: str, requests: list) -> None:
     asyncio.run(go())
 
 
-def run(engine, url: str, clients: int, tokens: int, round_: int, profile: cProfile.Profile | None) -> dict:
+def run(engine, url: str, clients: int, tokens: int, round_: int, profile: cProfile.Profile | None,
+        temperature: float = 0.0) -> dict:
     import redis
 
     from queues.claims import Claims
@@ -74,7 +75,7 @@ def run(engine, url: str, clients: int, tokens: int, round_: int, profile: cProf
     try:
         prompt = engine.tokenizer.encode_chat([{"role": "user", "content": "Tell me a long story about a lighthouse."}])
         enqueue(url, model, [QueuedRequest(id=f"r{round_}-{i}", priority=0, prompt=prompt + [i + 10], max_tokens=tokens,
-                                           temperature=0.0, ignore_eos=True) for i in range(clients)])
+                                           temperature=temperature, ignore_eos=True) for i in range(clients)])
         steps = 0
         started = time.perf_counter()
         if profile:
@@ -106,6 +107,11 @@ def main() -> None:
     parser.add_argument("--appendfsync", default="everysec", choices=["always", "everysec"],
                         help="the embedded Redis's (strata serve's --redis-fsync)")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--model", default=None, help="a GGUF file (default: SmolLM2-135M-Instruct Q4_1)")
+    parser.add_argument("--serve-pool", action="store_true",
+                        help="the engine as `strata serve` loads it: requests up to the model's context, a pool of "
+                             "--parallel x 2048 tokens (default: ctx 2048 a slot)")
+    parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--no-prompt-lookup", dest="prompt_lookup", action="store_false",
                         help="one token a step (strata serve --no-prompt-lookup)")
     args = parser.parse_args()
@@ -116,10 +122,12 @@ def main() -> None:
     server = EmbeddedRedis(Path(tempfile.mkdtemp(prefix="strata-overhead-")), appendfsync=args.appendfsync).start()
     profile = cProfile.Profile() if args.profile else None
     try:
-        engine = load_engine(None, num_slots=args.parallel, ctx=2048, prompt_lookup=args.prompt_lookup)
+        sizes = {"ctx": None, "kv_tokens": args.parallel * 2048} if args.serve_pool else {"ctx": 2048}
+        engine = load_engine(args.model, num_slots=args.parallel, prompt_lookup=args.prompt_lookup, **sizes)
         results = []
         for clients in args.clients:
-            runs = [run(engine, server.url, clients, args.tokens, 100 * clients + r, profile) for r in range(args.rounds)]
+            runs = [run(engine, server.url, clients, args.tokens, 100 * clients + r, profile, args.temperature)
+                    for r in range(args.rounds)]
             results.append(max(runs, key=lambda r: r["tok_s"]))
     finally:
         server.stop()
