@@ -591,25 +591,25 @@ inline void dot_q6_k(const uint8_t* row, const int8_t* xq, const float* dx, cons
 // Fused 32-weight dots (AVX2, int8 activations): Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (Q5_0 and Q8_0:
 // the layers and head parts of small models' Q4_K_M files, whose columns take no 256-weight
 // blocks) straight from each block's bytes, no codes buffer: the block's codes made in a register
-// (nibbles, Q5's high bit << 4, Q4_0's -8 and Q5_0's -16; Q8_0's bytes as they are), then per
-// activation row the codes path's own operations (dot_int8: |q| `maddubs` xq with q's sign, or q
-// unsigned as it is for the types with a minimum, `madd`, one conversion, one fma by d * dx; the
-// minimums m * xs summed first, as min_bias does), so the result is the AVX2 codes path's bit for
-// bit (checked against the parent commit's build: 1-11 rows, every type); up to eight rows share
-// each block's unpacking.
+// (nibbles, Q5's high bit << 4; Q8_0's bytes as they are), then per activation row the codes
+// path's own operations (dot_int8: q unsigned as it is for the types with a minimum, Q8_0's |q|
+// `maddubs` xq with q's sign, `madd`, one conversion, one fma by d * dx; the minimums m * xs as
+// min_bias sums them), so Q4_1, Q5_1 and Q8_0 give the AVX2 codes path's bits (checked against
+// the parent commit's build: 1-11 rows). Q4_0's -8 and Q5_0's -16 are taken as such a minimum
+// too (-8 d, -16 d per block, exact), not subtracted from each code: no sign per activation,
+// ~10 % at 4-8 rows (as fast as Q4_1 then), the same integers, a different float rounding than
+// the codes path's (within float32's, tested). Up to eight rows share each block's unpacking.
 template <int T>
 inline __m256i codes_q32(const uint8_t* b) {
   if constexpr (T == Q8_0) {
     return load(b + 2);
-  } else if constexpr (T == Q4_0 || T == Q4_1) {
-    const __m256i v = nibbles_16(b + (T == Q4_1 ? 4 : 2));
-    return T == Q4_1 ? v : _mm256_sub_epi8(v, _mm256_set1_epi8(8));
-  } else {  // Q5_0, Q5_1
+  } else if constexpr (T == Q4_0 || T == Q4_1) {  // unsigned: Q4_0's -8 is its block's offset
+    return nibbles_16(b + (T == Q4_1 ? 4 : 2));
+  } else {  // Q5_0, Q5_1 (Q5_0's -16 likewise)
     const uint8_t* p = b + (T == Q5_1 ? 4 : 2);
     uint32_t qh;
     std::memcpy(&qh, p, 4);
-    const __m256i v = _mm256_or_si256(nibbles_16(p + 4), _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10)));
-    return T == Q5_1 ? v : _mm256_sub_epi8(v, _mm256_set1_epi8(16));
+    return _mm256_or_si256(nibbles_16(p + 4), _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10)));
   }
 }
 
@@ -617,7 +617,8 @@ inline __m256i codes_q32(const uint8_t* b) {
 // see eights_by_chunk): min_bias's products and sums for all rows in one lane each.
 template <int R, int T>
 inline void dot_q32(const uint8_t* row, const int8_t* xq, const float* dx, const float* xs8, int64_t K, float* out) {
-  constexpr bool mins = T == Q4_1 || T == Q5_1;  // unsigned codes, a minimum per block
+  // unsigned codes and an offset per block: Q4_1/Q5_1's minimum, Q4_0/Q5_0's -8 d / -16 d
+  constexpr bool mins = T != Q8_0;
   constexpr int bytes = T == Q4_0 ? 18 : T == Q4_1 ? 20 : T == Q5_0 ? 22 : T == Q5_1 ? 24 : 34;
   const int64_t C = K / 32;
   const __m256i ones = _mm256_set1_epi16(1);
@@ -627,7 +628,8 @@ inline void dot_q32(const uint8_t* row, const int8_t* xq, const float* dx, const
   for (int64_t c = 0; c < C; ++c) {
     const uint8_t* b = row + c * bytes;
     if constexpr (mins) {  // min_bias's sum, the same operations in each row's lane
-      __m256 p = _mm256_mul_ps(_mm256_set1_ps(f16(b + 2)), _mm256_loadu_ps(xs8 + 8 * c));
+      const float m = T == Q4_0 ? -8.0f * f16(b) : T == Q5_0 ? -16.0f * f16(b) : f16(b + 2);  // exact
+      __m256 p = _mm256_mul_ps(_mm256_set1_ps(m), _mm256_loadu_ps(xs8 + 8 * c));
       asm("" : "+x"(p));  // no fma: min_bias's product is rounded before its sum
       bias = _mm256_add_ps(bias, p);
     }
@@ -799,15 +801,15 @@ __attribute__((noinline)) void fused_rows(int qtype, const uint8_t* src, int64_t
       x16[g] = dx[g / 2] * float(sum);
     }
   }
-  float* xs8 = qtype == Q4_1 || qtype == Q5_1 ? eights_by_chunk(xs, M, C) : nullptr;
+  float* xs8 = is_32(qtype) && qtype != Q8_0 ? eights_by_chunk(xs, M, C) : nullptr;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = src + n * rb;
     in_eights(M, N, n, y, [&](auto R, int64_t r, float* out) {
       const int8_t* x = xq + r * K;
       const float* sums8 = xs8 ? xs8 + r * C : nullptr;  // r is a multiple of 8: its group's [C, 8]
-      if (qtype == Q4_0) dot_q32<R, Q4_0>(row, x, dx + r * C, nullptr, K, out);
+      if (qtype == Q4_0) dot_q32<R, Q4_0>(row, x, dx + r * C, sums8, K, out);
       else if (qtype == Q4_1) dot_q32<R, Q4_1>(row, x, dx + r * C, sums8, K, out);
-      else if (qtype == Q5_0) dot_q32<R, Q5_0>(row, x, dx + r * C, nullptr, K, out);
+      else if (qtype == Q5_0) dot_q32<R, Q5_0>(row, x, dx + r * C, sums8, K, out);
       else if (qtype == Q5_1) dot_q32<R, Q5_1>(row, x, dx + r * C, sums8, K, out);
       else if (qtype == Q8_0) dot_q32<R, Q8_0>(row, x, dx + r * C, nullptr, K, out);
       else if (qtype == Q4_K) dot_q45_k<R, false>(row, xq + r * K, dx + r * C, xs + r * C, K, out);
