@@ -5,9 +5,11 @@ rows already in HF order) and its type. `QuantLinear` multiplies by it: generate
 step, calling the module) through `strata_quants::mm`, which turns one row of blocks at a time into
 int8 codes and per-block scales (the exact weights) and sums codes times activations per 32
 weights (the activations quantized to int8 per 32, as llama.cpp does; float32 for the head), one
-scale applied per sum; prompt tokens (its `prompt_form`, whatever their number) a slab of rows at a time, unpacked
-to float32, rounded to bf16 and multiplied by oneDNN (`F.linear` in bf16, the default's prompt
-arithmetic), so no dense copy is ever held. Chosen by role, not by a call's length, like the int4
+scale applied per sum; prompt tokens (its `prompt_form`, whatever their number) where oneDNN has
+bf16 kernels a slab of rows at a time, unpacked to float32, rounded to bf16 and multiplied by
+oneDNN (`F.linear` in bf16, the default's prompt arithmetic), on AVX2 alone through
+`strata_quants::prompt_mm` (float32, W unpacked 16 rows x 256 weights at a time: prompt.cpp), so
+no dense copy is ever held. Chosen by role, not by a call's length, like the int4
 matrices' bf16 copy (engine/weights.py `TwoFormLinear`): a cached repeat reads its last tokens as
 the cold read did. Q4_K parts go through `mm` too (its fused Q4_K dot is 2-3x torch's int4
 kernel on the same matrix); a `QuantLinear(int4=True)` repacks them once into torch's int4 groups
@@ -34,7 +36,7 @@ from engine.weights import Int4Blocks, Int4Linear, fuse_int4
 # What the kernels take (dequant.cpp). Q4_0/Q4_1 go to torch's int4 path where it has its bf16 prompt copy.
 TYPES = {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS, Q.IQ3_S}
 INT4_TYPES = {Q.Q4_0, Q.Q4_1}  # torch's int4 kernel takes these first where oneDNN prepacks bf16 (model.py)
-SLAB_BYTES = 8 << 20  # float32 bytes of one unpacked slab of rows in a prefill product
+SLAB_BYTES = 8 << 20  # float32 bytes of one unpacked slab of rows in a bf16 prompt product
 
 
 @cache
@@ -206,9 +208,16 @@ class QuantLinear(nn.Module):
         return f"cols={self.cols}, parts={kinds}, int8_x={self.int8_x}, slabs={self.slabs}"
 
     def _slabs(self, flats: list[Tensor], part: QuantBlocks) -> list[Tensor]:
-        """Prompt tokens: a slab of rows unpacked, rounded to `slab_dtype()`, multiplied by oneDNN,
-        once for all of `flats` (each its own product)."""
+        """Prompt tokens, each of `flats` its own product. float32 (AVX2 alone): `prompt_mm`, one
+        call for all of them, since its every output is one fixed chain of sums whatever the
+        call's rows (ops.cpp); bf16: a slab of rows unpacked, rounded to bf16 and multiplied by
+        oneDNN, once for all of `flats`, each its own `F.linear` (oneDNN's blocking depends on
+        a call's rows)."""
         dtype = slab_dtype()
+        if dtype == torch.float32:
+            x = flats[0] if len(flats) == 1 else torch.cat(flats)
+            y = torch.ops.strata_quants.prompt_mm(x, part.raw, int(part.qtype), table(part.qtype))
+            return list(y.split([flat.shape[0] for flat in flats]))
         xs = [flat.to(dtype) for flat in flats]
         step = max(1, SLAB_BYTES // (4 * self.cols))
         rows = part.raw.shape[0]

@@ -1,5 +1,5 @@
 """Build and load the engine's C++ torch op libraries: the quantized-matrix kernels (dequant.cpp,
-kernel.cpp, ops.cpp: `strata_quants`) and the decode attention over the KV pool (engine/attend.cpp:
+kernel.cpp, prompt.cpp, ops.cpp: `strata_quants`) and the decode attention over the KV pool (engine/attend.cpp:
 `strata_attend`).
 
 `make install` runs `python -m engine.quants.build`; a process that finds no library for the
@@ -27,14 +27,16 @@ import torch
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("layouts.h", "dequant.cpp", "kernel.cpp", "ops.cpp")  # all hashed into the library's name
+SOURCES = ("layouts.h", "dequant.cpp", "kernel.cpp", "prompt.cpp", "ops.cpp")  # all hashed into the library's name
 X86 = platform.machine() in ("x86_64", "AMD64")
 # (object, source, flags). dequant.cpp must not fuse a product and a sum (numpy rounds each):
-# bit-exact unpacking. kernel.cpp twice: AVX2 + FMA (picked at run time where the CPU has them,
-# AMD and Intel alike) and the baseline; ops.cpp must know whether the first exists.
+# bit-exact unpacking. kernel.cpp and prompt.cpp twice: AVX2 + FMA (picked at run time where the
+# CPU has them, AMD and Intel alike) and the baseline; ops.cpp must know whether the first exists.
 UNITS = [("dequant", "dequant.cpp", ["-ffp-contract=off"]),
          ("kernel", "kernel.cpp", []),
          *([("kernel_avx2", "kernel.cpp", ["-DSTRATA_AVX2", "-mavx2", "-mfma", "-mf16c"])] if X86 else []),
+         ("prompt", "prompt.cpp", []),
+         *([("prompt_avx2", "prompt.cpp", ["-DSTRATA_AVX2", "-mavx2", "-mfma"])] if X86 else []),
          ("ops", "ops.cpp", ["-fopenmp", *(["-DSTRATA_HAVE_AVX2"] if X86 else [])])]
 COMMON = ["-O3", "-std=c++20", "-fPIC", "-fno-math-errno"]
 BUILD_DIR = HERE / "_build"

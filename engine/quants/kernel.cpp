@@ -824,6 +824,10 @@ __attribute__((noinline)) void fused_rows(int qtype, const uint8_t* src, int64_t
 
 }  // namespace
 
+extern "C" int strata_block_weights(int qtype);  // dequant.cpp
+extern "C" int strata_block_bytes(int qtype);
+void strata_dequant_row(int qtype, const uint8_t* src, float* y, int64_t cols, const float* table);
+
 extern "C" {
 
 // x rows [M, K] float32 -> xq [M, K] int8, dx [M, K/32] (x ~ dx * xq), xs [M, K/32] (dx * sum xq):
@@ -844,6 +848,37 @@ void ENTRY(strata_quantize_x)(const float* x, int64_t M, int64_t K, int8_t* xq, 
     dx[r] = amax / 127.0f;
     xs[r] = dx[r] * float(sum);
   }
+}
+
+// `rows` rows of a matrix (rb bytes apart in src), weights [k0, k0 + kc) of each (whole blocks)
+// -> out [rows][kc] float32, bit for bit gguf's dequantize (dequant.cpp's values): on AVX2 from
+// the codes, s * q + m in one rounding, which is gguf's, since s * q is exact wherever m is not
+// zero (an f16 scale times a 6-bit integer times a code of at most 5 bits), and where m is zero
+// (Q6_K, Q8_0, Q4_0, Q5_0, the IQ types) s * q, rounded once as gguf's. The baseline
+// build unpacks with dequant.cpp row by row.
+void ENTRY(strata_unpack_rows)(int qtype, const uint8_t* src, int64_t rb, int64_t rows, int64_t k0, int64_t kc,
+                               const int8_t* kvalues, const uint8_t* grid, const float* table, float* out) {
+  const int bw = strata_block_weights(qtype), bb = strata_block_bytes(qtype);
+#ifdef STRATA_AVX2
+  alignas(32) int8_t q[256];
+  float s[16], m[8];
+  const bool mins = has_min(qtype);
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* row = src + r * rb + k0 / bw * bb;
+    for (int64_t i = 0; i < kc / bw; ++i) {
+      codes_avx2(qtype, row + i * bb, Codes{q, s, m}, kvalues, grid);
+      float* w = out + r * kc + i * bw;
+      for (int e = 0; e < bw; e += 8) {
+        const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + e))));
+        const __m256 sv = _mm256_set1_ps(s[e / 16]);  // no + 0.0 where there is no minimum: gguf's -0.0 stays
+        _mm256_storeu_ps(w + e, mins ? _mm256_fmadd_ps(v, sv, _mm256_set1_ps(m[e / 32])) : _mm256_mul_ps(v, sv));
+      }
+    }
+  }
+#else
+  (void)kvalues, (void)grid;
+  for (int64_t r = 0; r < rows; ++r) strata_dequant_row(qtype, src + r * rb + k0 / bw * bb, out + r * kc, kc, table);
+#endif
 }
 
 // Rows [n0, n1) of y [M, N] (row stride N) = x @ W^T with W's rows rb bytes apart in src.

@@ -16,13 +16,24 @@
 
 extern "C" int strata_block_weights(int qtype);
 extern "C" int strata_block_bytes(int qtype);
-void strata_dequant_row(int qtype, const uint8_t* src, float* y, int64_t cols, const float* table);
 extern "C" {  // kernel.cpp, its two builds
 void strata_quantize_x_portable(const float*, int64_t, int64_t, int8_t*, float*, float*);
 void strata_mm_rows_portable(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                              const float*, const int8_t*, const float*, const float*, const int8_t*,
                              const uint8_t*, float*, void*);
+void strata_unpack_rows_portable(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t, const int8_t*,
+                                 const uint8_t*, const float*, float*);
+void strata_pack_x_portable(const float*, int64_t, int64_t, float*);
+void strata_pack_w_portable(const float*, int, int64_t, float*);
+void strata_prompt_panel_portable(const float*, int64_t, int64_t, int64_t, int64_t, const float*, float*, int64_t,
+                                  int, float*);
 #if defined(__x86_64__) && defined(STRATA_HAVE_AVX2)
+void strata_unpack_rows_avx2(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t, const int8_t*, const uint8_t*,
+                             const float*, float*);
+void strata_pack_x_avx2(const float*, int64_t, int64_t, float*);
+void strata_pack_w_avx2(const float*, int, int64_t, float*);
+void strata_prompt_panel_avx2(const float*, int64_t, int64_t, int64_t, int64_t, const float*, float*, int64_t, int,
+                              float*);
 void strata_quantize_x_avx2(const float*, int64_t, int64_t, int8_t*, float*, float*);
 void strata_mm_rows_avx2(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                          const float*, const int8_t*, const float*, const float*, const int8_t*,
@@ -47,19 +58,6 @@ const float* table_ptr(const at::Tensor& table) {
   return table.numel() ? table.data_ptr<float>() : nullptr;
 }
 
-at::Tensor dequantize(const at::Tensor& blocks, int64_t qtype, int64_t cols, const at::Tensor& table) {
-  check(blocks, qtype, cols);
-  const int64_t rows = blocks.size(0), rb = blocks.size(1);
-  at::Tensor out = at::empty({rows, cols}, blocks.options().dtype(at::kFloat));
-  const uint8_t* src = blocks.data_ptr<uint8_t>();
-  float* dst = out.data_ptr<float>();
-  const float* tab = table_ptr(table);
-  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) strata_dequant_row(int(qtype), src + r * rb, dst + r * cols, cols, tab);
-  });
-  return out;
-}
-
 using MmRows = void (*)(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                        const float*, const int8_t*, const float*, const float*, const int8_t*,
                        const uint8_t*, float*, void*);
@@ -76,33 +74,66 @@ bool use_avx2() {
 #endif
 }
 
-// What a product needs besides the blocks: the kernel build, the type's codebook as the integers
-// it is (IQ4_XS: int8 values; IQ3_S: grid bytes 1..15), and the activation rows in the kernel's
-// form (int8 codes per 32 with their scales, or float32 x with each chunk's sum).
-struct Activations {
-  MmRows rows_fn = strata_mm_rows_portable;
+// A type's codebook as the integers the kernels read (IQ4_XS: int8 values; IQ3_S: grid bytes
+// 1..15), and as gguf's floats (dequant.cpp).
+struct Codebook {
   int8_t kvalues[16] = {0};
   std::vector<uint8_t> grid;
+  const float* table = nullptr;
+
+  Codebook(int64_t qtype, const at::Tensor& t) : table(table_ptr(t)) {
+    if (qtype == 23) {
+      TORCH_CHECK(t.numel() == 16, "strata_quants: IQ4_XS needs its 16 values");
+      for (int i = 0; i < 16; ++i) kvalues[i] = int8_t(table[i]);
+    } else if (qtype == 21) {
+      TORCH_CHECK(t.numel() == 2048, "strata_quants: IQ3_S needs its 512 x 4 grid");
+      grid.resize(2048);
+      for (int i = 0; i < 2048; ++i) grid[i] = uint8_t(table[i]);
+    }
+  }
+};
+
+using UnpackRows = void (*)(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t, const int8_t*, const uint8_t*,
+                            const float*, float*);
+
+UnpackRows unpack_fn(bool portable) {
+#if defined(__x86_64__) && defined(STRATA_HAVE_AVX2)
+  if (!portable && use_avx2()) return strata_unpack_rows_avx2;
+#endif
+  return strata_unpack_rows_portable;
+}
+
+at::Tensor dequantize(const at::Tensor& blocks, int64_t qtype, int64_t cols, const at::Tensor& table, bool portable) {
+  check(blocks, qtype, cols);
+  const int64_t rows = blocks.size(0), rb = blocks.size(1);
+  at::Tensor out = at::empty({rows, cols}, blocks.options().dtype(at::kFloat));
+  const uint8_t* src = blocks.data_ptr<uint8_t>();
+  float* dst = out.data_ptr<float>();
+  const Codebook book(qtype, table);
+  const UnpackRows unpack = unpack_fn(portable);
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    unpack(int(qtype), src + r0 * rb, rb, r1 - r0, 0, cols, book.kvalues, book.grid.data(), book.table, dst + r0 * cols);
+  });
+  return out;
+}
+
+// What a product needs besides the blocks: the kernel build, the type's codebook and the
+// activation rows in the kernel's form (int8 codes per 32 with their scales, or float32 x with
+// each chunk's sum).
+struct Activations {
+  MmRows rows_fn = strata_mm_rows_portable;
+  Codebook book;
   at::Tensor x;  // float32 [M, K], contiguous
   std::vector<int8_t> xq;
   std::vector<float> dx, sums;
   bool int8_x = false;
 
   Activations(at::Tensor x_in, int64_t qtype, const at::Tensor& table, bool int8, bool portable)
-      : x(x_in.to(at::kFloat).contiguous()), int8_x(int8) {
+      : book(qtype, table), x(x_in.to(at::kFloat).contiguous()), int8_x(int8) {
     QuantizeX quantize_fn = strata_quantize_x_portable;
 #if defined(__x86_64__) && defined(STRATA_HAVE_AVX2)
     if (!portable && use_avx2()) rows_fn = strata_mm_rows_avx2, quantize_fn = strata_quantize_x_avx2;
 #endif
-    const float* tab = table_ptr(table);
-    if (qtype == 23) {
-      TORCH_CHECK(table.numel() == 16, "strata_quants: IQ4_XS needs its 16 values");
-      for (int i = 0; i < 16; ++i) kvalues[i] = int8_t(tab[i]);
-    } else if (qtype == 21) {
-      TORCH_CHECK(table.numel() == 2048, "strata_quants: IQ3_S needs its 512 x 4 grid");
-      grid.resize(2048);
-      for (int i = 0; i < 2048; ++i) grid[i] = uint8_t(tab[i]);
-    }
     const int64_t M = x.size(0), K = x.size(1), chunks = M * (K / 32);
     const float* xs = x.data_ptr<float>();
     sums.resize(chunks);
@@ -126,7 +157,7 @@ struct Activations {
     work.resize(K / 4 + K / 16 + K / 32 + 8);  // K int8 codes, then the scales, the minimums
     rows_fn(int(qtype), src, rb, K, n0, n1, M, N, x.data_ptr<float>() + m0 * K,
             int8_x ? xq.data() + m0 * K : nullptr, int8_x ? dx.data() + m0 * C : nullptr, sums.data() + m0 * C,
-            kvalues, grid.data(), y + m0 * N, work.data());
+            book.kvalues, book.grid.data(), y + m0 * N, work.data());
   }
 };
 
@@ -143,6 +174,47 @@ at::Tensor mm(const at::Tensor& x_in, const at::Tensor& blocks, int64_t qtype, c
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     std::vector<float> work;
     a.rows(qtype, src, blocks.size(1), n0, n1, 0, M, N, ys, work);
+  });
+  return y;
+}
+
+// The prompt's product in float32: y = x @ W^T, W unpacked from its blocks (gguf's exact values)
+// 16 rows by 256 columns at a time, each such panel multiplied by every row of x (prompt.cpp).
+// Every element of y is one chain of fused multiply-adds over k in order, so a row's result is
+// the same bits whatever the other rows of x: a chunk of any length is one call. The work is split
+// across threads by panels of 16 output columns; each unpacks only its own.
+at::Tensor prompt_mm(const at::Tensor& x_in, const at::Tensor& blocks, int64_t qtype, const at::Tensor& table,
+                     bool portable) {
+  TORCH_CHECK(x_in.dim() == 2, "strata_quants::prompt_mm: x must be [M, K]");
+  check(blocks, qtype, x_in.size(1));
+  const int64_t M = x_in.size(0), K = x_in.size(1), N = blocks.size(0), rb = blocks.size(1);
+  at::Tensor y = at::empty({M, N}, x_in.options().dtype(at::kFloat));
+  if (M == 0 || N == 0) return y;
+  auto pack_x = strata_pack_x_portable;
+  auto pack_w = strata_pack_w_portable;
+  auto panel = strata_prompt_panel_portable;
+#if defined(__x86_64__) && defined(STRATA_HAVE_AVX2)
+  if (!portable && use_avx2()) pack_x = strata_pack_x_avx2, pack_w = strata_pack_w_avx2, panel = strata_prompt_panel_avx2;
+#endif
+  const at::Tensor x = x_in.to(at::kFloat).contiguous();
+  std::vector<float> ap((M + 5) / 6 * 6 * K);
+  pack_x(x.data_ptr<float>(), M, K, ap.data());
+  constexpr int64_t KC = 256;  // a multiple of every type's block
+  const uint8_t* src = blocks.data_ptr<uint8_t>();
+  const Codebook book(qtype, table);
+  const UnpackRows unpack = unpack_fn(portable);
+  float* ys = y.data_ptr<float>();
+  at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t p0, int64_t p1) {
+    std::vector<float> w(16 * KC), bp(16 * KC), tmp(96);
+    for (int64_t p = p0; p < p1; ++p) {
+      const int rows = int(std::min<int64_t>(16, N - 16 * p));
+      for (int64_t k0 = 0; k0 < K; k0 += KC) {
+        const int64_t kc = std::min(KC, K - k0);
+        unpack(int(qtype), src + 16 * p * rb, rb, rows, k0, kc, book.kvalues, book.grid.data(), book.table, w.data());
+        pack_w(w.data(), rows, kc, bp.data());
+        panel(ap.data(), M, K, k0, kc, bp.data(), ys + 16 * p, N, rows, tmp.data());
+      }
+    }
   });
   return y;
 }
@@ -198,8 +270,9 @@ at::Tensor mm_experts(const at::Tensor& x_in, const at::Tensor& blocks, const at
 }  // namespace
 
 TORCH_LIBRARY(strata_quants, m) {
-  m.def("dequantize(Tensor blocks, int qtype, int cols, Tensor table) -> Tensor");
+  m.def("dequantize(Tensor blocks, int qtype, int cols, Tensor table, bool portable=False) -> Tensor");
   m.def("mm(Tensor x, Tensor blocks, int qtype, Tensor table, bool int8_x=False, bool portable=False) -> Tensor");
+  m.def("prompt_mm(Tensor x, Tensor blocks, int qtype, Tensor table, bool portable=False) -> Tensor");
   m.def("mm_experts(Tensor x, Tensor blocks, Tensor experts, int qtype, Tensor table, bool int8_x=False, "
         "bool portable=False) -> Tensor");
 }
@@ -207,5 +280,6 @@ TORCH_LIBRARY(strata_quants, m) {
 TORCH_LIBRARY_IMPL(strata_quants, CPU, m) {
   m.impl("dequantize", &dequantize);
   m.impl("mm", &mm);
+  m.impl("prompt_mm", &prompt_mm);
   m.impl("mm_experts", &mm_experts);
 }

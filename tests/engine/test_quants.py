@@ -3,7 +3,8 @@
 Unpacking equals gguf's own dequantize bit for bit (random valid blocks; gguf's quantize where
 gguf-py has one); the decode product is the exact weights times the activations quantized to
 int8 per 32 (llama.cpp's arithmetic) or, for the head, float32 ones, within float32 rounding; the
-prompt product the bf16 product of their bf16 rounding (prompt tokens, any number); tiny models written by gguf's writer in the mixes
+prompt product the bf16 product of their bf16 rounding, or on AVX2 alone `prompt_mm`'s float32
+one, each output one chain of sums (prompt tokens, any number); tiny models written by gguf's writer in the mixes
 people download hold at most 1.15x the file's tensor bytes and give the dequantized-bf16 model's
 greedy tokens."""
 
@@ -46,6 +47,35 @@ def test_unpacking_equals_gguf_dequantize_bit_for_bit(qtype):
             expected = gguf_dequantize(raw, qtype)
         got = quants.dequantize(quants.QuantBlocks(torch.from_numpy(raw.copy()), qtype, 3 * block)).numpy()
         np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32), err_msg=qtype.name)
+        # the baseline build too (dequant.cpp row by row; the AVX2 one unpacks from the codes)
+        portable = quants.ops().dequantize(torch.from_numpy(raw.copy()), int(qtype), 3 * block, quants.table(qtype), True)
+        np.testing.assert_array_equal(portable.numpy().view(np.uint32), expected.view(np.uint32), err_msg=qtype.name)
+
+
+@pytest.mark.parametrize("qtype", sorted(quants.TYPES), ids=lambda q: q.name)
+def test_prompt_product_is_one_chain_per_output_whatever_the_call(qtype):
+    """`prompt_mm` (the prompt's float32 product, AVX2 alone): within float32 rounding of the
+    exact weights' product, and every row's result the same bits alone, in any call and beside any
+    other rows: edge tiles (rows not a multiple of 6, outputs not of 16) and a width past one
+    256-weight panel (the 32-weight types at 544, 17 blocks) included. Both builds."""
+    rng = np.random.default_rng(int(qtype) + 7)
+    block = GGML_QUANT_SIZES[qtype][0]
+    rows, cols = 37, 544 if block == 32 else 512
+    raw = torch.from_numpy(random_blocks(qtype, rows, cols, rng))
+    reference_w = torch.from_numpy(gguf_dequantize(raw.numpy(), qtype)).double()
+    torch.manual_seed(int(qtype))
+    x = torch.randn(20, cols)
+    reference = x.double() @ reference_w.T
+    for portable in (False, True):
+        def product(x: torch.Tensor) -> torch.Tensor:
+            return quants.ops().prompt_mm(x, raw, int(qtype), quants.table(qtype), portable)
+
+        y = product(x)
+        assert y.shape == (20, rows) and y.dtype == torch.float32
+        assert float((y.double() - reference).norm() / reference.norm()) <= 1e-6, (qtype.name, portable)
+        for lo, hi in ((0, 1), (5, 6), (3, 10), (7, 20), (0, 13)):
+            assert torch.equal(product(x[lo:hi]), y[lo:hi]), (qtype.name, portable, lo, hi)
+        assert torch.equal(product(torch.cat([x[11:12], torch.randn(8, cols), x[2:3]]))[[0, 9]], y[[11, 2]])
 
 
 def test_q4_k_repacked_as_int4_groups_is_gguf_dequantize_bit_for_bit():
@@ -267,14 +297,15 @@ def test_product_is_the_kernel_on_the_exact_weights(qtype):
     """QuantLinear: the decode form, any number of tokens a row, is `mm` with int8 activations
     (relative error of the output <= 1.5e-2, see above); the head's (int8_x=False) float32 products
     of the exact weights (<= 1e-5). The prompt form (`prompt_form`), one token or many: exactly
-    oneDNN's product of the weights and activations rounded to `slab_dtype` (bf16; float32 on
-    AVX2 alone), so a prompt's last tokens read alone after a cached prefix go through the kernel
-    they went through in the cold read."""
+    oneDNN's product of the weights and activations rounded to bf16 where `slab_dtype` is bf16;
+    `prompt_mm`'s where it is float32 (AVX2 alone), so a prompt's last tokens read alone after a
+    cached prefix go through the kernel they went through in the cold read."""
     rng = np.random.default_rng(1)
     rows, cols = 40, 512
     raw = random_blocks(qtype, rows, cols, rng)
     exact = torch.from_numpy(gguf_dequantize(raw, qtype)).double()
-    blocks = quants.QuantBlocks(torch.from_numpy(raw), qtype, cols)
+    raw_t = torch.from_numpy(raw)
+    blocks = quants.QuantBlocks(raw_t, qtype, cols)
     bias = torch.arange(2 * rows, dtype=torch.float32)
     linear = quants.QuantLinear([blocks, blocks], bias=bias)
     head = quants.QuantLinear([blocks, blocks], bias=bias, slabs=False, int8_x=False)
@@ -291,7 +322,10 @@ def test_product_is_the_kernel_on_the_exact_weights(qtype):
             assert error <= bound, (qtype.name, tokens, error)
         assert torch.equal(head.prompt_form(x), head(x))  # slabs=False: the kernel for prompt tokens too
         prompt = linear.prompt_form(x)
-        part = F.linear(x.to(dtype), slab).float()
+        if dtype == torch.float32:
+            part = quants.ops().prompt_mm(x.reshape(-1, cols), raw_t, int(qtype), quants.table(qtype)).view(2, tokens, rows)
+        else:
+            part = F.linear(x.to(dtype), slab).float()
         assert torch.equal(prompt, torch.cat([part, part], dim=-1) + bias), (qtype.name, tokens)
 
 
