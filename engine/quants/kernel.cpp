@@ -174,33 +174,42 @@ inline void store(int8_t* q, __m256i v) { _mm256_storeu_si256(reinterpret_cast<_
 
 inline __m256i load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
-inline void codes_avx2(int qtype, const uint8_t* b, Codes c, const int8_t* kvalues, const uint8_t* grid) {
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
+// A 32-weight block's codes in one register (q - 8 for Q4_0, q - 16 for Q5_0), its scale d and
+// minimum m (0 but for Q4_1 / Q5_1).
+inline __m256i codes_32_avx2(int qtype, const uint8_t* b, float& d, float& m) {
+  d = f16(b);
+  m = qtype == Q4_1 || qtype == Q5_1 ? f16(b + 2) : 0.0f;
   switch (qtype) {
     case Q8_0:
-      codes_32(qtype, b, c);
-      return;
+      return load(b + 2);
     case Q4_0:
-    case Q4_1: {  // not through codes_32: its byte loop, then this store over it, cost 4x Q5_0's time
+    case Q4_1: {
       const bool with_min = qtype == Q4_1;
-      c.s[0] = c.s[1] = f16(b);
-      c.m[0] = with_min ? f16(b + 2) : 0.0f;
       const __m256i v = nibbles_16(b + (with_min ? 4 : 2));
-      store(c.q, with_min ? v : _mm256_sub_epi8(v, _mm256_set1_epi8(8)));
-      return;
+      return with_min ? v : _mm256_sub_epi8(v, _mm256_set1_epi8(8));
     }
-    case Q5_0:
-    case Q5_1: {
+    default: {  // Q5_0, Q5_1
       const bool with_min = qtype == Q5_1;
-      c.s[0] = c.s[1] = f16(b);
-      c.m[0] = with_min ? f16(b + 2) : 0.0f;
       const uint8_t* p = b + (with_min ? 4 : 2);
       uint32_t qh;
       std::memcpy(&qh, p, 4);
       __m256i v = _mm256_or_si256(nibbles_16(p + 4), _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10)));
-      store(c.q, with_min ? v : _mm256_sub_epi8(v, _mm256_set1_epi8(16)));
-      return;
+      return with_min ? v : _mm256_sub_epi8(v, _mm256_set1_epi8(16));
     }
+  }
+}
+
+inline void codes_avx2(int qtype, const uint8_t* b, Codes c, const int8_t* kvalues, const uint8_t* grid) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  switch (qtype) {
+    case Q8_0:  // not through codes_32: its byte loops, then a store over them, cost 4x the time
+    case Q4_0:
+    case Q4_1:
+    case Q5_0:
+    case Q5_1:
+      store(c.q, codes_32_avx2(qtype, b, c.s[0], c.m[0]));
+      c.s[1] = c.s[0];
+      return;
     case Q4_K:
     case Q5_K: {
       const bool five = qtype == Q5_K;
@@ -865,6 +874,21 @@ void ENTRY(strata_unpack_rows)(int qtype, const uint8_t* src, int64_t rb, int64_
   const bool mins = has_min(qtype);
   for (int64_t r = 0; r < rows; ++r) {
     const uint8_t* row = src + r * rb + k0 / bw * bb;
+    if (bw == 32) {  // the codes stay in a register
+      for (int64_t i = 0; i < kc / 32; ++i) {
+        float d, mn;
+        const __m256i v = codes_32_avx2(qtype, row + i * bb, d, mn);
+        const __m128i half[2] = {_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)};
+        const __m256 sv = _mm256_set1_ps(d), mv = _mm256_set1_ps(mn);
+        float* w = out + r * kc + 32 * i;
+        for (int e = 0; e < 4; ++e) {
+          const __m128i part = e % 2 ? _mm_srli_si128(half[e / 2], 8) : half[e / 2];
+          const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part));
+          _mm256_storeu_ps(w + 8 * e, mins ? _mm256_fmadd_ps(f, sv, mv) : _mm256_mul_ps(f, sv));
+        }
+      }
+      continue;
+    }
     for (int64_t i = 0; i < kc / bw; ++i) {
       codes_avx2(qtype, row + i * bb, Codes{q, s, m}, kvalues, grid);
       float* w = out + r * kc + i * bw;

@@ -1,0 +1,77 @@
+"""The prompt's float32 product on AVX2 alone: `strata_quants::prompt_mm` against what it replaced.
+
+    .venv/bin/python -m bench.prompt_product [--types Q4_0 Q4_K] [--rows 1 16 64 80 512]
+        [--shape 8192 2048] [--threads 2] [--rounds 3]
+
+A random matrix of one type (tests/helpers/quant_models.py `random_blocks`), `rows` prompt tokens,
+GFLOP/s of: `prompt_mm` (one call for all the rows; prompt.cpp), and the float32 slabs it replaced
+on AVX2 (the matrix unpacked ~8 MB of rows at a time, each unpacked slab multiplied by each
+64-row piece with MKL's `F.linear`, as `QuantLinear._slabs` did before: a piece had to be its own
+call). `rows` 1 shows the unpacking's own cost. Median of interleaved rounds; not asserted (the
+cores are shared: compare numbers of one run)."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType as Q
+
+from engine.quants import blocks as quants
+from tests.helpers.quant_models import random_blocks
+
+SLAB_BYTES = 8 << 20
+
+
+def slabs(x: torch.Tensor, blocks: quants.QuantBlocks) -> torch.Tensor:
+    """The former float32 prompt product: slabs unpacked once, each 64-row piece its own call."""
+    pieces = list(x.split(64))
+    rows = blocks.raw.shape[0]
+    step = max(1, SLAB_BYTES // (4 * blocks.cols))
+    outs = [torch.empty(p.shape[0], rows) for p in pieces]
+    for lo in range(0, rows, step):
+        slab = quants.dequantize(blocks._replace(raw=blocks.raw[lo:lo + step]))
+        for p, out in zip(pieces, outs):
+            out[:, lo:lo + step] = F.linear(p, slab)
+    return torch.cat(outs)
+
+
+def seconds(fn, calls: int = 2) -> float:
+    fn()
+    started = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - started) / calls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--types", nargs="+", default=["Q4_0", "Q4_K"])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64, 80, 512])
+    parser.add_argument("--shape", type=int, nargs=2, default=[8192, 2048], metavar=("OUT", "IN"))
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    out, cols = args.shape
+    rng = np.random.default_rng(0)
+    print(f"[{out}, {cols}], {args.threads} threads; GFLOP/s, median of {args.rounds} interleaved rounds")
+    for name in args.types:
+        qtype = Q[name]
+        blocks = quants.QuantBlocks(torch.from_numpy(random_blocks(qtype, out, cols, rng)), qtype, cols)
+        for rows in args.rows:
+            x = torch.randn(rows, cols)
+            flops = 2 * rows * out * cols
+            ours = lambda: quants.ops().prompt_mm(x, blocks.raw, int(qtype), quants.table(qtype))  # noqa: E731
+            runs = [(seconds(ours), seconds(lambda: slabs(x, blocks))) for _ in range(args.rounds)]
+            new, old = (statistics.median(r[i] for r in runs) for i in range(2))
+            print(f"{name:6s} {rows:4d} rows: prompt_mm {flops / new / 1e9:6.1f}  slabs {flops / old / 1e9:6.1f}  "
+                  f"({old / new:.2f}x)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
