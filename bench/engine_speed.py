@@ -7,7 +7,7 @@ A variant is `default` (what `strata serve` runs), `float32`, `bfloat16`, with `
 (bf16 linears dequantized instead of int4 from the file's blocks), `+noprefillbf16` (int4 only, no
 bf16 copy for prefill chunks), `+eager` (no compiled decode step, `--no-compile`), `+gathered` (a
 decode step gathers each row's K/V positions first instead of engine/attend.cpp reading the pool
-in place) or `+nographs`
+in place), `+kv=NAME` (the KV pool in that `--kv-dtype`: bfloat16, int8) or `+nographs`
 (on a GPU: the compiled step launched kernel by kernel, not replayed from CUDA graphs) or
 `+isa=NAME` (that child under ONEDNN_MAX_CPU_ISA=NAME, e.g. AVX512_CORE_BF16: AMX off) or
 `+model=PATH` (that child on another file: two files' speeds in one run) appended;
@@ -72,6 +72,9 @@ def _load(variant: str, num_slots: int, threads: int | None, device: str = "cpu"
         kwargs["cache_dir"] = Path(tempfile.gettempdir()) / "strata-bench-cache"
         if "eager" in flags or "compile" in flags:
             kwargs["compile"] = "eager" not in flags
+    for flag in flags:  # +kv=bfloat16, +kv=int8: the KV pool in that dtype (`strata serve --kv-dtype`)
+        if flag.startswith("kv="):
+            kwargs["kv_dtype"] = flag.removeprefix("kv=")
     if device != "cpu":  # a baseline older than --device has none
         kwargs["device"] = device
     if "gathered" in flags:  # the decode step gathers each row's positions first (engine/attend.cpp's fallback)
