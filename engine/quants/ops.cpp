@@ -1,4 +1,4 @@
-// torch ops over GGUF blocks (CPU): strata_quants::dequantize, ::mm and ::mm_experts.
+// torch ops over GGUF blocks (CPU): strata_quants::dequantize, ::mm, ::prompt_mm and ::mm_experts.
 //
 // mm is the decode step's product with a quantized matrix: y = x @ W^T with W kept as the
 // file's blocks, read once per call in its file size, never dense. kernel.cpp does the work:
@@ -6,7 +6,8 @@
 // against each activation row per 32 weights in integers (int8_x: x quantized per 32, as
 // llama.cpp does) or float32 (the head: its error bound counts on float32 products), one scale
 // applied per sum. Rows are split across torch's intra-op threads; a row's result never depends
-// on the other rows of x.
+// on the other rows of x. prompt_mm is the prompt's float32 product where oneDNN has no bf16
+// kernels (below; prompt.cpp).
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

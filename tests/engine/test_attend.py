@@ -49,6 +49,19 @@ def test_decode_reads_the_pool_as_the_gathered_rows_give(dtype, rows, tokens, sp
     assert torch.equal(got[-1], torch.zeros_like(got[-1]))  # a row that sees nothing: zeros, not NaN
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_token_that_sees_nothing_beside_one_that_sees_gets_zeros(dtype):
+    """A row's second token (a guess) sees its prefix while the first sees nothing: the first's
+    output is zeros, the second's what the gathered rows give, the first's -inf scores never
+    reaching the weighted sum."""
+    q, pool, read_at, seen = _case(dtype, 3, 2, 40, seed=2)
+    seen[0, 0] = False
+    got = torch.ops.strata_attend.decode(q, *pool, read_at, seen, D**-0.5)
+    assert torch.equal(got[0, 0], torch.zeros_like(got[0, 0]))
+    torch.testing.assert_close(got[:2, 1], _gathered(q, pool, read_at, seen)[:2, 1], rtol=1e-5, atol=1e-5)
+    assert not got.isnan().any()
+
+
 def test_a_rows_result_depends_on_nothing_but_its_own_and_never_reads_a_masked_place():
     """The same bits alone, beside other rows, on one thread or two, with its masked positions'
     entries NaN (never read)."""
