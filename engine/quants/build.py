@@ -36,7 +36,7 @@ UNITS = [("dequant", "dequant.cpp", ["-ffp-contract=off"]),
          ("kernel", "kernel.cpp", []),
          *([("kernel_avx2", "kernel.cpp", ["-DSTRATA_AVX2", "-mavx2", "-mfma", "-mf16c"])] if X86 else []),
          ("prompt", "prompt.cpp", []),
-         *([("prompt_avx2", "prompt.cpp", ["-DSTRATA_AVX2", "-mavx2", "-mfma"])] if X86 else []),
+         *([("prompt_avx2", "prompt.cpp", ["-DSTRATA_AVX2", "-mavx2", "-mfma", "-mf16c"])] if X86 else []),
          ("ops", "ops.cpp", ["-fopenmp", *(["-DSTRATA_HAVE_AVX2"] if X86 else [])])]
 COMMON = ["-O3", "-std=c++20", "-fPIC", "-fno-math-errno"]
 BUILD_DIR = HERE / "_build"

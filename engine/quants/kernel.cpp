@@ -25,12 +25,6 @@
 #include <cstdlib>
 #include <type_traits>
 
-#ifdef STRATA_AVX2
-#define ENTRY(name) name##_avx2
-#else
-#define ENTRY(name) name##_portable
-#endif
-
 namespace {
 
 // One block's codes: q[block weights], s[weights / 16], m[weights / 32].

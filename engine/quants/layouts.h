@@ -1,14 +1,23 @@
 // What dequant.cpp and kernel.cpp both read off a GGUF block: the type numbers, the f16 scales
-// and the K-quants' packed 6-bit sub-block scales. Everything here has internal linkage (an
-// anonymous namespace), so kernel.cpp's two builds (AVX2 and baseline) each get their own copy and
-// the linker never merges an AVX2-compiled function into the baseline build. STRATA_AVX2 (set
-// for kernel.cpp's AVX2 build only) converts halves with F16C: the same exact conversion.
+// and the K-quants' packed 6-bit sub-block scales (prompt.cpp takes ENTRY from here). Everything
+// here has internal linkage (an anonymous namespace), so the two builds (AVX2 and baseline) of
+// kernel.cpp and prompt.cpp each get their own copy and the linker never merges an AVX2-compiled
+// function into the baseline build. STRATA_AVX2 (set for those files' AVX2 builds only) converts
+// halves with F16C: the same exact conversion.
 #pragma once
 #include <cstdint>
 #include <cstring>
 
 #ifdef STRATA_AVX2
 #include <immintrin.h>
+#endif
+
+// The name of an entry point of a file built twice (kernel.cpp, prompt.cpp): its AVX2 build's
+// or its baseline build's, so ops.cpp can link both and pick one at run time.
+#ifdef STRATA_AVX2
+#define ENTRY(name) name##_avx2
+#else
+#define ENTRY(name) name##_portable
 #endif
 
 namespace {

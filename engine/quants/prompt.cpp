@@ -15,14 +15,7 @@
 // L1 while every x micro-panel passes over it), a 6 x 16 tile of y held in twelve AVX registers
 // for the 256 k's, then stored and taken up again for the next 256. build.py compiles this file
 // twice (AVX2 + FMA, and the baseline, whose plain loop keeps the same order but not the bits).
-#include <cstdint>
-
-#ifdef STRATA_AVX2
-#include <immintrin.h>
-#define ENTRY(name) name##_avx2
-#else
-#define ENTRY(name) name##_portable
-#endif
+#include "layouts.h"  // ENTRY, and the AVX2 intrinsics in that build
 
 namespace {
 
