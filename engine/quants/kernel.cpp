@@ -27,6 +27,14 @@
 
 namespace {
 
+inline bool is_32(int qtype) {
+  return qtype == Q4_0 || qtype == Q4_1 || qtype == Q5_0 || qtype == Q5_1 || qtype == Q8_0;
+}
+
+inline bool has_min(int qtype) {
+  return qtype == Q4_1 || qtype == Q5_1 || qtype == Q4_K || qtype == Q5_K;
+}
+
 // One block's codes: q[block weights], s[weights / 16], m[weights / 32].
 struct Codes {
   int8_t* q;
@@ -168,28 +176,29 @@ inline void store(int8_t* q, __m256i v) { _mm256_storeu_si256(reinterpret_cast<_
 
 inline __m256i load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
-// A 32-weight block's codes in one register (q - 8 for Q4_0, q - 16 for Q5_0), its scale d and
-// minimum m (0 but for Q4_1 / Q5_1).
-inline __m256i codes_32_avx2(int qtype, const uint8_t* b, float& d, float& m) {
-  d = f16(b);
-  m = qtype == Q4_1 || qtype == Q5_1 ? f16(b + 2) : 0.0f;
+// A 32-weight block's codes in a register, unsigned as stored (Q4_0, Q5_0: before their -8 / -16;
+// Q5's high bit << 4; Q8_0's bytes as they are): the fused dots' (below) and the codes path's.
+template <int T>
+inline __m256i codes_q32(const uint8_t* b) {
+  if constexpr (T == Q8_0) {
+    return load(b + 2);
+  } else if constexpr (T == Q4_0 || T == Q4_1) {  // unsigned: Q4_0's -8 is its block's offset
+    return nibbles_16(b + (T == Q4_1 ? 4 : 2));
+  } else {  // Q5_0, Q5_1 (Q5_0's -16 likewise)
+    const uint8_t* p = b + (T == Q5_1 ? 4 : 2);
+    uint32_t qh;
+    std::memcpy(&qh, p, 4);
+    return _mm256_or_si256(nibbles_16(p + 4), _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10)));
+  }
+}
+
+inline __m256i codes_q32_of(int qtype, const uint8_t* b) {
   switch (qtype) {
-    case Q8_0:
-      return load(b + 2);
-    case Q4_0:
-    case Q4_1: {
-      const bool with_min = qtype == Q4_1;
-      const __m256i v = nibbles_16(b + (with_min ? 4 : 2));
-      return with_min ? v : _mm256_sub_epi8(v, _mm256_set1_epi8(8));
-    }
-    default: {  // Q5_0, Q5_1
-      const bool with_min = qtype == Q5_1;
-      const uint8_t* p = b + (with_min ? 4 : 2);
-      uint32_t qh;
-      std::memcpy(&qh, p, 4);
-      __m256i v = _mm256_or_si256(nibbles_16(p + 4), _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10)));
-      return with_min ? v : _mm256_sub_epi8(v, _mm256_set1_epi8(16));
-    }
+    case Q8_0: return codes_q32<Q8_0>(b);
+    case Q4_0: return codes_q32<Q4_0>(b);
+    case Q4_1: return codes_q32<Q4_1>(b);
+    case Q5_0: return codes_q32<Q5_0>(b);
+    default: return codes_q32<Q5_1>(b);
   }
 }
 
@@ -200,10 +209,13 @@ inline void codes_avx2(int qtype, const uint8_t* b, Codes c, const int8_t* kvalu
     case Q4_0:
     case Q4_1:
     case Q5_0:
-    case Q5_1:
-      store(c.q, codes_32_avx2(qtype, b, c.s[0], c.m[0]));
-      c.s[1] = c.s[0];
+    case Q5_1: {
+      c.s[0] = c.s[1] = f16(b);
+      c.m[0] = has_min(qtype) ? f16(b + 2) : 0.0f;
+      const char offset = qtype == Q4_0 ? 8 : qtype == Q5_0 ? 16 : 0;
+      store(c.q, _mm256_sub_epi8(codes_q32_of(qtype, b), _mm256_set1_epi8(offset)));
       return;
+    }
     case Q4_K:
     case Q5_K: {
       const bool five = qtype == Q5_K;
@@ -287,14 +299,6 @@ inline void codes_avx2(int qtype, const uint8_t* b, Codes c, const int8_t* kvalu
   }
 }
 #endif
-
-inline bool is_32(int qtype) {
-  return qtype == Q4_0 || qtype == Q4_1 || qtype == Q5_0 || qtype == Q5_1 || qtype == Q8_0;
-}
-
-inline bool has_min(int qtype) {
-  return qtype == Q4_1 || qtype == Q5_1 || qtype == Q4_K || qtype == Q5_K;
-}
 
 #ifdef STRATA_AVX2
 inline float hsum(__m256 v) {
@@ -594,7 +598,7 @@ inline void dot_q6_k(const uint8_t* row, const int8_t* xq, const float* dx, cons
 // Fused 32-weight dots (AVX2, int8 activations): Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (Q5_0 and Q8_0:
 // the layers and head parts of small models' Q4_K_M files, whose columns take no 256-weight
 // blocks) straight from each block's bytes, no codes buffer: the block's codes made in a register
-// (nibbles, Q5's high bit << 4; Q8_0's bytes as they are), then per activation row the codes
+// (codes_q32, above), then per activation row the codes
 // path's own operations (dot_int8: q unsigned as it is for the types with a minimum, Q8_0's |q|
 // `maddubs` xq with q's sign, `madd`, one conversion, one fma by d * dx; the minimums m * xs as
 // min_bias sums them), so Q4_1, Q5_1 and Q8_0 give the AVX2 codes path's bits (checked against
@@ -602,19 +606,6 @@ inline void dot_q6_k(const uint8_t* row, const int8_t* xq, const float* dx, cons
 // too (-8 d, -16 d per block, exact), not subtracted from each code: no sign per activation,
 // ~10 % at 4-8 rows (as fast as Q4_1 then), the same integers, a different float rounding than
 // the codes path's (within float32's, tested). Up to eight rows share each block's unpacking.
-template <int T>
-inline __m256i codes_q32(const uint8_t* b) {
-  if constexpr (T == Q8_0) {
-    return load(b + 2);
-  } else if constexpr (T == Q4_0 || T == Q4_1) {  // unsigned: Q4_0's -8 is its block's offset
-    return nibbles_16(b + (T == Q4_1 ? 4 : 2));
-  } else {  // Q5_0, Q5_1 (Q5_0's -16 likewise)
-    const uint8_t* p = b + (T == Q5_1 ? 4 : 2);
-    uint32_t qh;
-    std::memcpy(&qh, p, 4);
-    return _mm256_or_si256(nibbles_16(p + 4), _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10)));
-  }
-}
 
 // xs8: the types with a minimum, the rows' chunk sums of x eight rows a chunk (row r in lane r,
 // see eights_by_chunk): min_bias's products and sums for all rows in one lane each.
@@ -868,21 +859,6 @@ void ENTRY(strata_unpack_rows)(int qtype, const uint8_t* src, int64_t rb, int64_
   const bool mins = has_min(qtype);
   for (int64_t r = 0; r < rows; ++r) {
     const uint8_t* row = src + r * rb + k0 / bw * bb;
-    if (bw == 32) {  // the codes stay in a register
-      for (int64_t i = 0; i < kc / 32; ++i) {
-        float d, mn;
-        const __m256i v = codes_32_avx2(qtype, row + i * bb, d, mn);
-        const __m128i half[2] = {_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)};
-        const __m256 sv = _mm256_set1_ps(d), mv = _mm256_set1_ps(mn);
-        float* w = out + r * kc + 32 * i;
-        for (int e = 0; e < 4; ++e) {
-          const __m128i part = e % 2 ? _mm_srli_si128(half[e / 2], 8) : half[e / 2];
-          const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part));
-          _mm256_storeu_ps(w + 8 * e, mins ? _mm256_fmadd_ps(f, sv, mv) : _mm256_mul_ps(f, sv));
-        }
-      }
-      continue;
-    }
     for (int64_t i = 0; i < kc / bw; ++i) {
       codes_avx2(qtype, row + i * bb, Codes{q, s, m}, kvalues, grid);
       float* w = out + r * kc + i * bw;
@@ -910,10 +886,7 @@ void ENTRY(strata_mm_rows)(int qtype, const uint8_t* src, int64_t rb, int64_t K,
   float* s = reinterpret_cast<float*>(q + K);
   float* m = s + K / 16;
   const bool small = is_32(qtype), mins = has_min(qtype);
-  const int bw = small ? 32 : 256;
-  const int bb = qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : qtype == Q5_0 ? 22 : qtype == Q5_1 ? 24
-               : qtype == Q8_0 ? 34 : qtype == Q4_K ? 144 : qtype == Q5_K ? 176 : qtype == Q6_K ? 210
-               : qtype == IQ3_S ? 110 : 136;
+  const int bw = strata_block_weights(qtype), bb = strata_block_bytes(qtype);
 #ifdef STRATA_AVX2
   if (xq && fused(qtype)) return fused_rows(qtype, src, rb, K, n0, n1, M, N, xq, dx, xs, y);
   if (!xq && fused_float(qtype)) return fused_float_rows(qtype, src, rb, K, n0, n1, M, N, x, xs, y);
