@@ -180,7 +180,11 @@ class QuantLinear(nn.Module):
     def prompt_pieces(self, x: Tensor, pieces: tuple[int, ...]) -> Tensor:
         """Prompt tokens in pieces of rows (engine/weights.py `in_pieces`; sizes summing to x's
         [..., T, in] T): each piece's product the call `prompt_form` makes of it alone, the same
-        bits, but each slab unpacked once for all the pieces (a 512-token chunk is 8 of them)."""
+        bits. Where a row's product never depends on its call (`prompt_mm`, or `mm` without
+        slabs) that is one call for all of them; else (bf16 slabs) each slab is unpacked once
+        for all the pieces (a 512-token chunk is 8 of them), each piece its own product."""
+        if not self.slabs or slab_dtype() == torch.float32:
+            return self.prompt_form(x)
         chunks = x.split(list(pieces), dim=-2)
         ys = self._products([c.reshape(-1, self.cols) for c in chunks], prompt=self.slabs)
         return torch.cat([y.view(*c.shape[:-1], self.out_features) for y, c in zip(ys, chunks)], dim=-2)
@@ -191,15 +195,19 @@ class QuantLinear(nn.Module):
 
     def _products(self, flats: list[Tensor], prompt: bool) -> list[Tensor]:
         """Each of `flats` [n, in] times the matrix, + bias: [n, out] float32 each."""
-        # The op straight from torch.ops (not `ops()`, whose cached load a graph cannot trace):
-        # this module exists only once the library loaded.
-        per_part = [[self.int4[p](flat).float() for flat in flats] if isinstance(p, int)
-                    else self._slabs(flats, self.blocks(p)) if prompt
-                    else [torch.ops.strata_quants.mm(flat, getattr(self, p.raw), int(p.qtype), getattr(self, p.table),
-                                                     self.int8_x) for flat in flats]
-                    for p in self.parts]
+        per_part = [self._part_products(p, flats, prompt) for p in self.parts]
         ys = [outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1) for outs in zip(*per_part)]
         return ys if self.bias is None else [y + self.bias for y in ys]
+
+    def _part_products(self, part: int | BlocksPart, flats: list[Tensor], prompt: bool) -> list[Tensor]:
+        if isinstance(part, int):
+            return [self.int4[part](flat).float() for flat in flats]
+        if prompt:
+            return self._slabs(flats, self.blocks(part))
+        # The ops straight from torch.ops (not `ops()`, whose cached load a graph cannot trace):
+        # this module exists only once the library loaded.
+        blocks, codebook = getattr(self, part.raw), getattr(self, part.table)
+        return [torch.ops.strata_quants.mm(flat, blocks, int(part.qtype), codebook, self.int8_x) for flat in flats]
 
     def extra_repr(self) -> str:
         """The parts' kinds in order (the package key's: blocks of the same shape can be of two
@@ -208,16 +216,14 @@ class QuantLinear(nn.Module):
         return f"cols={self.cols}, parts={kinds}, int8_x={self.int8_x}, slabs={self.slabs}"
 
     def _slabs(self, flats: list[Tensor], part: QuantBlocks) -> list[Tensor]:
-        """Prompt tokens, each of `flats` its own product. float32 (AVX2 alone): `prompt_mm`, one
-        call for all of them, since its every output is one fixed chain of sums whatever the
-        call's rows (ops.cpp); bf16: a slab of rows unpacked, rounded to bf16 and multiplied by
-        oneDNN, once for all of `flats`, each its own `F.linear` (oneDNN's blocking depends on
-        a call's rows)."""
+        """Prompt tokens, each of `flats` its own product. float32 (AVX2 alone): `prompt_mm`
+        (ops.cpp: its every output one fixed chain of sums, whatever the call's rows); bf16: a
+        slab of rows unpacked, rounded to bf16 and multiplied by oneDNN, once for all of
+        `flats`, each its own `F.linear` (oneDNN's blocking depends on a call's rows)."""
         dtype = slab_dtype()
         if dtype == torch.float32:
-            x = flats[0] if len(flats) == 1 else torch.cat(flats)
-            y = torch.ops.strata_quants.prompt_mm(x, part.raw, int(part.qtype), table(part.qtype))
-            return list(y.split([flat.shape[0] for flat in flats]))
+            return [torch.ops.strata_quants.prompt_mm(flat, part.raw, int(part.qtype), table(part.qtype))
+                    for flat in flats]
         xs = [flat.to(dtype) for flat in flats]
         step = max(1, SLAB_BYTES // (4 * self.cols))
         rows = part.raw.shape[0]

@@ -1,4 +1,4 @@
-"""What `strata_quants::mm`, `::mm_experts`, `::prompt_mm`, `::dequantize` (ops.cpp) and `strata_attend::decode`
+"""What `strata_quants::mm`, `::mm_experts`, `::dequantize` (ops.cpp) and `strata_attend::decode`
 (engine/attend.cpp) return, without running them: the fake
 (meta) kernels dynamo, inductor and torch.export trace the decode step's products with, so the
 file's blocks go into compiled graphs and packages compiled ahead of time as graph inputs, and
@@ -17,7 +17,6 @@ def register(library: str) -> None:
         return
     torch.library.register_fake("strata_quants::mm", _mm)
     torch.library.register_fake("strata_quants::mm_experts", _mm_experts)
-    torch.library.register_fake("strata_quants::prompt_mm", _prompt_mm)
     torch.library.register_fake("strata_quants::dequantize", _dequantize)
 
 
@@ -29,12 +28,6 @@ def _decode(q: Tensor, k_pool: Tensor, v_pool: Tensor, read_at: Tensor, mask: Te
 
 def _mm(x: Tensor, blocks: Tensor, qtype: int, table: Tensor, int8_x: bool = False, portable: bool = False) -> Tensor:
     # x: [M, K] any float, blocks: uint8 [N, row_bytes] -> [M, N] float32
-    torch._check(x.dim() == 2 and blocks.dim() == 2)
-    return x.new_empty((x.shape[0], blocks.shape[0]), dtype=torch.float32)
-
-
-def _prompt_mm(x: Tensor, blocks: Tensor, qtype: int, table: Tensor, portable: bool = False) -> Tensor:
-    # x: [M, K], blocks: uint8 [N, row_bytes] -> [M, N] float32
     torch._check(x.dim() == 2 and blocks.dim() == 2)
     return x.new_empty((x.shape[0], blocks.shape[0]), dtype=torch.float32)
 

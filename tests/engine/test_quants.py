@@ -331,9 +331,10 @@ def test_product_is_the_kernel_on_the_exact_weights(qtype):
 
 @pytest.mark.parametrize("slabs", [True, False])
 def test_prompt_pieces_are_each_pieces_own_product(slabs):
-    """A prompt chunk's pieces (engine/weights.py `in_pieces`) through `prompt_pieces`, each slab
-    unpacked once for all of them: every piece's rows are exactly what `prompt_form` gives that
-    piece alone, so a prompt token's result still does not depend on the rest of its chunk."""
+    """A prompt chunk's pieces (engine/weights.py `in_pieces`) through `prompt_pieces` (one call,
+    or each bf16 slab unpacked once for all of them): every piece's rows are exactly what
+    `prompt_form` gives that piece alone, so a prompt token's result does not depend on the rest
+    of its chunk."""
     from engine.weights import in_pieces
 
     rng = np.random.default_rng(3)
