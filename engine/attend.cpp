@@ -16,9 +16,11 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -26,28 +28,83 @@
 #else
 #define CLONES
 #endif
+// the helpers an attend_one clone calls are compiled into it, for its own instruction set
+#define INLINE inline __attribute__((always_inline))
 
 namespace {
 
-inline float dot(const float* a, const float* b, int64_t n) {
-  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t d = 0;
-  for (; d + 8 <= n; d += 8)
-    for (int j = 0; j < 8; ++j) lane[j] += a[d + j] * b[d + j];
-  float tail = 0.0f;
-  for (; d < n; ++d) tail += a[d] * b[d];
-  return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7])) + tail;
+// Eight float32 lanes as GCC's vector extension: ymm registers in the AVX2 clone, SSE pairs in
+// the baseline, the same lane-wise products and sums (no fused multiply-add) in both.
+typedef float v8 __attribute__((vector_size(32)));
+
+INLINE v8 load8(const float* p) {
+  v8 r;
+  std::memcpy(&r, p, sizeof r);
+  return r;
 }
 
-inline void add_scaled(float* acc, float p, const float* v, int64_t n) {
-  for (int64_t d = 0; d < n; ++d) acc[d] += p * v[d];
+INLINE void store8(float* p, v8 v) { std::memcpy(p, &v, sizeof v); }
+
+// A dot product of n floats: 8 lanes summed over d in order, combined in a fixed order, the
+// elements past the last 8 added after.
+INLINE float combine(v8 a, float tail) { return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7])) + tail; }
+
+// dot(q_i, k) for M queries at once, each k element loaded once.
+template <int M>
+INLINE void dots_of(const float* const* qp, const float* k, int64_t n, float* out) {
+  v8 lane[M];
+  for (int i = 0; i < M; ++i) lane[i] = v8{};
+  int64_t d = 0;
+  for (; d + 8 <= n; d += 8) {
+    const v8 kd = load8(k + d);
+    for (int i = 0; i < M; ++i) lane[i] += load8(qp[i] + d) * kd;
+  }
+  for (int i = 0; i < M; ++i) {
+    float tail = 0.0f;
+    for (int64_t e = d; e < n; ++e) tail += qp[i][e] * k[e];
+    out[i] = combine(lane[i], tail);
+  }
+}
+
+INLINE void dots(const float* const* qp, int64_t Q, const float* k, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + 4 <= Q; i += 4) dots_of<4>(qp + i, k, n, out + i);
+  switch (Q - i) {
+    case 3: dots_of<3>(qp + i, k, n, out + i); break;
+    case 2: dots_of<2>(qp + i, k, n, out + i); break;
+    case 1: dots_of<1>(qp + i, k, n, out + i); break;
+    default: break;
+  }
+}
+
+// max(row[0..n)) as std::max taken in order gives it, 8 lanes at a time: a max is the same
+// whatever the order (a NaN is passed over as std::max(top, NaN) does; -0 and +0 may swap, which
+// no exp(score - top) tells apart).
+INLINE float highest(const float* row, int64_t n) {
+  v8 lanes = v8{} - std::numeric_limits<float>::infinity();
+  int64_t l = 0;
+  for (; l + 8 <= n; l += 8) {
+    const v8 x = load8(row + l);
+    lanes = lanes < x ? x : lanes;
+  }
+  float top = -std::numeric_limits<float>::infinity();
+  for (int j = 0; j < 8; ++j) top = std::max(top, lanes[j]);
+  for (; l < n; ++l) top = std::max(top, row[l]);
+  return top;
+}
+
+INLINE void add_scaled(float* acc, float p, const float* v, int64_t n) {
+  const v8 pp = v8{} + p;
+  int64_t d = 0;
+  for (; d + 8 <= n; d += 8) store8(acc + d, load8(acc + d) + pp * load8(v + d));
+  for (; d < n; ++d) acc[d] += p * v[d];
 }
 
 // One pool entry as float32: bf16 widened, int8 times its scale (the entry's last 4 bytes, as
 // engine/kv_dtype.py `load` does it), float32 itself (no copy).
 enum class Entry { F32, BF16, I8 };
 
-inline const float* entry(Entry kind, const uint8_t* p, int64_t n, float* tmp) {
+INLINE const float* entry(Entry kind, const uint8_t* p, int64_t n, float* tmp) {
   switch (kind) {
     case Entry::F32:
       return reinterpret_cast<const float*>(p);
@@ -74,52 +131,73 @@ struct Shapes {
   int64_t B, T, H, KV, G, D, L, N, W;  // W: an entry's bytes
 };
 
-// The (row b, KV head h) task: its G*T queries over the row's L positions.
+// The (row b, KV head h) task: its G*T queries over the row's L positions. Query i = (g, t):
+// head h * G + g, token t of row b; its pointer and its token's mask row worked out once.
 CLONES void attend_one(const Shapes& s, int64_t b, int64_t h, Entry kind, float scale, const float* q,
                        const uint8_t* kp, const uint8_t* vp, const int64_t* read_at, const bool* mask, float* out) {
-  const int64_t Q = s.G * s.T, D = s.D, L = s.L;
-  std::vector<float> scores(Q * L), acc(Q * D, 0.0f), tmp(D);
+  const int64_t T = s.T, Q = s.G * T, D = s.D, L = s.L;
+  std::unique_ptr<float[]> scores(new float[Q * L]);  // every element written before it is read
+  std::vector<float> acc(Q * D, 0.0f), tmp(D), dot_out(Q);
+  std::vector<const float*> qp(Q);
+  std::vector<const bool*> mq(Q);
+  std::vector<float*> outp(Q);
+  for (int64_t i = 0; i < Q; ++i) {
+    const int64_t t = i % T, g = i / T;
+    qp[i] = q + ((b * T + t) * s.H + h * s.G + g) * D;
+    outp[i] = out + ((b * T + t) * s.H + h * s.G + g) * D;
+    mq[i] = mask + (b * T + t) * L;
+  }
   std::vector<int64_t> seen;  // positions any of the row's tokens sees
-  const bool* m = mask + b * s.T * L;
+  seen.reserve(L);
+  const bool* m = mask + b * T * L;
   const int64_t* at = read_at + b * L;
   const uint8_t* kh = kp + h * s.N * s.W;
   const uint8_t* vh = vp + h * s.N * s.W;
-  // query i = (g, t): head h * G + g, token t of row b
-  auto query = [&](int64_t i) { return q + ((b * s.T + i % s.T) * s.H + h * s.G + i / s.T) * D; };
   const float minus_inf = -std::numeric_limits<float>::infinity();
   for (int64_t l = 0; l < L; ++l) {
-    bool any = false;
-    for (int64_t t = 0; t < s.T; ++t) any |= m[t * L + l];
+    bool any = false, all = true;
+    for (int64_t t = 0; t < T; ++t) any |= m[t * L + l], all &= m[t * L + l];
     if (!any) {
       for (int64_t i = 0; i < Q; ++i) scores[i * L + l] = minus_inf;
       continue;
     }
     seen.push_back(l);
     const float* k = entry(kind, kh + at[l] * s.W, D, tmp.data());
-    for (int64_t i = 0; i < Q; ++i)
-      scores[i * L + l] = m[(i % s.T) * L + l] ? dot(query(i), k, D) * scale : minus_inf;
+    dots(qp.data(), Q, k, D, dot_out.data());
+    for (int64_t i = 0; i < Q; ++i) scores[i * L + l] = all || mq[i][l] ? dot_out[i] * scale : minus_inf;
   }
+  // seen, ascending, is most often the positions 0..S-1 (a row's causal prefix): plain loops then
+  const int64_t S = int64_t(seen.size());
+  const bool prefix = S == 0 || seen[S - 1] == S - 1;
   for (int64_t i = 0; i < Q; ++i) {  // softmax over each query's scores
-    float* row = scores.data() + i * L;
+    float* row = scores.get() + i * L;
     float top = minus_inf;
-    for (int64_t l : seen) top = std::max(top, row[l]);
+    if (prefix)
+      top = highest(row, S);
+    else
+      for (int64_t l : seen) top = std::max(top, row[l]);
     if (top == minus_inf) continue;  // sees nothing (a padding row): zeros out
     float sum = 0.0f;
-    for (int64_t l : seen) {
+    auto weight = [&](int64_t l) {
       row[l] = row[l] == minus_inf ? 0.0f : std::exp(row[l] - top);
       sum += row[l];
+    };
+    if (prefix) {
+      for (int64_t l = 0; l < S; ++l) weight(l);
+      for (int64_t l = 0; l < S; ++l) row[l] /= sum;
+    } else {
+      for (int64_t l : seen) weight(l);
+      for (int64_t l : seen) row[l] /= sum;
     }
-    for (int64_t l : seen) row[l] /= sum;
   }
   for (int64_t l : seen) {
     const float* v = entry(kind, vh + at[l] * s.W, D, tmp.data());
     for (int64_t i = 0; i < Q; ++i) {
       const float p = scores[i * L + l];
-      if (p != 0.0f && m[(i % s.T) * L + l]) add_scaled(acc.data() + i * D, p, v, D);
+      if (p != 0.0f && mq[i][l]) add_scaled(acc.data() + i * D, p, v, D);
     }
   }
-  for (int64_t i = 0; i < Q; ++i)  // out [B, T, H * D]
-    std::memcpy(out + ((b * s.T + i % s.T) * s.H + h * s.G + i / s.T) * D, acc.data() + i * D, D * 4);
+  for (int64_t i = 0; i < Q; ++i) std::memcpy(outp[i], acc.data() + i * D, D * 4);  // out [B, T, H * D]
 }
 
 // q [B, T, H, D] float32; k_pool, v_pool [KV, N, W] float32 / bfloat16 / int8 (W = D, or D + 4
