@@ -7,6 +7,9 @@ Each server is started in turn (never both at once: they share the cores), then:
 - decode: 1, 2, 4, 8 concurrent streaming chat clients, `ignore_eos`, 128 tokens each; total
   completion tokens / wall time;
 - prompt: one ~2000-token prompt with max_tokens=1; prompt tokens / time to the first token;
+- deep (not by default): one request after a ~4 000-token prompt (`--deep-words`), its decode
+  rate from its first token on: decode where attention over a long context is most of a step
+  (an agent's turn); llama-server started with slots of 8 192 tokens for it;
 - alert during a battery (docs/design.md): 4 slots busy with 300-token answers and 8 more queued at a
   low priority; a short request at a high priority 2 s later; its time to first token (llama.cpp
   ignores `priority`: plain FIFO, which is what it offers).
@@ -40,6 +43,7 @@ from queues.server import free_port
 TOKENS = 128
 BATTERY_TOKENS = 300
 SCENARIO_SLOTS = 4
+DEEP_CONTEXT = 8192  # llama-server: tokens a slot holds in the deep stage (its -c is the slots times this)
 
 
 @dataclass
@@ -142,7 +146,7 @@ async def chat(client: httpx.AsyncClient, server: Server, content: str, max_toke
                     if first is None:
                         first = time.monotonic()
     done = time.monotonic()
-    return {"sent": sent, "ttft_s": (first or done) - sent, "done": done,
+    return {"sent": sent, "ttft_s": (first or done) - sent, "done": done, "first": first or done,
             "completion_tokens": usage.get("completion_tokens", chunks), "prompt_tokens": usage.get("prompt_tokens", 0)}
 
 
@@ -223,6 +227,14 @@ async def prompt_rate(server: Server, prompt_words: int) -> float:
     return best
 
 
+async def deep_decode_rate(server: Server, prompt_words: int) -> dict[str, float]:
+    """One request after a long prompt: its decode rate from the first token on (the prompt's
+    read left out), and that prompt's length in tokens."""
+    async with httpx.AsyncClient() as client:
+        r = await chat(client, server, words(2000, prompt_words), TOKENS)
+    return {"deep": (r["completion_tokens"] - 1) / (r["done"] - r["first"]), "deep_prompt": r["prompt_tokens"]}
+
+
 async def alert_during_battery(server: Server) -> float:
     async with httpx.AsyncClient(limits=httpx.Limits(max_connections=64)) as client:
         battery = [asyncio.create_task(chat(client, server, f"Battery {i}: " + words(500 + i, 12), BATTERY_TOKENS, -5))
@@ -278,6 +290,10 @@ def measure(make, args: argparse.Namespace) -> dict[str, float]:
                         out[f"cpu_{clients}_{name}"] = ms / args.rounds
             if "prompt" in args.stages:
                 out["prompt"] = asyncio.run(prompt_rate(server, args.prompt_words))
+    if "deep" in args.stages:  # a server whose every slot can hold the long prompt
+        with make(args.parallel, DEEP_CONTEXT) as server:
+            asyncio.run(decode_rate(server, 1, 0))
+            out.update(asyncio.run(deep_decode_rate(server, args.deep_words)))
     if "alert" in args.stages:
         with make(SCENARIO_SLOTS) as server:
             asyncio.run(decode_rate(server, 1, 0))
@@ -297,7 +313,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="runs per client count (median)")
     parser.add_argument("--prompt-words", type=int, default=680, help="~3 tokens a word with this filler (SmolLM2)")
     parser.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "strata-side-by-side")
-    parser.add_argument("--stages", nargs="+", default=["decode", "prompt", "alert"], choices=["decode", "prompt", "alert"])
+    parser.add_argument("--stages", nargs="+", default=["decode", "prompt", "alert"],
+                        choices=["decode", "prompt", "deep", "alert"])
+    parser.add_argument("--deep-words", type=int, default=1300,
+                        help="the deep stage's prompt (~3 tokens a word: ~4 000 tokens)")
     parser.add_argument("--repeats", type=int, default=1, help="whole runs of every server, alternating which goes first")
     parser.add_argument("--servers", nargs="+", choices=["strata", "llama.cpp"], default=["strata", "llama.cpp"],
                         help="which to run (llama.cpp needs LLAMA_SERVER)")
@@ -314,14 +333,14 @@ def main() -> None:
 
     # A SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so the servers' `with` blocks stop them.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    makers = {"strata": lambda n: strata_server(args, n, args.strata_args)} if "strata" in args.servers else {}
+    makers = {"strata": lambda n, _ctx=None: strata_server(args, n, args.strata_args)} if "strata" in args.servers else {}
     binary = os.environ.get("LLAMA_SERVER")
     if binary and "llama.cpp" in args.servers:
-        makers["llama.cpp"] = lambda n: llama_server(binary, args.model, n)
+        makers["llama.cpp"] = lambda n, ctx=2048: llama_server(binary, args.model, n, ctx)
     with checkout(args.baseline) as worktree:
         if worktree is not None:
             baseline = f"strata@{args.baseline}"
-            makers[baseline] = lambda n: strata_server(args, n, args.strata_args, worktree, baseline)
+            makers[baseline] = lambda n, _ctx=None: strata_server(args, n, args.strata_args, worktree, baseline)
         results, loads = run_all(makers, args)
     report(results, loads, args)
 
@@ -355,7 +374,9 @@ def report(results: dict[str, dict[str, float]], loads: list[str], args: argpars
     for other in others:
         table.add_column(f"strata / {other}", justify="right")
     rows = [(f"clients_{c}", f"decode tok/s, {c} client{'s' if c > 1 else ''}") for c in args.clients]
-    rows += [("prompt", "prompt tok/s (one ~2000-token prompt)"), ("alert_ttft_s", "alert during a battery: TTFT s"),
+    rows += [("prompt", "prompt tok/s (one ~2000-token prompt)"),
+             ("deep", "decode tok/s after a long prompt, 1 client"), ("deep_prompt", "  that prompt, tokens"),
+             ("alert_ttft_s", "alert during a battery: TTFT s"),
              ("start_s", "start until ready, s")]
     for key, title in rows:
         if not all(key in r for r in results.values()):
