@@ -137,38 +137,46 @@ CLONES void attend_one(const Shapes& s, int64_t b, int64_t h, Entry kind, float 
                        const uint8_t* kp, const uint8_t* vp, const int64_t* read_at, const bool* mask, float* out) {
   const int64_t T = s.T, Q = s.G * T, D = s.D, L = s.L;
   std::unique_ptr<float[]> scores(new float[Q * L]);  // every element written before it is read
-  std::vector<float> acc(Q * D, 0.0f), tmp(D), dot_out(Q);
-  std::vector<const float*> qp(Q);
-  std::vector<const bool*> mq(Q);
-  std::vector<float*> outp(Q);
+  std::vector<float> work(Q * D + D + Q, 0.0f);       // the sums (zeros), an entry's floats, the dots
+  float *acc = work.data(), *tmp = acc + Q * D, *dot_out = tmp + D;
+  struct Query {
+    const float* q;
+    const bool* sees;  // its token's mask row
+    float* out;
+  };
+  std::vector<Query> qs(Q);
+  std::vector<const float*> qp(Q);  // the queries' vectors, as dots() takes them
   for (int64_t i = 0; i < Q; ++i) {
-    const int64_t t = i % T, g = i / T;
-    qp[i] = q + ((b * T + t) * s.H + h * s.G + g) * D;
-    outp[i] = out + ((b * T + t) * s.H + h * s.G + g) * D;
-    mq[i] = mask + (b * T + t) * L;
+    const int64_t t = i % T, at_out = ((b * T + t) * s.H + h * s.G + i / T) * D;
+    qs[i] = {q + at_out, mask + (b * T + t) * L, out + at_out};
+    qp[i] = qs[i].q;
   }
   std::vector<int64_t> seen;  // positions any of the row's tokens sees
   seen.reserve(L);
-  const bool* m = mask + b * T * L;
   const int64_t* at = read_at + b * L;
   const uint8_t* kh = kp + h * s.N * s.W;
   const uint8_t* vh = vp + h * s.N * s.W;
   const float minus_inf = -std::numeric_limits<float>::infinity();
   for (int64_t l = 0; l < L; ++l) {
     bool any = false, all = true;
-    for (int64_t t = 0; t < T; ++t) any |= m[t * L + l], all &= m[t * L + l];
+    for (int64_t t = 0; t < T; ++t) any |= qs[t].sees[l], all &= qs[t].sees[l];  // query t: token t
     if (!any) {
       for (int64_t i = 0; i < Q; ++i) scores[i * L + l] = minus_inf;
       continue;
     }
     seen.push_back(l);
-    const float* k = entry(kind, kh + at[l] * s.W, D, tmp.data());
-    dots(qp.data(), Q, k, D, dot_out.data());
-    for (int64_t i = 0; i < Q; ++i) scores[i * L + l] = all || mq[i][l] ? dot_out[i] * scale : minus_inf;
+    dots(qp.data(), Q, entry(kind, kh + at[l] * s.W, D, tmp), D, dot_out);
+    for (int64_t i = 0; i < Q; ++i) scores[i * L + l] = all || qs[i].sees[l] ? dot_out[i] * scale : minus_inf;
   }
   // seen, ascending, is most often the positions 0..S-1 (a row's causal prefix): plain loops then
   const int64_t S = int64_t(seen.size());
   const bool prefix = S == 0 || seen[S - 1] == S - 1;
+  auto each_seen = [&](auto&& f) {
+    if (prefix)
+      for (int64_t l = 0; l < S; ++l) f(l);
+    else
+      for (int64_t l : seen) f(l);
+  };
   for (int64_t i = 0; i < Q; ++i) {  // softmax over each query's scores
     float* row = scores.get() + i * L;
     float top = minus_inf;
@@ -178,26 +186,20 @@ CLONES void attend_one(const Shapes& s, int64_t b, int64_t h, Entry kind, float 
       for (int64_t l : seen) top = std::max(top, row[l]);
     if (top == minus_inf) continue;  // sees nothing (a padding row): zeros out
     float sum = 0.0f;
-    auto weight = [&](int64_t l) {
+    each_seen([&](int64_t l) {
       row[l] = row[l] == minus_inf ? 0.0f : std::exp(row[l] - top);
       sum += row[l];
-    };
-    if (prefix) {
-      for (int64_t l = 0; l < S; ++l) weight(l);
-      for (int64_t l = 0; l < S; ++l) row[l] /= sum;
-    } else {
-      for (int64_t l : seen) weight(l);
-      for (int64_t l : seen) row[l] /= sum;
-    }
+    });
+    each_seen([&](int64_t l) { row[l] /= sum; });
   }
   for (int64_t l : seen) {
-    const float* v = entry(kind, vh + at[l] * s.W, D, tmp.data());
+    const float* v = entry(kind, vh + at[l] * s.W, D, tmp);
     for (int64_t i = 0; i < Q; ++i) {
       const float p = scores[i * L + l];
-      if (p != 0.0f && mq[i][l]) add_scaled(acc.data() + i * D, p, v, D);
+      if (p != 0.0f && qs[i].sees[l]) add_scaled(acc + i * D, p, v, D);
     }
   }
-  for (int64_t i = 0; i < Q; ++i) std::memcpy(outp[i], acc.data() + i * D, D * 4);  // out [B, T, H * D]
+  for (int64_t i = 0; i < Q; ++i) std::memcpy(qs[i].out, acc + i * D, D * 4);  // out [B, T, H * D]
 }
 
 // q [B, T, H, D] float32; k_pool, v_pool [KV, N, W] float32 / bfloat16 / int8 (W = D, or D + 4
