@@ -146,7 +146,7 @@ async def chat(client: httpx.AsyncClient, server: Server, content: str, max_toke
                     if first is None:
                         first = time.monotonic()
     done = time.monotonic()
-    return {"sent": sent, "ttft_s": (first or done) - sent, "done": done, "first": first or done,
+    return {"sent": sent, "ttft_s": (first or done) - sent, "done": done,
             "completion_tokens": usage.get("completion_tokens", chunks), "prompt_tokens": usage.get("prompt_tokens", 0)}
 
 
@@ -232,7 +232,8 @@ async def deep_decode_rate(server: Server, prompt_words: int) -> dict[str, float
     read left out), and that prompt's length in tokens."""
     async with httpx.AsyncClient() as client:
         r = await chat(client, server, words(2000, prompt_words), TOKENS)
-    return {"deep": (r["completion_tokens"] - 1) / (r["done"] - r["first"]), "deep_prompt": r["prompt_tokens"]}
+    after_first = r["done"] - r["sent"] - r["ttft_s"]
+    return {"deep": (r["completion_tokens"] - 1) / after_first, "deep_prompt": r["prompt_tokens"]}
 
 
 async def alert_during_battery(server: Server) -> float:
