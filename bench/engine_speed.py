@@ -10,6 +10,7 @@ decode step gathers each row's K/V positions first instead of engine/attend.cpp 
 in place), `+kv=NAME` (the KV pool in that `--kv-dtype`: bfloat16, int8) or `+nographs`
 (on a GPU: the compiled step launched kernel by kernel, not replayed from CUDA graphs) or
 `+isa=NAME` (that child under ONEDNN_MAX_CPU_ISA=NAME, e.g. AVX512_CORE_BF16: AMX off) or
+`+quants=avx2` (that child on engine/quants' AVX2 build where the CPU has AVX-512 VNNI) or
 `+model=PATH` (that child on another file: two files' speeds in one run) appended;
 `+compile` asks for the compiled step from an engine that did not compile by default (a
 `--baseline` before it did). `load s` includes the compile: inductor's cache is under the
@@ -176,6 +177,8 @@ class Child:
         for flag in variant.split("+")[1:]:
             if flag.startswith("isa="):  # oneDNN reads it once, at its first use: set for the child
                 env["ONEDNN_MAX_CPU_ISA"] = flag.removeprefix("isa=")
+            if flag.startswith("quants="):  # engine/quants' build, read once likewise
+                env["STRATA_QUANTS_ISA"] = flag.removeprefix("quants=")
         self.process = subprocess.Popen(cmd, cwd=root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.ask_line()  # ready: loaded
 

@@ -1,9 +1,9 @@
 // The decode product's inner loop: one row of a GGUF matrix (whole blocks) dotted with rows of
 // activations, each block's integer codes multiplied by the activations and the block's (or
-// sub-block's) scale applied once to their sum. No torch here: build.py compiles this file twice,
-// once for x86-64-v3 (AVX2 + FMA, STRATA_AVX2) and once for the baseline, and ops.cpp picks one
-// at run time; everything below and in layouts.h is file-local but the two entry points, so no
-// code compiled for AVX2 can be linked into the baseline one.
+// sub-block's) scale applied once to their sum. No torch here: build.py compiles this file three
+// times, for x86-64-v3 (AVX2 + FMA, STRATA_AVX2), for that with AVX-512 VNNI (STRATA_VNNI, below)
+// and for the baseline, and ops.cpp picks one at run time; everything below and in layouts.h is
+// file-local but the entry points, so no code compiled for one ISA can be linked into another.
 //
 // A row of blocks is first turned into "codes": signed int8 weights q (offsets subtracted,
 // codebook values looked up, signs applied), a float scale per 16 weights and a float minimum per
@@ -18,6 +18,9 @@
 // packed bytes directly (dot_q45_k, dot_q6_k, dot_q32 below), the same integers per 32 and an
 // exact float per chunk; ~3x the codes path's speed at one row for Q4_K, Q5_K, Q6_K, ~2x for the
 // 32-weight types.
+// Built a third time where the compiler can (STRATA_VNNI: AVX-512 VNNI, AMD Zen 4 and Intel
+// since Ice Lake / Sapphire Rapids): the 32-weight types' four-byte sums in one instruction,
+// the same integers, so the same bits; ops.cpp picks it where the CPU has it.
 // And on AVX2 with float32 activations (the head) for Q6_K, Q8_0, Q4_K and Q5_K: their dots
 // (dot_q6_k_float, dot_q8_0_float, dot_q45_k_float) make each 32 codes in a register and then do
 // dot_float's operations in its order, the codes path's bits.
@@ -301,6 +304,17 @@ inline void codes_avx2(int qtype, const uint8_t* b, Codes c, const int8_t* kvalu
 #endif
 
 #ifdef STRATA_AVX2
+// Each int32 lane: the sum of its four bytes' products, u unsigned times v signed. Exact either
+// way (no int16 pair of `maddubs` saturates here: at most 2 * 128 * 127), so the VNNI build's one
+// instruction gives the AVX2 build's bits.
+inline __m256i sums_of_four(__m256i u, __m256i v) {
+#ifdef STRATA_VNNI
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, v);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1));
+#endif
+}
+
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -365,7 +379,6 @@ inline void dot_int8(const int8_t* q, const float* s, const float* m, bool mins,
   float bias[R];
   min_bias<R>(m, mins, xs, C, bias);
 #ifdef STRATA_AVX2
-  const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t c = 0; c < C; ++c) {
@@ -375,8 +388,7 @@ inline void dot_int8(const int8_t* q, const float* s, const float* m, bool mins,
     for (int r = 0; r < R; ++r) {
       const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * K + 32 * c));
       // |w| times x with w's sign: no int8 overflow (x is never -128), int16 pairs <= 2 * 128 * 127
-      const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(x, w));
-      const __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+      const __m256 sums = _mm256_cvtepi32_ps(sums_of_four(magnitude, _mm256_sign_epi8(x, w)));
       acc[r] = _mm256_fmadd_ps(sums, _mm256_mul_ps(scale, _mm256_broadcast_ss(dx + r * C + c)), acc[r]);
     }
   }
@@ -615,7 +627,6 @@ inline void dot_q32(const uint8_t* row, const int8_t* xq, const float* dx, const
   constexpr bool mins = T != Q8_0;
   constexpr int bytes = T == Q4_0 ? 18 : T == Q4_1 ? 20 : T == Q5_0 ? 22 : T == Q5_1 ? 24 : 34;
   const int64_t C = K / 32;
-  const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R];
   __m256 bias = _mm256_setzero_ps();
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
@@ -632,8 +643,7 @@ inline void dot_q32(const uint8_t* row, const int8_t* xq, const float* dx, const
     const __m256 scale = _mm256_set1_ps(f16(b));
     for (int r = 0; r < R; ++r) {
       const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * K + 32 * c));
-      const __m256i pairs = _mm256_maddubs_epi16(magnitude, mins ? x : _mm256_sign_epi8(x, w));
-      const __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+      const __m256 sums = _mm256_cvtepi32_ps(sums_of_four(magnitude, mins ? x : _mm256_sign_epi8(x, w)));
       acc[r] = _mm256_fmadd_ps(sums, _mm256_mul_ps(scale, _mm256_broadcast_ss(dx + r * C + c)), acc[r]);
     }
   }

@@ -12,9 +12,12 @@
 #include <immintrin.h>
 #endif
 
-// The name of an entry point of a file built twice (kernel.cpp, prompt.cpp): its AVX2 build's
-// or its baseline build's, so ops.cpp can link both and pick one at run time.
-#ifdef STRATA_AVX2
+// The name of an entry point of a file built more than once (kernel.cpp, prompt.cpp): its AVX-512
+// VNNI build's (kernel.cpp only), its AVX2 build's or its baseline build's, so ops.cpp can link
+// them all and pick one at run time.
+#if defined(STRATA_VNNI)
+#define ENTRY(name) name##_vnni
+#elif defined(STRATA_AVX2)
 #define ENTRY(name) name##_avx2
 #else
 #define ENTRY(name) name##_portable

@@ -13,6 +13,9 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <string_view>
 #include <vector>
 
 extern "C" int strata_block_weights(int qtype);
@@ -37,6 +40,10 @@ void strata_prompt_panel_avx2(const float*, int64_t, int64_t, int64_t, int64_t, 
                               float*);
 void strata_quantize_x_avx2(const float*, int64_t, int64_t, int8_t*, float*, float*);
 void strata_mm_rows_avx2(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                         const float*, const int8_t*, const float*, const float*, const int8_t*,
+                         const uint8_t*, float*, void*);
+void strata_quantize_x_vnni(const float*, int64_t, int64_t, int8_t*, float*, float*);
+void strata_mm_rows_vnni(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                          const float*, const int8_t*, const float*, const float*, const int8_t*,
                          const uint8_t*, float*, void*);
 #endif
@@ -69,6 +76,19 @@ using QuantizeX = void (*)(const float*, int64_t, int64_t, int8_t*, float*, floa
 bool use_avx2() {
 #if defined(__x86_64__) && defined(STRATA_HAVE_AVX2)
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  return yes;
+#else
+  return false;
+#endif
+}
+
+// kernel.cpp's AVX-512 VNNI build where the CPU has it (AMD Zen 4, Intel Ice Lake / Sapphire
+// Rapids and later): the same bits as the AVX2 build, faster. STRATA_QUANTS_ISA=avx2 keeps the
+// AVX2 build (as ONEDNN_MAX_CPU_ISA caps oneDNN), so one machine can compare the two.
+bool use_vnni() {
+#if defined(__x86_64__) && defined(STRATA_HAVE_AVX2)
+  static const bool yes = use_avx2() && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+                          std::string_view(std::getenv("STRATA_QUANTS_ISA") ? std::getenv("STRATA_QUANTS_ISA") : "") != "avx2";
   return yes;
 #else
   return false;
@@ -134,6 +154,7 @@ struct Activations {
     QuantizeX quantize_fn = strata_quantize_x_portable;
 #if defined(__x86_64__) && defined(STRATA_HAVE_AVX2)
     if (!portable && use_avx2()) rows_fn = strata_mm_rows_avx2, quantize_fn = strata_quantize_x_avx2;
+    if (!portable && use_vnni()) rows_fn = strata_mm_rows_vnni, quantize_fn = strata_quantize_x_vnni;
 #endif
     const int64_t M = x.size(0), K = x.size(1), chunks = M * (K / 32);
     const float* xs = x.data_ptr<float>();
@@ -268,6 +289,9 @@ at::Tensor mm_experts(const at::Tensor& x_in, const at::Tensor& blocks, const at
   return y;
 }
 
+// Which build of kernel.cpp `mm` runs here (tests, bench notes): "vnni", "avx2" or "portable".
+std::string mm_build() { return use_vnni() ? "vnni" : use_avx2() ? "avx2" : "portable"; }
+
 }  // namespace
 
 TORCH_LIBRARY(strata_quants, m) {
@@ -276,6 +300,7 @@ TORCH_LIBRARY(strata_quants, m) {
   m.def("prompt_mm(Tensor x, Tensor blocks, int qtype, Tensor table, bool portable=False) -> Tensor");
   m.def("mm_experts(Tensor x, Tensor blocks, Tensor experts, int qtype, Tensor table, bool int8_x=False, "
         "bool portable=False) -> Tensor");
+  m.def("mm_build() -> str", &mm_build);
 }
 
 TORCH_LIBRARY_IMPL(strata_quants, CPU, m) {

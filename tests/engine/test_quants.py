@@ -186,14 +186,55 @@ def test_fused_dots_are_the_codes_paths_sums(qtype):
                 assert torch.equal(alone, fused[i:i + 1]), (qtype.name, cols, batch, i)
 
 
-def cpu_has_avx2() -> bool:
-    """Whether ops.cpp picks kernel.cpp's AVX2 build here (x86 with AVX2, FMA and F16C)."""
+def cpu_flags() -> set[str]:
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+            return set(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
     except OSError:
-        return False
-    return {"avx2", "fma", "f16c"} <= set(flags)
+        return set()
+
+
+def cpu_has_avx2() -> bool:
+    """Whether ops.cpp picks kernel.cpp's AVX2 build here (x86 with AVX2, FMA and F16C)."""
+    return {"avx2", "fma", "f16c"} <= cpu_flags()
+
+
+AVX2_PRODUCTS = """
+import sys, torch
+from engine.quants import blocks as quants
+cases = torch.load(sys.argv[1])
+torch.save([quants.ops().mm_build(), *(quants.ops().mm(x, raw, qtype, quants.table(qtype), True, False)
+                                      for qtype, raw, x in cases)], sys.argv[2])
+"""
+
+
+@pytest.mark.skipif(not {"avx2", "fma", "f16c", "avx512_vnni", "avx512vl"} <= cpu_flags(),
+                    reason="kernel.cpp's AVX-512 VNNI build runs only where the CPU has it")
+def test_the_vnni_build_gives_the_avx2_builds_bits(tmp_path):
+    """Where the CPU has AVX-512 VNNI, ops.cpp runs kernel.cpp's third build (the 32-weight types'
+    four-byte sums in one instruction): every type's int8 product the same bits as the AVX2 build
+    gives in a process told to keep it (STRATA_QUANTS_ISA=avx2), at 1 to 9 rows and an odd number
+    of weight rows (each thread's share ends on a lone one)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    rng = np.random.default_rng(7)
+    torch.manual_seed(7)
+    types = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS, Q.IQ3_S]
+    cases = [(int(q), torch.from_numpy(random_blocks(q, 37, 512, rng)), torch.randn(rows, 512) * 3)
+             for q in types for rows in (1, 4, 9)]
+    torch.save(cases, tmp_path / "cases.pt")
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "STRATA_QUANTS_ISA": "avx2", "PYTHONPATH": str(root)}
+    subprocess.run([sys.executable, "-c", AVX2_PRODUCTS, str(tmp_path / "cases.pt"), str(tmp_path / "avx2.pt")],
+                   env=env, cwd=root, check=True, timeout=300)
+    their_build, *avx2 = torch.load(tmp_path / "avx2.pt")
+    assert (quants.ops().mm_build(), their_build) == ("vnni", "avx2")
+    for (qtype, raw, x), theirs in zip(cases, avx2):
+        ours = quants.ops().mm(x, raw, qtype, quants.table(Q(qtype)), True, False)
+        assert torch.equal(ours, theirs), (Q(qtype).name, x.shape[0])
 
 
 def codes_of(raw: np.ndarray, qtype: Q) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
