@@ -18,9 +18,9 @@
 // packed bytes directly (dot_q45_k, dot_q6_k, dot_q32 below), the same integers per 32 and an
 // exact float per chunk; ~3x the codes path's speed at one row for Q4_K, Q5_K, Q6_K, ~2x for the
 // 32-weight types.
-// Built a third time where the compiler can (STRATA_VNNI: AVX-512 VNNI, AMD Zen 4 and Intel
-// since Ice Lake / Sapphire Rapids): the 32-weight types' four-byte sums in one instruction,
-// the same integers, so the same bits; ops.cpp picks it where the CPU has it.
+// Built a third time on x86 (STRATA_VNNI: AVX-512 VNNI, AMD Zen 4 and Intel since Ice Lake /
+// Sapphire Rapids): the 32-weight types' four-byte sums in one instruction, the same integers,
+// so the same bits; ops.cpp picks it where the CPU has it.
 // And on AVX2 with float32 activations (the head) for Q6_K, Q8_0, Q4_K and Q5_K: their dots
 // (dot_q6_k_float, dot_q8_0_float, dot_q45_k_float) make each 32 codes in a register and then do
 // dot_float's operations in its order, the codes path's bits.
