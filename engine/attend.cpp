@@ -228,15 +228,17 @@ at::Tensor decode(const at::Tensor& q_in, const at::Tensor& k_pool, const at::Te
   TORCH_CHECK(k_pool.size(2) == width, "strata_attend::decode: entries of ", k_pool.size(2), " elements for head_dim ", s.D);
   TORCH_CHECK(read_at.size(0) == s.B && mask.size(0) == s.B && mask.size(1) == s.T && mask.size(2) == s.L,
               "strata_attend::decode: read_at / mask do not match q's rows and tokens");
-  if (read_at.numel() > 0)
-    TORCH_CHECK(read_at.min().item<int64_t>() >= 0 && read_at.max().item<int64_t>() < s.N,
-                "strata_attend::decode: read_at has places outside the pool's ", s.N);
+  // a plain loop, not read_at.min() and .max(): two reductions, each a parallel region of its
+  // own, cost more than these few thousand integers (every layer of every decode step)
+  const int64_t* at_ = read_at.data_ptr<int64_t>();
+  bool inside = true;
+  for (int64_t i = 0; i < read_at.numel(); ++i) inside &= at_[i] >= 0 && at_[i] < s.N;
+  TORCH_CHECK(inside, "strata_attend::decode: read_at has places outside the pool's ", s.N);
   s.W = width * k_pool.element_size();
   at::Tensor out = at::empty({s.B, s.T, s.H * s.D}, q.options());
   const float* qs = q.data_ptr<float>();
   const uint8_t* kp = static_cast<const uint8_t*>(k_pool.data_ptr());
   const uint8_t* vp = static_cast<const uint8_t*>(v_pool.data_ptr());
-  const int64_t* at_ = read_at.data_ptr<int64_t>();
   const bool* ms = mask.data_ptr<bool>();
   float* os = out.data_ptr<float>();
   at::parallel_for(0, s.B * s.KV, 1, [&](int64_t i0, int64_t i1) {
