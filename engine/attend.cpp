@@ -11,7 +11,8 @@
 // Arithmetic: float32 throughout, as engine/layers.py's `attend_plain`. A dot product is summed
 // in 8 fixed lanes then combined in a fixed order, with no fused multiply-add (built with
 // -ffp-contract=off), so the AVX2 clone and the baseline one give the same bits, and a row's
-// result never depends on the other rows or the thread count (one task per row and KV head).
+// result never depends on the other rows or the thread count (one task per row, KV head and half
+// of a long row's positions, the halves cut by the row's own count: `attend_one`).
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
