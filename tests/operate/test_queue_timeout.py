@@ -48,7 +48,9 @@ def waiting_ids(redis_client) -> list[str]:
 def test_nobody_claims_it_in_time_408_and_counted(start_api, redis_client, clock):
     http = start_api(clock=clock)
     with ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(http.post, "/v1/completions", json=body(queue_timeout=2, priority=5))
+        # the client waits as long as the test may (wait_until's 10 s, then 20 s): its own 10 s read
+        # timeout ran out first once on a loaded machine
+        pending = pool.submit(http.post, "/v1/completions", json=body(queue_timeout=2, priority=5), timeout=40)
         wait_until(lambda: len(waiting_ids(redis_client)) == 1, clock)
         rid = waiting_ids(redis_client)[0]
         assert redis_client.hget(K.req(rid), "queue_deadline_ms") == str(clock() + 2000)
@@ -83,7 +85,7 @@ def test_claimed_in_time_it_is_served(start_api, redis_client, clock):
     http = start_api(clock=clock)
     worker = make_worker(redis_client, slots=1, clock=clock)
     with ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(http.post, "/v1/completions", json=body(queue_timeout=1))
+        pending = pool.submit(http.post, "/v1/completions", json=body(queue_timeout=1), timeout=40)
         wait_until(lambda: len(waiting_ids(redis_client)) == 1, clock)
         clock.advance(999)
         for _ in range(5):
