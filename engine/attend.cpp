@@ -144,9 +144,8 @@ struct Partial {
 // Each (row b, KV head h) task in PARTS parts: a row that sees SPLIT_FROM positions or more has
 // them cut in halves by their count, so that one long row's three KV heads make six tasks for two
 // threads, not three (a row's own count, never the batch's: a row's bits do not depend on its
-// neighbours); a shorter row's second part is empty. bench.attend_kernel, AMD Zen 4, one row, two
-// threads: 1.17-1.36x at 1 500 positions, 1.18-1.23x at 4 000; none at 200, where a part's fixed
-// costs are as large as what it shares.
+// neighbours); a shorter row's second part is empty: at a few hundred positions a part's fixed
+// costs are as large as what it shares (docs/bench-log.md, Dec 6 fourth session).
 constexpr int64_t PARTS = 2, SPLIT_FROM = 256;
 
 // Part `part` of the (row b, KV head h) task: its G*T queries over its share of the row's seen
