@@ -151,8 +151,9 @@ constexpr int64_t PARTS = 2, SPLIT_FROM = 256;
 // Part `part` of the (row b, KV head h) task: its G*T queries over its share of the row's seen
 // positions. Query i = (g, t): head h * G + g, token t of row b; its pointer and its token's mask
 // row worked out once.
-CLONES void attend_one(const Shapes& s, int64_t b, int64_t h, int64_t part, Entry kind, float scale, const float* q,
-                       const uint8_t* kp, const uint8_t* vp, const int64_t* read_at, const bool* mask, Partial out) {
+CLONES void attend_one(const Shapes& s, int64_t b, int64_t h, int64_t part, const std::vector<int64_t>& seen,
+                       Entry kind, float scale, const float* q, const uint8_t* kp, const uint8_t* vp,
+                       const int64_t* read_at, const bool* mask, Partial out) {
   const int64_t T = s.T, Q = s.G * T, D = s.D, L = s.L;
   std::vector<float> work(D + Q, 0.0f);  // an entry's floats, the dots
   float *tmp = work.data(), *dot_out = tmp + D;
@@ -167,17 +168,14 @@ CLONES void attend_one(const Shapes& s, int64_t b, int64_t h, int64_t part, Entr
     qs[i] = {q + at_q, mask + (b * T + t) * L};
     qp[i] = qs[i].q;
   }
-  std::vector<int64_t> seen;  // positions any of the row's tokens sees
-  seen.reserve(L);
-  for (int64_t l = 0; l < L; ++l) {
-    bool any = false;
-    for (int64_t t = 0; t < T; ++t) any |= qs[t].sees[l];  // query t: token t
-    if (any) seen.push_back(l);
-  }
   const int64_t count = int64_t(seen.size()), half = count >= SPLIT_FROM ? (count + 1) / 2 : count;
   const int64_t first = part == 0 ? 0 : half, S = part == 0 ? half : count - half;
+  if (S == 0) {  // an empty part (a short row's second, a padding row's): no weight anywhere
+    std::fill(out.m, out.m + Q, -std::numeric_limits<float>::infinity());
+    return;
+  }
   const int64_t* mine = seen.data() + first;
-  std::unique_ptr<float[]> scores(new float[Q * (S > 0 ? S : 1)]);  // [Q, S]: query i's score at mine[j]
+  std::unique_ptr<float[]> scores(new float[Q * S]);  // [Q, S]: query i's score at mine[j]
   const int64_t* at = read_at + b * L;
   const uint8_t* kh = kp + h * s.N * s.W;
   const uint8_t* vh = vp + h * s.N * s.W;
@@ -289,10 +287,20 @@ at::Tensor decode(const at::Tensor& q_in, const at::Tensor& k_pool, const at::Te
     float* p = partials.data() + i * per;
     parts[i] = {p, p + Q, p + 2 * Q};
   }
+  // each row's seen positions (any of its tokens sees them), found once for its KV heads and parts
+  std::vector<std::vector<int64_t>> seen(s.B);
+  for (int64_t b = 0; b < s.B; ++b) {
+    seen[b].reserve(s.L);
+    for (int64_t l = 0; l < s.L; ++l) {
+      bool any = false;
+      for (int64_t t = 0; t < s.T; ++t) any |= ms[(b * s.T + t) * s.L + l];
+      if (any) seen[b].push_back(l);
+    }
+  }
   at::parallel_for(0, tasks, 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t task = i / PARTS;
-      attend_one(s, task / s.KV, task % s.KV, i % PARTS, kind, float(scale), qs, kp, vp, at_, ms, parts[i]);
+      const int64_t task = i / PARTS, b = task / s.KV;
+      attend_one(s, b, task % s.KV, i % PARTS, seen[b], kind, float(scale), qs, kp, vp, at_, ms, parts[i]);
     }
   });
   for (int64_t task = 0; task < s.B * s.KV; ++task)
