@@ -86,10 +86,14 @@ def table(qtype: Q) -> Tensor:
     return torch.empty(0)
 
 
-def dequantize(blocks: QuantBlocks) -> Tensor:
-    """float32 [rows, cols] (or [E, rows, cols]), bit for bit gguf.quants.dequantize of the same bytes."""
+def dequantize(blocks: QuantBlocks, dtype: torch.dtype = torch.float32) -> Tensor:
+    """float32 [rows, cols] (or [E, rows, cols]), bit for bit gguf.quants.dequantize of the same
+    bytes; bf16: those values as `.to(torch.bfloat16)` rounds them, made in one pass (no float32
+    copy written and read again)."""
+    assert dtype in (torch.float32, torch.bfloat16), dtype
     raw = blocks.raw
-    flat = ops().dequantize(raw.reshape(-1, raw.shape[-1]), int(blocks.qtype), blocks.cols, table(blocks.qtype))
+    flat = ops().dequantize(raw.reshape(-1, raw.shape[-1]), int(blocks.qtype), blocks.cols, table(blocks.qtype),
+                            False, dtype == torch.bfloat16)
     return flat.view(*raw.shape[:-1], blocks.cols)
 
 
@@ -229,7 +233,7 @@ class QuantLinear(nn.Module):
         rows = part.raw.shape[0]
         outs = [torch.empty(flat.shape[0], rows, dtype=torch.float32) for flat in flats]
         for lo in range(0, rows, step):
-            slab = dequantize(QuantBlocks(part.raw[lo:lo + step], part.qtype, part.cols)).to(dtype)
+            slab = dequantize(QuantBlocks(part.raw[lo:lo + step], part.qtype, part.cols), dtype)
             for x, out in zip(xs, outs):
                 out[:, lo:lo + step] = F.linear(x, slab)
         return outs

@@ -27,6 +27,7 @@
 #include "layouts.h"
 #include <cstdlib>
 #include <type_traits>
+#include <vector>
 
 namespace {
 
@@ -854,14 +855,43 @@ void ENTRY(strata_quantize_x)(const float* x, int64_t M, int64_t K, int8_t* xq, 
   }
 }
 
-// `rows` rows of a matrix (rb bytes apart in src), weights [k0, k0 + kc) of each (whole blocks)
-// -> out [rows][kc] float32, bit for bit gguf's dequantize (dequant.cpp's values): on AVX2 from
-// the codes, s * q + m in one rounding, which is gguf's, since s * q is exact wherever m is not
-// zero (an f16 scale times a 6-bit integer times a code of at most 5 bits), and where m is zero
-// (Q6_K, Q8_0, Q4_0, Q5_0, the IQ types) s * q, rounded once as gguf's. The baseline
-// build unpacks with dequant.cpp row by row.
-void ENTRY(strata_unpack_rows)(int qtype, const uint8_t* src, int64_t rb, int64_t rows, int64_t k0, int64_t kc,
-                               const int8_t* kvalues, const uint8_t* grid, const float* table, float* out) {
+}  // extern "C"
+
+namespace {
+
+// float32 -> bf16 as torch's `.to(torch.bfloat16)` rounds a tensor (its vectorized conversion):
+// to nearest, ties to even, any NaN to 0xFFFF (a broken file's NaN scale); -0.0, subnormals and
+// infinities kept.
+inline uint16_t bf16_of(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if (f != f) return 0xFFFF;
+  return uint16_t((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
+#ifdef STRATA_AVX2
+// 16 finite floats (a, then b) -> bf16_of each: the high half of bits + 0x7FFF + its lowest bit.
+inline void store_bf16(uint16_t* out, __m256 a, __m256 b) {
+  auto round = [](__m256 v) {
+    const __m256i bits = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    return _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+  };
+  const __m256i packed = _mm256_packus_epi32(round(a), round(b));  // 128-bit lanes: a0-3 b0-3 | a4-7 b4-7
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permute4x64_epi64(packed, 0xD8));
+}
+#endif
+
+inline bool finite(const float* v, int n) {
+  for (int i = 0; i < n; ++i)
+    if (!__builtin_isfinite(v[i])) return false;
+  return true;
+}
+
+// The unpacking below, into float32 (T float) or bf16 (T uint16_t) weights.
+template <typename T>
+void unpack_rows(int qtype, const uint8_t* src, int64_t rb, int64_t rows, int64_t k0, int64_t kc,
+                 const int8_t* kvalues, const uint8_t* grid, const float* table, T* out) {
   const int bw = strata_block_weights(qtype), bb = strata_block_bytes(qtype);
 #ifdef STRATA_AVX2
   alignas(32) int8_t q[256];
@@ -871,18 +901,61 @@ void ENTRY(strata_unpack_rows)(int qtype, const uint8_t* src, int64_t rb, int64_
     const uint8_t* row = src + r * rb + k0 / bw * bb;
     for (int64_t i = 0; i < kc / bw; ++i) {
       codes_avx2(qtype, row + i * bb, Codes{q, s, m}, kvalues, grid);
-      float* w = out + r * kc + i * bw;
-      for (int e = 0; e < bw; e += 8) {
+      T* w = out + r * kc + i * bw;
+      auto weights = [&](int e) {  // weights e.. e + 7
         const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + e))));
         const __m256 sv = _mm256_set1_ps(s[e / 16]);  // no + 0.0 where there is no minimum: gguf's -0.0 stays
-        _mm256_storeu_ps(w + e, mins ? _mm256_fmadd_ps(v, sv, _mm256_set1_ps(m[e / 32])) : _mm256_mul_ps(v, sv));
+        return mins ? _mm256_fmadd_ps(v, sv, _mm256_set1_ps(m[e / 32])) : _mm256_mul_ps(v, sv);
+      };
+      if constexpr (std::is_same_v<T, float>) {
+        for (int e = 0; e < bw; e += 8) _mm256_storeu_ps(w + e, weights(e));
+      } else if (finite(s, bw / 16) && finite(m, bw / 32)) {  // then so is every weight: no NaN to test
+        for (int e = 0; e < bw; e += 16) store_bf16(w + e, weights(e), weights(e + 8));
+      } else {  // a broken file's NaN or inf scale
+        alignas(32) float y[8];
+        for (int e = 0; e < bw; e += 8) {
+          _mm256_store_ps(y, weights(e));
+          for (int j = 0; j < 8; ++j) w[e + j] = bf16_of(y[j]);
+        }
       }
     }
   }
 #else
-  (void)kvalues, (void)grid;
-  for (int64_t r = 0; r < rows; ++r) strata_dequant_row(qtype, src + r * rb + k0 / bw * bb, out + r * kc, kc, table);
+  (void)kvalues, (void)grid, (void)bw, (void)bb;
+  std::vector<float> line(std::is_same_v<T, float> ? 0 : kc);
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* row = src + r * rb + k0 / bw * bb;
+    if constexpr (std::is_same_v<T, float>) {
+      strata_dequant_row(qtype, row, out + r * kc, kc, table);
+    } else {
+      strata_dequant_row(qtype, row, line.data(), kc, table);
+      for (int64_t e = 0; e < kc; ++e) out[r * kc + e] = bf16_of(line[e]);
+    }
+  }
 #endif
+}
+
+}  // namespace
+
+extern "C" {
+
+// `rows` rows of a matrix (rb bytes apart in src), weights [k0, k0 + kc) of each (whole blocks)
+// -> out [rows][kc] float32, bit for bit gguf's dequantize (dequant.cpp's values): on AVX2 from
+// the codes, s * q + m in one rounding, which is gguf's, since s * q is exact wherever m is not
+// zero (an f16 scale times a 6-bit integer times a code of at most 5 bits), and where m is zero
+// (Q6_K, Q8_0, Q4_0, Q5_0, the IQ types) s * q, rounded once as gguf's. The baseline
+// build unpacks with dequant.cpp row by row.
+void ENTRY(strata_unpack_rows)(int qtype, const uint8_t* src, int64_t rb, int64_t rows, int64_t k0, int64_t kc,
+                               const int8_t* kvalues, const uint8_t* grid, const float* table, float* out) {
+  unpack_rows(qtype, src, rb, rows, k0, kc, kvalues, grid, table, out);
+}
+
+// The same rounded to bf16 as torch rounds those floats (a prompt's slabs where oneDNN multiplies
+// in bf16): one pass, no float32 slab written and read again.
+void ENTRY(strata_unpack_rows_bf16)(int qtype, const uint8_t* src, int64_t rb, int64_t rows, int64_t k0,
+                                    int64_t kc, const int8_t* kvalues, const uint8_t* grid, const float* table,
+                                    uint16_t* out) {
+  unpack_rows(qtype, src, rb, rows, k0, kc, kvalues, grid, table, out);
 }
 
 // Rows [n0, n1) of y [M, N] (row stride N) = x @ W^T with W's rows rb bytes apart in src.

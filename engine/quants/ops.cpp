@@ -27,6 +27,8 @@ void strata_mm_rows_portable(int, const uint8_t*, int64_t, int64_t, int64_t, int
                              const uint8_t*, float*, void*);
 void strata_unpack_rows_portable(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t, const int8_t*,
                                  const uint8_t*, const float*, float*);
+void strata_unpack_rows_bf16_portable(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t, const int8_t*,
+                                      const uint8_t*, const float*, uint16_t*);
 void strata_pack_x_portable(const float*, int64_t, int64_t, float*);
 void strata_pack_w_portable(const float*, int, int64_t, float*);
 void strata_prompt_panel_portable(const float*, int64_t, int64_t, int64_t, int64_t, const float*, float*, int64_t,
@@ -34,6 +36,8 @@ void strata_prompt_panel_portable(const float*, int64_t, int64_t, int64_t, int64
 #if defined(__x86_64__) && defined(STRATA_HAVE_AVX2)
 void strata_unpack_rows_avx2(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t, const int8_t*, const uint8_t*,
                              const float*, float*);
+void strata_unpack_rows_bf16_avx2(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t, const int8_t*,
+                                  const uint8_t*, const float*, uint16_t*);
 void strata_pack_x_avx2(const float*, int64_t, int64_t, float*);
 void strata_pack_w_avx2(const float*, int, int64_t, float*);
 void strata_prompt_panel_avx2(const float*, int64_t, int64_t, int64_t, int64_t, const float*, float*, int64_t, int,
@@ -114,27 +118,45 @@ struct Codebook {
   }
 };
 
+template <typename T>
 using UnpackRows = void (*)(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t, const int8_t*, const uint8_t*,
-                            const float*, float*);
+                            const float*, T*);
 
-UnpackRows unpack_fn(bool portable) {
+UnpackRows<float> unpack_fn(bool portable) {
 #if defined(__x86_64__) && defined(STRATA_HAVE_AVX2)
   if (!portable && use_avx2()) return strata_unpack_rows_avx2;
 #endif
   return strata_unpack_rows_portable;
 }
 
-at::Tensor dequantize(const at::Tensor& blocks, int64_t qtype, int64_t cols, const at::Tensor& table, bool portable) {
-  check(blocks, qtype, cols);
+UnpackRows<uint16_t> unpack_bf16_fn(bool portable) {
+#if defined(__x86_64__) && defined(STRATA_HAVE_AVX2)
+  if (!portable && use_avx2()) return strata_unpack_rows_bf16_avx2;
+#endif
+  return strata_unpack_rows_bf16_portable;
+}
+
+template <typename T>
+void unpack_all(const at::Tensor& blocks, int64_t qtype, int64_t cols, const at::Tensor& table, UnpackRows<T> unpack,
+                T* dst) {
   const int64_t rows = blocks.size(0), rb = blocks.size(1);
-  at::Tensor out = at::empty({rows, cols}, blocks.options().dtype(at::kFloat));
   const uint8_t* src = blocks.data_ptr<uint8_t>();
-  float* dst = out.data_ptr<float>();
   const Codebook book(qtype, table);
-  const UnpackRows unpack = unpack_fn(portable);
   at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
     unpack(int(qtype), src + r0 * rb, rb, r1 - r0, 0, cols, book.kvalues, book.grid.data(), book.table, dst + r0 * cols);
   });
+}
+
+// The matrix's weights: float32, gguf's values bit for bit; with bf16, those rounded to bf16 as
+// torch's `.to(torch.bfloat16)` rounds them, in one pass (a prompt's slabs).
+at::Tensor dequantize(const at::Tensor& blocks, int64_t qtype, int64_t cols, const at::Tensor& table, bool portable,
+                      bool bf16) {
+  check(blocks, qtype, cols);
+  at::Tensor out = at::empty({blocks.size(0), cols}, blocks.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
+  if (bf16)
+    unpack_all(blocks, qtype, cols, table, unpack_bf16_fn(portable), reinterpret_cast<uint16_t*>(out.data_ptr()));
+  else
+    unpack_all(blocks, qtype, cols, table, unpack_fn(portable), out.data_ptr<float>());
   return out;
 }
 
@@ -224,7 +246,7 @@ at::Tensor prompt_mm(const at::Tensor& x_in, const at::Tensor& blocks, int64_t q
   constexpr int64_t KC = 256;  // a multiple of every type's block
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   const Codebook book(qtype, table);
-  const UnpackRows unpack = unpack_fn(portable);
+  const UnpackRows<float> unpack = unpack_fn(portable);
   float* ys = y.data_ptr<float>();
   at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t p0, int64_t p1) {
     std::vector<float> w(16 * KC), bp(16 * KC), tmp(96);
@@ -295,7 +317,7 @@ std::string mm_build() { return use_vnni() ? "vnni" : use_avx2() ? "avx2" : "por
 }  // namespace
 
 TORCH_LIBRARY(strata_quants, m) {
-  m.def("dequantize(Tensor blocks, int qtype, int cols, Tensor table, bool portable=False) -> Tensor");
+  m.def("dequantize(Tensor blocks, int qtype, int cols, Tensor table, bool portable=False, bool bf16=False) -> Tensor");
   m.def("mm(Tensor x, Tensor blocks, int qtype, Tensor table, bool int8_x=False, bool portable=False) -> Tensor");
   m.def("prompt_mm(Tensor x, Tensor blocks, int qtype, Tensor table, bool portable=False) -> Tensor");
   m.def("mm_experts(Tensor x, Tensor blocks, Tensor experts, int qtype, Tensor table, bool int8_x=False, "

@@ -50,6 +50,13 @@ def test_unpacking_equals_gguf_dequantize_bit_for_bit(qtype):
         # the baseline build too (dequant.cpp row by row; the AVX2 one unpacks from the codes)
         portable = quants.ops().dequantize(torch.from_numpy(raw.copy()), int(qtype), 3 * block, quants.table(qtype), True)
         np.testing.assert_array_equal(portable.numpy().view(np.uint32), expected.view(np.uint32), err_msg=qtype.name)
+        # bf16 (a prompt's slabs): torch's own rounding of those floats, NaN and inf included, both builds
+        rounded = torch.from_numpy(expected).to(torch.bfloat16).view(torch.int16)
+        for build in (False, True):
+            bf16 = quants.ops().dequantize(torch.from_numpy(raw.copy()), int(qtype), 3 * block, quants.table(qtype),
+                                           build, True)
+            assert bf16.dtype == torch.bfloat16
+            assert torch.equal(bf16.view(torch.int16), rounded), (qtype.name, build)
 
 
 @pytest.mark.parametrize("qtype", sorted(quants.TYPES), ids=lambda q: q.name)
