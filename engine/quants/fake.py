@@ -39,6 +39,7 @@ def _mm_experts(x: Tensor, blocks: Tensor, experts: Tensor, qtype: int, table: T
     return x.new_empty((x.shape[0], blocks.shape[1]), dtype=torch.float32)
 
 
-def _dequantize(blocks: Tensor, qtype: int, cols: int, table: Tensor, portable: bool = False) -> Tensor:
-    # blocks: uint8 [rows, row_bytes] -> [rows, cols] float32
-    return blocks.new_empty((blocks.shape[0], cols), dtype=torch.float32)
+def _dequantize(blocks: Tensor, qtype: int, cols: int, table: Tensor, portable: bool = False,
+                bf16: bool = False) -> Tensor:
+    # blocks: uint8 [rows, row_bytes] -> [rows, cols] float32 (bf16 with bf16)
+    return blocks.new_empty((blocks.shape[0], cols), dtype=torch.bfloat16 if bf16 else torch.float32)

@@ -491,3 +491,20 @@ def test_a_cached_prefix_then_the_rest_reads_as_the_cold_read(tmp_path, monkeypa
         span = float(cold.max() - cold.min())
         assert float((cold - warm).abs().max()) <= 1e-5 * span
         torch.testing.assert_close(warm_kv, cold_kv, rtol=1e-5, atol=1e-5)
+
+
+def test_the_ops_fake_kernels_give_their_shapes_and_dtypes():
+    """engine/quants/fake.py: what a compiled graph traces the ops with matches what they return
+    (torch's opcheck: the schema, and the fake kernel against the real one), bf16 slabs included."""
+    quants.ops()  # the library loaded, its fake kernels registered
+    raw = torch.from_numpy(random_blocks(Q.Q4_K, 4, 512, np.random.default_rng(7)))
+    codebook = quants.table(Q.Q4_K)
+    checks = ("test_schema", "test_faketensor")
+    for bf16 in (False, True):
+        result = torch.library.opcheck(torch.ops.strata_quants.dequantize.default,
+                                       (raw, int(Q.Q4_K), 512, codebook, False, bf16), test_utils=checks)
+        assert set(result.values()) == {"SUCCESS"}, (bf16, result)
+    for int8_x in (False, True):
+        result = torch.library.opcheck(torch.ops.strata_quants.mm.default,
+                                       (torch.randn(3, 512), raw, int(Q.Q4_K), codebook, int8_x, False), test_utils=checks)
+        assert set(result.values()) == {"SUCCESS"}, (int8_x, result)
