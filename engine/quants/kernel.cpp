@@ -888,7 +888,7 @@ inline bool finite(const float* v, int n) {
   return true;
 }
 
-// The unpacking below, into float32 (T float) or bf16 (T uint16_t) weights.
+// strata_unpack_rows's work (below), into float32 (T float) or bf16 (T uint16_t) weights.
 template <typename T>
 void unpack_rows(int qtype, const uint8_t* src, int64_t rb, int64_t rows, int64_t k0, int64_t kc,
                  const int8_t* kvalues, const uint8_t* grid, const float* table, T* out) {
