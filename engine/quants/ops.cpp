@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 extern "C" int strata_block_weights(int qtype);
@@ -122,26 +123,26 @@ template <typename T>
 using UnpackRows = void (*)(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t, const int8_t*, const uint8_t*,
                             const float*, T*);
 
-UnpackRows<float> unpack_fn(bool portable) {
+// The unpacking into T (float, or uint16_t: bf16) of the build this CPU runs.
+template <typename T>
+UnpackRows<T> unpack_fn(bool portable) {
+  constexpr bool f32 = std::is_same_v<T, float>;
 #if defined(__x86_64__) && defined(STRATA_HAVE_AVX2)
-  if (!portable && use_avx2()) return strata_unpack_rows_avx2;
+  if (!portable && use_avx2()) {
+    if constexpr (f32) return strata_unpack_rows_avx2;
+    else return strata_unpack_rows_bf16_avx2;
+  }
 #endif
-  return strata_unpack_rows_portable;
-}
-
-UnpackRows<uint16_t> unpack_bf16_fn(bool portable) {
-#if defined(__x86_64__) && defined(STRATA_HAVE_AVX2)
-  if (!portable && use_avx2()) return strata_unpack_rows_bf16_avx2;
-#endif
-  return strata_unpack_rows_bf16_portable;
+  if constexpr (f32) return strata_unpack_rows_portable;
+  else return strata_unpack_rows_bf16_portable;
 }
 
 template <typename T>
-void unpack_all(const at::Tensor& blocks, int64_t qtype, int64_t cols, const at::Tensor& table, UnpackRows<T> unpack,
-                T* dst) {
+void unpack_all(const at::Tensor& blocks, int64_t qtype, int64_t cols, const at::Tensor& table, bool portable, T* dst) {
   const int64_t rows = blocks.size(0), rb = blocks.size(1);
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   const Codebook book(qtype, table);
+  const UnpackRows<T> unpack = unpack_fn<T>(portable);
   at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
     unpack(int(qtype), src + r0 * rb, rb, r1 - r0, 0, cols, book.kvalues, book.grid.data(), book.table, dst + r0 * cols);
   });
@@ -154,9 +155,9 @@ at::Tensor dequantize(const at::Tensor& blocks, int64_t qtype, int64_t cols, con
   check(blocks, qtype, cols);
   at::Tensor out = at::empty({blocks.size(0), cols}, blocks.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
   if (bf16)
-    unpack_all(blocks, qtype, cols, table, unpack_bf16_fn(portable), reinterpret_cast<uint16_t*>(out.data_ptr()));
+    unpack_all(blocks, qtype, cols, table, portable, reinterpret_cast<uint16_t*>(out.data_ptr()));
   else
-    unpack_all(blocks, qtype, cols, table, unpack_fn(portable), out.data_ptr<float>());
+    unpack_all(blocks, qtype, cols, table, portable, out.data_ptr<float>());
   return out;
 }
 
@@ -246,7 +247,7 @@ at::Tensor prompt_mm(const at::Tensor& x_in, const at::Tensor& blocks, int64_t q
   constexpr int64_t KC = 256;  // a multiple of every type's block
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   const Codebook book(qtype, table);
-  const UnpackRows<float> unpack = unpack_fn(portable);
+  const UnpackRows<float> unpack = unpack_fn<float>(portable);
   float* ys = y.data_ptr<float>();
   at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t p0, int64_t p1) {
     std::vector<float> w(16 * KC), bp(16 * KC), tmp(96);
