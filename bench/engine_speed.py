@@ -70,6 +70,8 @@ def _load(variant: str, num_slots: int, threads: int | None, device: str = "cpu"
         kwargs["int4"] = "noint4" not in flags
         if "noprefillbf16" in flags:
             kwargs["prefill_bf16"] = False
+        if "noint8prompt" in flags:  # bf16 slabs for a quantized file's prompt tokens (--no-prompt-int8)
+            kwargs["prompt_int8"] = False
         kwargs["cache_dir"] = Path(tempfile.gettempdir()) / "strata-bench-cache"
         if "eager" in flags or "compile" in flags:
             kwargs["compile"] = "eager" not in flags

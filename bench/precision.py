@@ -1,12 +1,13 @@
 """How close greedy decoding stays to the float32 dequantized reference: Strata's default engine
 and, when `LLAMA_SERVER=/path/to/llama-server` is set, llama.cpp's server on the same GGUF.
 
-    .venv/bin/python -m bench.precision [--tokens 48] [--variants default bfloat16+noint4] [--device cuda:0]
+    .venv/bin/python -m bench.precision [--tokens 48] [--variants default bfloat16+noint4] [--device cuda:0] [--model F]
     .venv/bin/python -m bench.precision --isa all [--prompts 4]    # each oneDNN ISA this CPU offers
     .venv/bin/python -m bench.precision --variants float32+kv=bfloat16 float32+kv=int8 default+kv=int8
     LLAMA_SERVER=/path/to/llama-server .venv/bin/python -m bench.precision
 
-`+eager`: no compiled step (nothing to build); `+kv=NAME` gives a variant that `--kv-dtype` (bfloat16, int8; fp8 on CUDA): on `float32` the cost of
+`+eager`: no compiled step (nothing to build); `+noint8prompt`: bf16 slabs for a quantized file's
+prompt tokens where they would be int8 (`--no-prompt-int8`); `+kv=NAME` gives a variant that `--kv-dtype` (bfloat16, int8; fp8 on CUDA): on `float32` the cost of
 the narrower cache alone. `--isa AVX512_CORE_BF16 AVX512_CORE_AMX ...` (or `all`) runs the whole bench once per value of
 ONEDNN_MAX_CPU_ISA, each in a child process (oneDNN reads it once), and prints one row per ISA
 and engine: its bf16 kernels round differently on AMX, AVX512-BF16 and AVX512.
@@ -102,6 +103,7 @@ def run_prompts(greedy, forced, prompts: list[list[int]], references: list[list[
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=48, help="continuation length per prompt")
+    parser.add_argument("--model", default=None, help="a GGUF file or HF folder (default: the default model)")
     parser.add_argument("--variants", nargs="+", default=["default", "bfloat16+noint4"],
                         help="Strata engines: default, float32, bfloat16(+noint4), each +kv=DTYPE")
     parser.add_argument("--device", default="cpu", help="where the variants run: cpu, or cuda:N")
@@ -117,7 +119,7 @@ def main() -> None:
     from engine.files import resolve_model_path
     from engine.load import load_engine
 
-    path = resolve_model_path(None)
+    path = resolve_model_path(args.model)
     reference_engine = load_engine(path, num_slots=1, ctx=1024, dtype="float32", compile=False)
     tok = reference_engine.tokenizer
     prompts = [tok.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS[:args.prompts]]
@@ -130,7 +132,8 @@ def main() -> None:
         # two slots: the free-running answers go through prompt lookup as served (one slot has none)
         kv = next((f.removeprefix("kv=") for f in flags if f.startswith("kv=")), None)  # +kv=int8: --kv-dtype
         engine = load_engine(path, num_slots=2, ctx=1024, dtype=None if name == "default" else name,
-                             int4="noint4" not in flags, device=args.device, kv_dtype=kv,
+                             int4="noint4" not in flags, prompt_int8="noint8prompt" not in flags,
+                             device=args.device, kv_dtype=kv,
                              compile="eager" not in flags)
         results[f"strata {variant}"] = run_prompts(lambda i, n: strata_greedy(engine, i, n),
                                                    lambda i, r: strata_forced(engine, i, r), prompts, references)
@@ -166,6 +169,7 @@ def per_isa(args: argparse.Namespace) -> None:
 
     isas = onednn_isas() if args.isa == ["all"] else args.isa
     argv = [sys.executable, "-m", "bench.precision", "--tokens", str(args.tokens), "--prompts", str(args.prompts),
+            *(["--model", args.model] if args.model else []),
             "--device", args.device, "--variants", *args.variants]
     table = Table(title=f"{args.prompts} chat prompts x {args.tokens} greedy tokens vs the float32 reference, per ISA")
     for column in ("ONEDNN_MAX_CPU_ISA", "engine", "teacher-forced", "free-running"):

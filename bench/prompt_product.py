@@ -1,13 +1,16 @@
-"""The prompt's float32 product on AVX2 alone: `strata_quants::prompt_mm` against what it replaced.
+"""The prompt's float32 product on AVX2 alone: `strata_quants::prompt_mm` against what it replaced;
+with --int8, the integer product of AVX-512 VNNI machines without AMX (`prompt_mm_int8`) against
+the bf16 slabs it replaced there.
 
     .venv/bin/python -m bench.prompt_product [--types Q4_0 Q4_K] [--rows 1 16 64 80 512]
-        [--shape 8192 2048] [--threads 2] [--rounds 3]
+        [--shape 8192 2048] [--threads 2] [--rounds 3] [--int8]
 
 A random matrix of one type (tests/helpers/quant_models.py `random_blocks`), `rows` prompt tokens,
 GFLOP/s of: `prompt_mm` (one call for all the rows; prompt.cpp), and the float32 slabs it replaced
 on AVX2 (the matrix unpacked ~8 MB of rows at a time, each unpacked slab multiplied by each
 64-row piece with MKL's `F.linear`, as `QuantLinear._slabs` did before: a piece had to be its own
-call). `rows` 1 shows the unpacking's own cost. Median of interleaved rounds; not asserted (the
+call; --int8: bf16 slabs, oneDNN's product, as `QuantLinear._slabs` does where `int8_prompt` is
+false). `rows` 1 shows the unpacking's own cost. Median of interleaved rounds; not asserted (the
 cores are shared: compare numbers of one run)."""
 
 from __future__ import annotations
@@ -27,14 +30,14 @@ from tests.helpers.quant_models import random_blocks
 SLAB_BYTES = 8 << 20
 
 
-def slabs(x: torch.Tensor, blocks: quants.QuantBlocks) -> torch.Tensor:
-    """The former float32 prompt product: slabs unpacked once, each 64-row piece its own call."""
-    pieces = list(x.split(64))
+def slabs(x: torch.Tensor, blocks: quants.QuantBlocks, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The former prompt product: slabs unpacked once, each 64-row piece its own call."""
+    pieces = [p.to(dtype) for p in x.split(64)]
     rows = blocks.raw.shape[0]
     step = max(1, SLAB_BYTES // (4 * blocks.cols))
     outs = [torch.empty(p.shape[0], rows) for p in pieces]
     for lo in range(0, rows, step):
-        slab = quants.dequantize(blocks._replace(raw=blocks.raw[lo:lo + step]))
+        slab = quants.dequantize(blocks._replace(raw=blocks.raw[lo:lo + step]), dtype)
         for p, out in zip(pieces, outs):
             out[:, lo:lo + step] = F.linear(p, slab)
     return torch.cat(outs)
@@ -55,6 +58,7 @@ def main() -> None:
     parser.add_argument("--shape", type=int, nargs=2, default=[8192, 2048], metavar=("OUT", "IN"))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--int8", action="store_true", help="prompt_mm_int8 against bf16 slabs (AVX-512 VNNI)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     out, cols = args.shape
@@ -66,11 +70,13 @@ def main() -> None:
         for rows in args.rows:
             x = torch.randn(rows, cols)
             flops = 2 * rows * out * cols
-            ours = lambda: quants.ops().prompt_mm(x, blocks.raw, int(qtype), quants.table(qtype))  # noqa: E731
-            runs = [(seconds(ours), seconds(lambda: slabs(x, blocks))) for _ in range(args.rounds)]
+            op = quants.ops().prompt_mm_int8 if args.int8 else quants.ops().prompt_mm
+            ours = lambda: op(x, blocks.raw, int(qtype), quants.table(qtype))  # noqa: E731
+            dtype = torch.bfloat16 if args.int8 else torch.float32
+            runs = [(seconds(ours), seconds(lambda: slabs(x, blocks, dtype))) for _ in range(args.rounds)]
             new, old = (statistics.median(r[i] for r in runs) for i in range(2))
-            print(f"{name:6s} {rows:4d} rows: prompt_mm {flops / new / 1e9:6.1f}  slabs {flops / old / 1e9:6.1f}  "
-                  f"({old / new:.2f}x)", flush=True)
+            print(f"{name:6s} {rows:4d} rows: {op.__name__.split('.')[-1]} {flops / new / 1e9:6.1f}  "
+                  f"{dtype} slabs {flops / old / 1e9:6.1f}  ({old / new:.2f}x)", flush=True)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ def load_engine(
     threads: int | None = None,
     int4: bool = True,
     prefill_bf16: bool = True,
+    prompt_int8: bool = True,
     cache_dir: str | Path | None = None,
     compile: bool = True,
     compile_in_background: bool = False,
@@ -59,6 +60,9 @@ def load_engine(
     bf16, engine/quants' `mm` on AVX2 alone: Transformer.build); off, they are dequantized to
     bf16 (more memory, faster prompt reading). prefill_bf16: with int4, each int4 matrix also keeps
     a bf16 prepacked copy that prefill chunks use (2.3x faster there; +2 bytes a weight).
+    prompt_int8: a quantized file's K-quant / Q5 / Q8_0 / IQ matrices multiply prompt tokens in
+    int8 where the CPU does that faster than bf16 (AVX-512 VNNI without AMX: engine/quants/blocks.py
+    `int8_prompt_here`); off: bf16 slabs, closer to float32.
     cache_dir: where the converted tokenizer is kept so a restart does not convert it again
     (seconds for a GGUF), and inductor's generated code.
     compile: decode compiled (engine/compiled.py; on the CPU the layers ahead of time, engine/aot.py),
@@ -104,7 +108,8 @@ def load_engine(
     ensure_kv_fits(config.kv_cache_bytes(pool, at_least), dev, pool, at_least=True)
     tokenizer = Tokenizer.from_model_path(path, extra_eos_ids=file_eos, cache_dir=cache_dir, chat=False)
     engine = build_engine(config, source, tokenizer, num_slots=num_slots, ctx=ctx, device=dev,
-                          dtype=torch_dtype, int4=int4, prefill_bf16=prefill_bf16, kv_tokens=kv_tokens,
+                          dtype=torch_dtype, int4=int4, prefill_bf16=prefill_bf16, prompt_int8=prompt_int8,
+                          kv_tokens=kv_tokens,
                           kv_dtype=kv_dtype)
     release_freed_memory()
     if is_gguf(path):  # what was converted at load no longer counts in the worker's RSS
@@ -138,6 +143,7 @@ def build_engine(
     int4: bool = True,
     prepack: bool = True,
     prefill_bf16: bool = True,
+    prompt_int8: bool = True,
     kv_tokens: int | None = None,
     kv_dtype: str | None = None,
 ) -> TorchEngine:
@@ -146,7 +152,7 @@ def build_engine(
     if isinstance(source, dict):
         source = DictSource(source)
     model = Transformer.build(config, source, dtype=dtype, device=device, int4=int4, prepack=prepack,
-                              prefill_bf16=prefill_bf16)
+                              prefill_bf16=prefill_bf16, prompt_int8=prompt_int8)
     model.cache_dtype = kv_dtypes.resolve(kv_dtype, device, dtype)
     model.allocate_cache(num_slots, ctx, kv_tokens)
     if eos_token_ids is None:

@@ -48,6 +48,19 @@ def slab_dtype() -> torch.dtype:
     return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
 
 
+@cache
+def int8_prompt_here() -> bool:
+    """Whether prompt tokens can be multiplied in integers rather than through bf16 slabs:
+    `strata_quants::prompt_mm_int8` (prompt_int8.cpp: x quantized per 32 as the decode step's
+    `mm` quantizes it, the codes multiplied four bytes at a time by AVX-512 VNNI, no slab written
+    and read again), where the slabs would be bf16, kernel.cpp's VNNI build runs and the CPU has
+    no AMX (AMD Zen 4/5, Intel Ice Lake): on one Zen 4 core 1.4-1.6x the bf16 slabs' rate on a
+    2048^2 matrix at 512 rows (`.venv/bin/python -m bench.prompt_product --int8`). With AMX,
+    oneDNN's bf16 tiles stay (several times any vector instruction's rate); on AVX2 alone,
+    `prompt_mm`'s float32; STRATA_QUANTS_ISA=avx2 goes back to the slabs too."""
+    return available() and slab_dtype() == torch.bfloat16 and bool(ops().int8_prompt())
+
+
 class QuantBlocks(NamedTuple):
     raw: Tensor  # uint8 [rows, row_bytes], or [E, rows, row_bytes]: an MoE layer's stacked experts
     qtype: Q
@@ -134,15 +147,19 @@ class QuantLinear(nn.Module):
     0.625 bytes a weight against the file's 0.5625)."""
 
     def __init__(self, parts: list[QuantBlocks], bias: Tensor | None = None, *, slabs: bool = True,
-                 int4: bool = False, int8_x: bool = True) -> None:
+                 int4: bool = False, int8_x: bool = True, int8_prompt: bool = True) -> None:
         """slabs: prompt tokens (`prompt_form`) go through unpacked slabs (bf16, or float32 where
         bf16 is slow: `slab_dtype`; False: through `mm` too).
+        int8_prompt: with slabs, where `int8_prompt_here`, prompt tokens are multiplied in int8
+        instead (`prompt_mm_int8`: the decode form's activations, llama.cpp's arithmetic; faster,
+        less close to float32: docs/engine.md); False keeps the bf16 slabs.
         int4: Q4_K parts on torch's int4 kernel (tests and benches compare the two forms).
         int8_x: `mm` quantizes the activations to int8 per 32 (llama.cpp's arithmetic, ~5e-3
         relative error on the output; ~9e-3 on real layer inputs); False keeps them float32 (the
         head: its logits are then the exact rows' product)."""
         super().__init__()
         self.slabs, self.int8_x = slabs, int8_x
+        self.int8_prompt = slabs and int8_prompt and int8_prompt_here()
         self.cols = parts[0].cols
         assert all(p.cols == self.cols for p in parts)
         self.out_features = sum(p.raw.shape[0] for p in parts)
@@ -187,7 +204,7 @@ class QuantLinear(nn.Module):
         bits. Where a row's product never depends on its call (`prompt_mm`, or `mm` without
         slabs) that is one call for all of them; else (bf16 slabs) each slab is unpacked once
         for all the pieces (a 512-token chunk is 8 of them), each piece its own product."""
-        if not self.slabs or slab_dtype() == torch.float32:
+        if not self.slabs or slab_dtype() == torch.float32 or self.int8_prompt:
             return self.prompt_form(x)
         chunks = x.split(list(pieces), dim=-2)
         ys = self._products([c.reshape(-1, self.cols) for c in chunks], prompt=self.slabs)
@@ -220,10 +237,14 @@ class QuantLinear(nn.Module):
         return f"cols={self.cols}, parts={kinds}, int8_x={self.int8_x}, slabs={self.slabs}"
 
     def _slabs(self, flats: list[Tensor], part: QuantBlocks) -> list[Tensor]:
-        """Prompt tokens, each of `flats` its own product. float32 (AVX2 alone): `prompt_mm`
+        """Prompt tokens, each of `flats` its own product. `int8_prompt`: `prompt_mm_int8` (every
+        output one fixed chain of operations, whatever the call's rows); float32 (AVX2 alone): `prompt_mm`
         (ops.cpp: its every output one fixed chain of sums, whatever the call's rows); bf16: a
         slab of rows unpacked, rounded to bf16 and multiplied by oneDNN, once for all of
         `flats`, each its own `F.linear` (oneDNN's blocking depends on a call's rows)."""
+        if self.int8_prompt:
+            return [torch.ops.strata_quants.prompt_mm_int8(flat, part.raw, int(part.qtype), table(part.qtype))
+                    for flat in flats]
         dtype = slab_dtype()
         if dtype == torch.float32:
             return [torch.ops.strata_quants.prompt_mm(flat, part.raw, int(part.qtype), table(part.qtype))

@@ -168,6 +168,18 @@ extern "C" int strata_block_bytes(int qtype) {
   }
 }
 
+// What kernel.cpp's codes (exact integer weights, -128..127) are raised by to be unsigned bytes
+// for prompt_int8.cpp's product: at least minus the type's smallest code.
+extern "C" int strata_code_offset(int qtype) {
+  switch (qtype) {
+    case Q4_1: case Q5_1: case Q4_K: case Q5_K: return 0;  // 0..15 / 0..31, their minimums apart
+    case Q4_0: return 8;
+    case Q5_0: return 16;
+    case Q6_K: return 32;
+    default: return 128;  // Q8_0, and the codebook types' signed values
+  }
+}
+
 // cols weights (whole blocks) from src into y. table: IQ4_XS's 16 codebook values, IQ3_S's grid
 // (512 x 4), unused otherwise.
 __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))

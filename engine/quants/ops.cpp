@@ -14,6 +14,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -21,6 +24,7 @@
 
 extern "C" int strata_block_weights(int qtype);
 extern "C" int strata_block_bytes(int qtype);
+extern "C" int strata_code_offset(int qtype);
 extern "C" {  // kernel.cpp, its two builds
 void strata_quantize_x_portable(const float*, int64_t, int64_t, int8_t*, float*, float*);
 void strata_mm_rows_portable(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
@@ -48,6 +52,12 @@ void strata_mm_rows_avx2(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t
                          const float*, const int8_t*, const float*, const float*, const int8_t*,
                          const uint8_t*, float*, void*);
 void strata_quantize_x_vnni(const float*, int64_t, int64_t, int8_t*, float*, float*);
+void strata_pack_codes_vnni(int, const uint8_t*, int64_t, int, int64_t, int64_t, const int8_t*, const uint8_t*,
+                            uint8_t*, float*, float*);
+void strata_group_sums_vnni(const int8_t*, int64_t, int64_t, int, int, int32_t*);  // prompt_int8.cpp
+void strata_prompt_panel_int8_vnni(const int8_t*, const float*, const float*, const int32_t*, int64_t, int64_t,
+                                   int64_t, int64_t, const uint8_t*, const float*, const float*, bool, bool, float*,
+                                   int64_t, int, float*);
 void strata_mm_rows_vnni(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                          const float*, const int8_t*, const float*, const float*, const int8_t*,
                          const uint8_t*, float*, void*);
@@ -94,6 +104,22 @@ bool use_vnni() {
 #if defined(__x86_64__) && defined(STRATA_HAVE_AVX2)
   static const bool yes = use_avx2() && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
                           std::string_view(std::getenv("STRATA_QUANTS_ISA") ? std::getenv("STRATA_QUANTS_ISA") : "") != "avx2";
+  return yes;
+#else
+  return false;
+#endif
+}
+
+// The prompt's product in integers (prompt_int8.cpp) where the VNNI build runs and the CPU has
+// no AMX: there oneDNN's bf16 tiles multiply several times faster than any vector instruction,
+// so the bf16 slabs stay (engine/quants/blocks.py `int8_prompt_here`).
+bool int8_prompt() {
+#if defined(__x86_64__) && defined(STRATA_HAVE_AVX2)
+  static const bool yes = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    const bool amx = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1);  // AMX-TILE
+    return use_vnni() && !amx;
+  }();
   return yes;
 #else
   return false;
@@ -264,6 +290,56 @@ at::Tensor prompt_mm(const at::Tensor& x_in, const at::Tensor& blocks, int64_t q
   return y;
 }
 
+// The prompt's product in integers where `int8_prompt()`: x quantized per 32 as `mm` quantizes
+// it, W's codes unpacked 16 rows by 256 weights at a time into panels of unsigned bytes and
+// their scales, each multiplied by every row of x (prompt_int8.cpp). As prompt_mm, every output
+// is one fixed chain of operations over k, so a row's result is the same bits whatever else the
+// call holds, and the work is split across threads by panels of 16 output columns.
+at::Tensor prompt_mm_int8(const at::Tensor& x_in, const at::Tensor& blocks, int64_t qtype, const at::Tensor& table) {
+  TORCH_CHECK(x_in.dim() == 2, "strata_quants::prompt_mm_int8: x must be [M, K]");
+  check(blocks, qtype, x_in.size(1));
+  const int64_t M = x_in.size(0), K = x_in.size(1), N = blocks.size(0), rb = blocks.size(1);
+  at::Tensor y = at::empty({M, N}, x_in.options().dtype(at::kFloat));
+  if (M == 0 || N == 0) return y;
+#if defined(__x86_64__) && defined(STRATA_HAVE_AVX2)
+  TORCH_CHECK(use_vnni(), "strata_quants::prompt_mm_int8 needs AVX-512 VNNI");
+  const at::Tensor x = x_in.to(at::kFloat).contiguous();
+  const int64_t Mp = (M + 3) / 4 * 4, C = K / 32;  // rows padded to the 4-row micro-panels
+  const bool fine = qtype == 14, mins = qtype == 3 || qtype == 7 || qtype == 12 || qtype == 13;  // Q6_K; Q4_1, Q5_1, Q4_K, Q5_K
+  const int G = fine ? 16 : 32;
+  std::vector<int8_t> xq(Mp * K, 0);
+  std::vector<float> dx(Mp * C, 0.0f), xs(Mp * C, 0.0f);
+  std::vector<int32_t> corr(Mp * K / G, 0);
+  at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
+    strata_quantize_x_vnni(x.data_ptr<float>() + r0 * K, r1 - r0, K, xq.data() + r0 * K, dx.data() + r0 * C,
+                           xs.data() + r0 * C);
+    if (!mins) strata_group_sums_vnni(xq.data() + r0 * K, r1 - r0, K, G, strata_code_offset(int(qtype)),
+                                      corr.data() + r0 * K / G);
+  });
+  constexpr int64_t KC = 256;  // a multiple of every type's block
+  const uint8_t* src = blocks.data_ptr<uint8_t>();
+  const Codebook book(qtype, table);
+  float* ys = y.data_ptr<float>();
+  at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t p0, int64_t p1) {
+    std::vector<uint8_t> codes(16 * KC);
+    std::vector<float> s(KC), m(KC / 2), tmp(64);
+    for (int64_t p = p0; p < p1; ++p) {
+      const int rows = int(std::min<int64_t>(16, N - 16 * p));
+      for (int64_t k0 = 0; k0 < K; k0 += KC) {
+        const int64_t kc = std::min(KC, K - k0);
+        strata_pack_codes_vnni(int(qtype), src + 16 * p * rb, rb, rows, k0, kc, book.kvalues, book.grid.data(),
+                               codes.data(), s.data(), m.data());
+        strata_prompt_panel_int8_vnni(xq.data(), dx.data(), xs.data(), corr.data(), M, K, k0, kc, codes.data(),
+                                      s.data(), m.data(), mins, fine, ys + 16 * p, N, rows, tmp.data());
+      }
+    }
+  });
+#else
+  TORCH_CHECK(false, "strata_quants::prompt_mm_int8 needs AVX-512 VNNI");
+#endif
+  return y;
+}
+
 // An MoE layer's routed products: y[p] = x[p] @ W[experts[p]]^T for each (row, expert) pair p,
 // the experts' matrices kept as their file blocks [E, N, row_bytes]. The pairs are sorted by
 // expert (stable) so that each chosen expert's rows are unpacked once for all the pairs routed to
@@ -323,12 +399,15 @@ TORCH_LIBRARY(strata_quants, m) {
   m.def("prompt_mm(Tensor x, Tensor blocks, int qtype, Tensor table, bool portable=False) -> Tensor");
   m.def("mm_experts(Tensor x, Tensor blocks, Tensor experts, int qtype, Tensor table, bool int8_x=False, "
         "bool portable=False) -> Tensor");
+  m.def("prompt_mm_int8(Tensor x, Tensor blocks, int qtype, Tensor table) -> Tensor");
   m.def("mm_build() -> str", &mm_build);
+  m.def("int8_prompt() -> bool", &int8_prompt);
 }
 
 TORCH_LIBRARY_IMPL(strata_quants, CPU, m) {
   m.impl("dequantize", &dequantize);
   m.impl("mm", &mm);
   m.impl("prompt_mm", &prompt_mm);
+  m.impl("prompt_mm_int8", &prompt_mm_int8);
   m.impl("mm_experts", &mm_experts);
 }

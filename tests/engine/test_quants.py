@@ -3,8 +3,9 @@
 Unpacking equals gguf's own dequantize bit for bit (random valid blocks; gguf's quantize where
 gguf-py has one); the decode product is the exact weights times the activations quantized to
 int8 per 32 (llama.cpp's arithmetic) or, for the head, float32 ones, within float32 rounding; the
-prompt product the bf16 product of their bf16 rounding, or on AVX2 alone `prompt_mm`'s float32
-one, each output one chain of sums (prompt tokens, any number); tiny models written by gguf's writer in the mixes
+prompt product the bf16 product of their bf16 rounding, on AVX2 alone `prompt_mm`'s float32
+one, on AVX-512 VNNI without AMX the decode step's int8 arithmetic (`prompt_mm_int8`), the last
+two each output one chain of sums (prompt tokens, any number); tiny models written by gguf's writer in the mixes
 people download hold at most 1.15x the file's tensor bytes and give the dequantized-bf16 model's
 greedy tokens."""
 
@@ -83,6 +84,45 @@ def test_prompt_product_is_one_chain_per_output_whatever_the_call(qtype):
         for lo, hi in ((0, 1), (5, 6), (3, 10), (7, 20), (0, 13)):
             assert torch.equal(product(x[lo:hi]), y[lo:hi]), (qtype.name, portable, lo, hi)
         assert torch.equal(product(torch.cat([x[11:12], torch.randn(8, cols), x[2:3]]))[[0, 9]], y[[11, 2]])
+
+
+VNNI = quants.available() and quants.ops().mm_build() == "vnni"
+
+
+@pytest.mark.skipif(not VNNI, reason="prompt_mm_int8 is the AVX-512 VNNI build's")
+@pytest.mark.parametrize("qtype", sorted(quants.TYPES), ids=lambda q: q.name)
+def test_integer_prompt_product_is_the_decode_steps_arithmetic_in_one_chain(qtype):
+    """`prompt_mm_int8` (the prompt's product on AVX-512 VNNI without AMX): the exact weights times
+    x quantized per 32 as `mm` quantizes it, within float32 rounding (<= 1e-5 of float64 on those
+    activations; `mm` with int8 activations within 1e-6), every row the same bits alone, beside
+    any rows and at any position in a tile (edge tiles: rows not a multiple of 4, outputs not of
+    16; a width of several 256-weight panels, the 32-weight types at 544). Every byte random
+    (NaN / inf scales) gives NaN where `mm` does, not a crash."""
+    rng = np.random.default_rng(int(qtype) + 11)
+    block = GGML_QUANT_SIZES[qtype][0]
+    rows, cols = 37, 544 if block == 32 else 768
+    raw = torch.from_numpy(random_blocks(qtype, rows, cols, rng))
+    exact = torch.from_numpy(gguf_dequantize(raw.numpy(), qtype)).double()
+    torch.manual_seed(int(qtype))
+    x = torch.randn(23, cols) * torch.rand(23, 1)
+    x[2, :64] = 0  # chunks of zeros (their int8 scale 0)
+
+    def product(x: torch.Tensor, raw: torch.Tensor = raw) -> torch.Tensor:
+        return quants.ops().prompt_mm_int8(x, raw, int(qtype), quants.table(qtype))
+
+    y = product(x)
+    assert y.shape == (23, rows) and y.dtype == torch.float32
+    reference = int8_per_32(x) @ exact.T
+    assert float((y.double() - reference).norm() / reference.norm()) <= 1e-5, qtype.name
+    decode = quants.ops().mm(x, raw, int(qtype), quants.table(qtype), True).double()
+    assert float((y.double() - decode).norm() / decode.norm()) <= 1e-6, qtype.name
+    for lo, hi in ((0, 1), (5, 6), (3, 10), (7, 23), (0, 13)):
+        assert torch.equal(product(x[lo:hi]), y[lo:hi]), (qtype.name, lo, hi)
+    assert torch.equal(product(torch.cat([x[11:12], torch.randn(8, cols), x[2:3]]))[[0, 9]], y[[11, 2]])
+    broken = torch.from_numpy(rng.integers(0, 256, raw.shape, dtype=np.uint8))
+    with np.errstate(all="ignore"):
+        nan = ~torch.isfinite(quants.ops().mm(x[:4], broken, int(qtype), quants.table(qtype), True))
+    assert torch.equal(~torch.isfinite(product(x[:4], broken)), nan), qtype.name
 
 
 def test_q4_k_repacked_as_int4_groups_is_gguf_dequantize_bit_for_bit():
@@ -347,7 +387,8 @@ def test_product_is_the_kernel_on_the_exact_weights(qtype):
     of the exact weights (<= 1e-5). The prompt form (`prompt_form`), one token or many: exactly
     oneDNN's product of the weights and activations rounded to bf16 where `slab_dtype` is bf16;
     `prompt_mm`'s where it is float32 (AVX2 alone), so a prompt's last tokens read alone after a
-    cached prefix go through the kernel they went through in the cold read."""
+    cached prefix go through the kernel they went through in the cold read; `prompt_mm_int8`'s
+    where `int8_prompt` (AVX-512 VNNI, no AMX)."""
     rng = np.random.default_rng(1)
     rows, cols = 40, 512
     raw = random_blocks(qtype, rows, cols, rng)
@@ -356,6 +397,8 @@ def test_product_is_the_kernel_on_the_exact_weights(qtype):
     blocks = quants.QuantBlocks(raw_t, qtype, cols)
     bias = torch.arange(2 * rows, dtype=torch.float32)
     linear = quants.QuantLinear([blocks, blocks], bias=bias)
+    on_slabs = quants.QuantLinear([blocks, blocks], bias=bias, int8_prompt=False)
+    assert linear.int8_prompt == quants.int8_prompt_here() and not on_slabs.int8_prompt
     head = quants.QuantLinear([blocks, blocks], bias=bias, slabs=False, int8_x=False)
     torch.manual_seed(0)
     dtype = quants.slab_dtype()  # bf16 where oneDNN has bf16 kernels, float32 on AVX2 alone
@@ -369,16 +412,21 @@ def test_product_is_the_kernel_on_the_exact_weights(qtype):
             error = float((y.double() - reference).norm() / reference.norm())
             assert error <= bound, (qtype.name, tokens, error)
         assert torch.equal(head.prompt_form(x), head(x))  # slabs=False: the kernel for prompt tokens too
-        prompt = linear.prompt_form(x)
-        if dtype == torch.float32:
-            part = quants.ops().prompt_mm(x.reshape(-1, cols), raw_t, int(qtype), quants.table(qtype)).view(2, tokens, rows)
-        else:
-            part = F.linear(x.to(dtype), slab).float()
-        assert torch.equal(prompt, torch.cat([part, part], dim=-1) + bias), (qtype.name, tokens)
+        for module in (linear, on_slabs):
+            if module.int8_prompt:
+                part = quants.ops().prompt_mm_int8(x.reshape(-1, cols), raw_t, int(qtype), quants.table(qtype))
+                part = part.view(2, tokens, rows)
+            elif dtype == torch.float32:
+                part = quants.ops().prompt_mm(x.reshape(-1, cols), raw_t, int(qtype), quants.table(qtype))
+                part = part.view(2, tokens, rows)
+            else:
+                part = F.linear(x.to(dtype), slab).float()
+            prompt = module.prompt_form(x)
+            assert torch.equal(prompt, torch.cat([part, part], dim=-1) + bias), (qtype.name, tokens, module.int8_prompt)
 
 
-@pytest.mark.parametrize("slabs", [True, False])
-def test_prompt_pieces_are_each_pieces_own_product(slabs):
+@pytest.mark.parametrize("slabs, int8_prompt", [(True, True), (True, False), (False, False)])
+def test_prompt_pieces_are_each_pieces_own_product(slabs, int8_prompt):
     """A prompt chunk's pieces (engine/weights.py `in_pieces`) through `prompt_pieces` (one call,
     or each bf16 slab unpacked once for all of them): every piece's rows are exactly what
     `prompt_form` gives that piece alone, so a prompt token's result does not depend on the rest
@@ -389,7 +437,7 @@ def test_prompt_pieces_are_each_pieces_own_product(slabs):
     cols = 256
     parts = [quants.QuantBlocks(torch.from_numpy(random_blocks(q, rows, cols, rng)), q, cols)
              for q, rows in ((Q.Q4_K, 48), (Q.Q6_K, 16), (Q.Q8_0, 40))]
-    linear = quants.QuantLinear(parts, bias=torch.randn(104), slabs=slabs)
+    linear = quants.QuantLinear(parts, bias=torch.randn(104), slabs=slabs, int8_prompt=int8_prompt)
     x = torch.randn(1, 150, cols)
     pieces = (64, 64, 22)
     alone = torch.cat([linear.prompt_form(part) for part in x.split(list(pieces), dim=-2)], dim=-2)
@@ -431,6 +479,11 @@ def test_a_mix_loads_in_its_file_size_and_decodes_as_the_dequantized_model(tmp_p
     model = Transformer.build(loaded.config, loaded, dtype=torch.bfloat16, device=cpu, int4=True)
     linears = sum(model.forms.values())
     assert model.forms.get("quant", 0) == linears, model.forms  # every linear kept as the file's blocks
+    # prompt tokens in int8 where this CPU runs that faster (AVX-512 VNNI, no AMX), unless told not to
+    on_blocks = [m for m in model.modules() if isinstance(m, quants.QuantLinear) and m.slabs]
+    assert on_blocks and all(m.int8_prompt == quants.int8_prompt_here() for m in on_blocks)
+    slabs = Transformer.build(loaded.config, loaded, dtype=torch.bfloat16, device=cpu, int4=True, prompt_int8=False)
+    assert not any(m.int8_prompt for m in slabs.modules() if isinstance(m, quants.QuantLinear))
     held = quants.held_bytes(model)
     assert held <= 1.15 * file_bytes, (name, held / file_bytes)
     loaded.file.drop_pages()  # as load_engine does: the blocks kept as the file's pages fault back in

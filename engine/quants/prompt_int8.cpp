@@ -1,0 +1,139 @@
+// The prompt's product in integers where the CPU has AVX-512 VNNI but no AMX (AMD Zen 4 and 5,
+// Intel Ice Lake): y = x @ W^T with x quantized per 32 as the decode step's `mm` quantizes it
+// (xq int8, dx, xs: kernel.cpp strata_quantize_x) and W's codes (kernel.cpp strata_pack_codes)
+// multiplied four bytes at a time by `vpdpbusd`: 32 products in one instruction, against the 16
+// of a bf16 `vdpbf16ps` (oneDNN's slabs, what this replaces there) and without a bf16 slab of
+// the weights written and read again per chunk.
+//
+// The codes are unsigned bytes u = q + offset (the instruction multiplies unsigned by signed):
+// q the exact integer weight of kernel.cpp's codes, offset the type's (0, 8, 16, 32 or 128:
+// dequant.cpp strata_code_offset), so per group of G weights (32; 16 for Q6_K, whose scales
+// are per 16) and activation row the exact integer sum of q * xq is sum(u * xq) - offset *
+// sum(xq) (int32, < 2^21 in magnitude: converted to float exactly), then
+//   y += (that * dx) * s   and, per 32, y += m * xs   (K-quants' and Q4_1 / Q5_1's minimums)
+// one fused chain of float operations per output over k in order: a row's result is the same bits
+// whatever the other rows of the call, its position in a tile or the thread that ran it, so a
+// chunk goes in one call (as prompt.cpp's float32 product).
+//
+// The shape is prompt.cpp's: a panel of 16 output columns, 256 weights deep ([64][16][4] code
+// bytes, 4 KB, and its scales: in L1), passed over by every 4-row micro-panel of x, a 4 x 16 tile
+// of y in eight registers (two of 8 columns per row), eight int32 registers for the group's sums.
+// Only the VNNI build exists (build.py); ops.cpp calls it only where use_vnni().
+#include "layouts.h"
+
+namespace {
+
+constexpr int MR = 4, NR = 16;
+
+enum Kind { Offset, Minimum, Fine };  // coarse groups with an offset; coarse with minimums; Q6_K
+
+// c[MR][NR] (ldc apart) = (accumulate ? c : 0) + the tile's share of k in [k0, k0 + kc): x rows
+// (K apart) from column k0, dx / xs rows (K / 32 apart) and corr rows (offset * each group's sum
+// of xq, K / G apart) from k0's chunk and group; w, s, m the panel's codes, scales, minimums.
+template <Kind kind>
+inline void tile(const int8_t* x, int64_t K, const float* dx, const float* xs, const int32_t* corr, const uint8_t* w,
+                 const float* s, const float* m, int64_t kc, float* c, int64_t ldc, bool accumulate) {
+  constexpr int G = kind == Fine ? 16 : 32;
+  const int64_t C = K / 32, CG = K / G;
+  __m256 y[MR][2];
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < 2; ++j) y[r][j] = accumulate ? _mm256_loadu_ps(c + r * ldc + 8 * j) : _mm256_setzero_ps();
+  for (int64_t g = 0; g < kc / G; ++g) {
+    __m256i a[MR][2];
+    for (int r = 0; r < MR; ++r) a[r][0] = a[r][1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int q = 0; q < G / 4; ++q) {
+      const int64_t quad = g * (G / 4) + q;
+      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * quad));
+      const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * quad + 32));
+      for (int r = 0; r < MR; ++r) {
+        int32_t four;
+        std::memcpy(&four, x + r * K + 4 * quad, 4);
+        const __m256i xb = _mm256_set1_epi32(four);
+        a[r][0] = _mm256_dpbusd_epi32(a[r][0], w0, xb);
+        a[r][1] = _mm256_dpbusd_epi32(a[r][1], w1, xb);
+      }
+    }
+    const int64_t chunk = g * G / 32;
+    const __m256 s0 = _mm256_loadu_ps(s + NR * (g * G / 16)), s1 = _mm256_loadu_ps(s + NR * (g * G / 16) + 8);
+    for (int r = 0; r < MR; ++r) {
+      const __m256 d = _mm256_set1_ps(dx[r * C + chunk]);
+      __m256i a0 = a[r][0], a1 = a[r][1];
+      if constexpr (kind != Minimum) {
+        const __m256i off = _mm256_set1_epi32(corr[r * CG + g]);
+        a0 = _mm256_sub_epi32(a0, off), a1 = _mm256_sub_epi32(a1, off);
+      }
+      y[r][0] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a0), d), s0, y[r][0]);
+      y[r][1] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a1), d), s1, y[r][1]);
+    }
+    if constexpr (kind == Minimum) {
+      const __m256 m0 = _mm256_loadu_ps(m + NR * chunk), m1 = _mm256_loadu_ps(m + NR * chunk + 8);
+      for (int r = 0; r < MR; ++r) {
+        const __m256 sum = _mm256_set1_ps(xs[r * C + chunk]);
+        y[r][0] = _mm256_fmadd_ps(m0, sum, y[r][0]);
+        y[r][1] = _mm256_fmadd_ps(m1, sum, y[r][1]);
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < 2; ++j) _mm256_storeu_ps(c + r * ldc + 8 * j, y[r][j]);
+}
+
+template <Kind kind>
+void panel(const int8_t* xq, const float* dx, const float* xs, const int32_t* corr, int64_t M, int64_t K,
+           int64_t k0, int64_t kc, const uint8_t* w, const float* s, const float* m, float* y, int64_t ldy,
+           int cols, float* tmp) {
+  constexpr int G = kind == Fine ? 16 : 32;
+  const int64_t C = K / 32, CG = K / G;
+  const bool accumulate = k0 > 0;
+  for (int64_t r0 = 0; r0 < M; r0 += MR) {  // x's rows are padded to a multiple of MR (zeros)
+    const int8_t* x = xq + r0 * K + k0;
+    const float* d = dx + r0 * C + k0 / 32;
+    const float* sums = xs + r0 * C + k0 / 32;
+    const int32_t* off = corr + r0 * CG + k0 / G;
+    float* c = y + r0 * ldy;
+    const int rows = int(M - r0 < MR ? M - r0 : MR);
+    if (rows == MR && cols == NR) {
+      tile<kind>(x, K, d, sums, off, w, s, m, kc, c, ldy, accumulate);
+      continue;
+    }
+    for (int i = 0; i < MR; ++i)  // the edge: through tmp, only y's own elements copied back
+      for (int j = 0; j < NR; ++j) tmp[i * NR + j] = accumulate && i < rows && j < cols ? c[i * ldy + j] : 0.0f;
+    tile<kind>(x, K, d, sums, off, w, s, m, kc, tmp, NR, accumulate);
+    for (int i = 0; i < rows; ++i)
+      for (int j = 0; j < cols; ++j) c[i * ldy + j] = tmp[i * NR + j];
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// corr [Mp, K / G] = offset * the sum of xq over each group of G weights (G 16 or 32), rows of
+// xq [Mp, K].
+void ENTRY(strata_group_sums)(const int8_t* xq, int64_t Mp, int64_t K, int G, int offset, int32_t* corr) {
+  for (int64_t i = 0; i < Mp * K / G; ++i) {
+    int32_t sum = 0;
+    for (int e = 0; e < G; ++e) sum += xq[G * i + e];
+    corr[i] = offset * sum;
+  }
+}
+
+// y[:, 0:cols] (rows ldy apart, cols <= 16) = (k0 > 0 ? y : 0) + the share of weights [k0, k0 + kc)
+// of the panel (w [kc/4][16][4] codes, s [kc/16][16] scales, m [kc/32][16] minimums:
+// strata_pack_codes) for every row of x: xq [Mp, K] (Mp = M rounded up to 4, zero rows), dx and
+// xs [Mp, K/32], corr [Mp, K/G] (strata_group_sums; G 16 where fine, else 32). mins: the type has
+// minimums (then its offset is 0); fine: its scales are per 16 (Q6_K). tmp: 64 floats.
+void ENTRY(strata_prompt_panel_int8)(const int8_t* xq, const float* dx, const float* xs, const int32_t* corr,
+                                     int64_t M, int64_t K, int64_t k0, int64_t kc, const uint8_t* w, const float* s,
+                                     const float* m, bool mins, bool fine, float* y, int64_t ldy, int cols,
+                                     float* tmp) {
+  if (fine)
+    panel<Fine>(xq, dx, xs, corr, M, K, k0, kc, w, s, m, y, ldy, cols, tmp);
+  else if (mins)
+    panel<Minimum>(xq, dx, xs, corr, M, K, k0, kc, w, s, m, y, ldy, cols, tmp);
+  else
+    panel<Offset>(xq, dx, xs, corr, M, K, k0, kc, w, s, m, y, ldy, cols, tmp);
+}
+
+}  // extern "C"
