@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import socket
@@ -36,11 +37,15 @@ def create_app(
     tokenizer: TokenizerLike | None = None,
     redis_client: aioredis.Redis | None = None,
     clock: Callable[[], int] | None = None,
+    freeze_heap: bool = False,
 ) -> FastAPI:
     """The API. `tokenizer` and `redis_client` are built from `settings` at startup when not
     given (tests pass a small fake tokenizer; Redis is always a real server). `clock` (ms) is
     the queue's time, wall time unless a test passes the fake engine's virtual clock. The keys
-    file is read here, so a broken one stops startup with its error."""
+    file is read here, so a broken one stops startup with its error. `freeze_heap` (the API
+    process, `run`): what startup built is put out of the garbage collector's reach for good
+    (`gc.freeze`), so a full collection never walks it while streams wait (as in the worker,
+    workers/main.py); not for apps a test process makes by the dozen, whose garbage would stay."""
     keys = load_keys(settings.keys_file) if settings.keys_file else None
 
     @asynccontextmanager
@@ -67,6 +72,9 @@ def create_app(
                 # built objects live (see api.deps).
                 rules = Rules(name, tok, cap, settings.default_max_tokens, defaults=defaults)
                 fit = Fit(client, name, cap, int(settings.worker_live_s * 1000), intake.clock)
+                if freeze_heap:
+                    gc.collect()
+                    gc.freeze()
                 yield {"services": Services(settings, client, intake, rules, int(time.time()), cancels, fit, reader,
                                             keys=keys, started_ms=intake.clock(),
                                             replica=f"{socket.gethostname()}-{os.getpid()}"),
@@ -117,8 +125,9 @@ def run(settings: ApiSettings, listening: socket.socket | None = None) -> None:
     if settings.fd is not None:
         listening = socket.socket(fileno=settings.fd)  # family and type read from the socket itself
     if listening is None:
-        uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info",
+        uvicorn.run(create_app(settings, freeze_heap=True), host=settings.host, port=settings.port, log_level="info",
                     access_log=settings.access_log)
         return
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level="info", access_log=settings.access_log))
+    server = uvicorn.Server(uvicorn.Config(create_app(settings, freeze_heap=True), log_level="info",
+                                           access_log=settings.access_log))
     server.run(sockets=[listening])

@@ -7,8 +7,11 @@ requests enqueued through the API's own path (Intake), no HTTP.
 For each client count: that many streaming requests (`ignore_eos`, `--tokens` each) run to the
 end; every call into the engine and into `queues.claims.Claims` (each one a Redis round trip or a
 Lua script) is timed. Prints per decode step: wall time, engine time, Redis time, the rest
-(Python in the loop: scheduling, text decoding, bookkeeping). `--profile` adds cProfile's top
-functions by own time."""
+(Python in the loop: scheduling, text decoding, bookkeeping), and of the rest the garbage
+collector's time (per step, over every round) and its longest pause. `--heap frozen` (the
+default) collects and freezes what loading built, as `strata worker` does (workers/main.py,
+`gc.freeze`); `unfrozen` leaves it to the collector, as before Dec 7 (compare two runs).
+`--profile` adds cProfile's top functions by own time."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import argparse
 import asyncio
 import cProfile
 import functools
+import gc
 import inspect
 import pstats
 import tempfile
@@ -77,6 +81,16 @@ def run(engine, url: str, clients: int, tokens: int, round_: int, profile: cProf
         enqueue(url, model, [QueuedRequest(id=f"r{round_}-{i}", priority=0, prompt=prompt + [i + 10], max_tokens=tokens,
                                            temperature=temperature, ignore_eos=True) for i in range(clients)])
         steps = 0
+        pauses: list[float] = []
+        began: list[float] = []
+
+        def collected(phase: str, _info: dict) -> None:
+            if phase == "start":
+                began.append(time.perf_counter())
+            else:
+                pauses.append(time.perf_counter() - began.pop())
+
+        gc.callbacks.append(collected)
         started = time.perf_counter()
         if profile:
             profile.enable()
@@ -85,6 +99,7 @@ def run(engine, url: str, clients: int, tokens: int, round_: int, profile: cProf
         if profile:
             profile.disable()
         wall = time.perf_counter() - started
+        gc.callbacks.remove(collected)
     finally:
         engine.read, engine.decode = read, decode
         client.close()
@@ -94,7 +109,8 @@ def run(engine, url: str, clients: int, tokens: int, round_: int, profile: cProf
     per = 1000 / max(decodes, 1)
     return {"clients": clients, "steps": steps, "decode_steps": decodes, "tok_s": clients * tokens / wall,
             "step_ms": wall * per, "engine_ms": engine_s * per, "redis_ms": redis_s * per,
-            "rest_ms": (wall - engine_s - redis_s) * per,
+            "rest_ms": (wall - engine_s - redis_s) * per, "gc_ms": sum(pauses) * per,
+            "gc_max_ms": 1000 * max(pauses, default=0.0), "heap": "frozen" if gc.get_freeze_count() else "unfrozen",
             "redis_calls": {k.removeprefix("redis."): (len(v), round(1000 * sum(v) / len(v), 3)) for k, v in calls.items()}}
 
 
@@ -114,6 +130,8 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--no-prompt-lookup", dest="prompt_lookup", action="store_false",
                         help="one token a step (strata serve --no-prompt-lookup)")
+    parser.add_argument("--heap", default="frozen", choices=["frozen", "unfrozen"],
+                        help="what loading built frozen out of the collector's reach (as strata worker does), or not")
     args = parser.parse_args()
 
     from engine.load import load_engine
@@ -124,11 +142,18 @@ def main() -> None:
     try:
         sizes = {"ctx": None, "kv_tokens": args.parallel * 2048} if args.serve_pool else {"ctx": 2048}
         engine = load_engine(args.model, num_slots=args.parallel, prompt_lookup=args.prompt_lookup, **sizes)
+        if args.heap == "frozen":  # as workers/main.py leaves it after loading
+            gc.collect()
+            gc.freeze()
         results = []
         for clients in args.clients:
             runs = [run(engine, server.url, clients, args.tokens, 100 * clients + r, profile, args.temperature)
                     for r in range(args.rounds)]
-            results.append(max(runs, key=lambda r: r["tok_s"]))
+            best = max(runs, key=lambda r: r["tok_s"])
+            # the collector's time over every round: its long pauses are rare, not in the best round
+            best |= {"gc_ms": sum(r["gc_ms"] * r["decode_steps"] for r in runs) / sum(r["decode_steps"] for r in runs),
+                     "gc_max_ms": max(r["gc_max_ms"] for r in runs)}
+            results.append(best)
     finally:
         server.stop()
 
@@ -137,11 +162,12 @@ def main() -> None:
 
     table = Table(title=f"Worker loop per decode step (real engine, embedded Redis appendfsync {args.appendfsync}, "
                         f"{args.tokens} tokens a request)")
-    for column in ("clients", "tok/s", "step ms", "engine ms", "Redis ms", "rest ms", "Redis calls (count, ms each)"):
+    for column in ("clients", "heap", "tok/s", "step ms", "engine ms", "Redis ms", "rest ms", "of it GC ms",
+                   "longest GC ms", "Redis calls (count, ms each)"):
         table.add_column(column, justify="right" if column != "Redis calls (count, ms each)" else "left")
     for r in results:
-        table.add_row(str(r["clients"]), f"{r['tok_s']:.1f}", f"{r['step_ms']:.2f}", f"{r['engine_ms']:.2f}",
-                      f"{r['redis_ms']:.2f}", f"{r['rest_ms']:.2f}",
+        table.add_row(str(r["clients"]), r["heap"], f"{r['tok_s']:.1f}", f"{r['step_ms']:.2f}", f"{r['engine_ms']:.2f}",
+                      f"{r['redis_ms']:.2f}", f"{r['rest_ms']:.2f}", f"{r['gc_ms']:.2f}", f"{r['gc_max_ms']:.1f}",
                       ", ".join(f"{k} {n}×{ms}" for k, (n, ms) in sorted(r["redis_calls"].items())))
     Console(width=200).print(table)
     if profile:
