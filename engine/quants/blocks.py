@@ -5,11 +5,12 @@ rows already in HF order) and its type. `QuantLinear` multiplies by it: generate
 step, calling the module) through `strata_quants::mm`, which turns one row of blocks at a time into
 int8 codes and per-block scales (the exact weights) and sums codes times activations per 32
 weights (the activations quantized to int8 per 32, as llama.cpp does; float32 for the head), one
-scale applied per sum; prompt tokens (its `prompt_form`, whatever their number) where oneDNN has
-bf16 kernels a slab of rows at a time, unpacked to float32, rounded to bf16 and multiplied by
-oneDNN (`F.linear` in bf16, the default's prompt arithmetic), on AVX2 alone through
-`strata_quants::prompt_mm` (float32, W unpacked 16 rows x 256 weights at a time: prompt.cpp), so
-no dense copy is ever held. Chosen by role, not by a call's length, like the int4
+scale applied per sum; prompt tokens (its `prompt_form`, whatever their number) on AVX-512 VNNI
+without AMX through `strata_quants::prompt_mm_int8` (the decode step's int8 arithmetic, W's codes
+unpacked 16 rows x 256 weights at a time: prompt_int8.cpp; `int8_prompt_here`), elsewhere where
+oneDNN has bf16 kernels a slab of rows at a time, unpacked and rounded to bf16 and multiplied by
+oneDNN (`F.linear` in bf16), on AVX2 alone through `strata_quants::prompt_mm` (float32, W
+unpacked 16 rows x 256 weights at a time: prompt.cpp), so no dense copy is ever held. Chosen by role, not by a call's length, like the int4
 matrices' bf16 copy (engine/weights.py `TwoFormLinear`): a cached repeat reads its last tokens as
 the cold read did. Q4_K parts go through `mm` too (its fused Q4_K dot is 2-3x torch's int4
 kernel on the same matrix); a `QuantLinear(int4=True)` repacks them once into torch's int4 groups

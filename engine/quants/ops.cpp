@@ -305,7 +305,10 @@ at::Tensor prompt_mm_int8(const at::Tensor& x_in, const at::Tensor& blocks, int6
   TORCH_CHECK(use_vnni(), "strata_quants::prompt_mm_int8 needs AVX-512 VNNI");
   const at::Tensor x = x_in.to(at::kFloat).contiguous();
   const int64_t Mp = (M + 3) / 4 * 4, C = K / 32;  // rows padded to the 4-row micro-panels
-  const bool fine = qtype == 14, mins = qtype == 3 || qtype == 7 || qtype == 12 || qtype == 13;  // Q6_K; Q4_1, Q5_1, Q4_K, Q5_K
+  // Q6_K's scales are per 16 weights; the types with minimums are those whose codes are never
+  // negative (Q4_1, Q5_1, Q4_K, Q5_K): no offset to take back
+  const int offset = strata_code_offset(int(qtype));
+  const bool fine = qtype == 14, mins = offset == 0;
   const int G = fine ? 16 : 32;
   std::vector<int8_t> xq(Mp * K, 0);
   std::vector<float> dx(Mp * C, 0.0f), xs(Mp * C, 0.0f);
@@ -313,8 +316,7 @@ at::Tensor prompt_mm_int8(const at::Tensor& x_in, const at::Tensor& blocks, int6
   at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
     strata_quantize_x_vnni(x.data_ptr<float>() + r0 * K, r1 - r0, K, xq.data() + r0 * K, dx.data() + r0 * C,
                            xs.data() + r0 * C);
-    if (!mins) strata_group_sums_vnni(xq.data() + r0 * K, r1 - r0, K, G, strata_code_offset(int(qtype)),
-                                      corr.data() + r0 * K / G);
+    if (!mins) strata_group_sums_vnni(xq.data() + r0 * K, r1 - r0, K, G, offset, corr.data() + r0 * K / G);
   });
   constexpr int64_t KC = 256;  // a multiple of every type's block
   const uint8_t* src = blocks.data_ptr<uint8_t>();

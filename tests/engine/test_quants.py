@@ -60,30 +60,41 @@ def test_unpacking_equals_gguf_dequantize_bit_for_bit(qtype):
             assert torch.equal(bf16.view(torch.int16), rounded), (qtype.name, build)
 
 
+def random_matrix(qtype: Q, seed: int, cols_256: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """37 rows of random blocks (the 32-weight types 544 wide, 17 blocks; the others
+    `cols_256`) and gguf's own float64 values of them."""
+    rng = np.random.default_rng(seed)
+    cols = 544 if GGML_QUANT_SIZES[qtype][0] == 32 else cols_256
+    raw = torch.from_numpy(random_blocks(qtype, 37, cols, rng))
+    return raw, torch.from_numpy(gguf_dequantize(raw.numpy(), qtype)).double()
+
+
+def assert_rows_alone(product, x: torch.Tensor, y: torch.Tensor, label: object) -> None:  # noqa: ANN001
+    """Every row of `product(x)` (= y) the same bits alone, in slices of the call that cut its
+    tiles anywhere, and beside rows it was never with."""
+    for lo, hi in ((0, 1), (5, 6), (3, 10), (7, len(x)), (0, 13)):
+        assert torch.equal(product(x[lo:hi]), y[lo:hi]), (label, lo, hi)
+    assert torch.equal(product(torch.cat([x[11:12], torch.randn(8, x.shape[1]), x[2:3]]))[[0, 9]], y[[11, 2]]), label
+
+
 @pytest.mark.parametrize("qtype", sorted(quants.TYPES), ids=lambda q: q.name)
 def test_prompt_product_is_one_chain_per_output_whatever_the_call(qtype):
     """`prompt_mm` (the prompt's float32 product, AVX2 alone): within float32 rounding of the
     exact weights' product, and every row's result the same bits alone, in any call and beside any
     other rows: edge tiles (rows not a multiple of 6, outputs not of 16) and a width past one
     256-weight panel (the 32-weight types at 544, 17 blocks) included. Both builds."""
-    rng = np.random.default_rng(int(qtype) + 7)
-    block = GGML_QUANT_SIZES[qtype][0]
-    rows, cols = 37, 544 if block == 32 else 512
-    raw = torch.from_numpy(random_blocks(qtype, rows, cols, rng))
-    reference_w = torch.from_numpy(gguf_dequantize(raw.numpy(), qtype)).double()
+    raw, exact = random_matrix(qtype, int(qtype) + 7, 512)
     torch.manual_seed(int(qtype))
-    x = torch.randn(20, cols)
-    reference = x.double() @ reference_w.T
+    x = torch.randn(20, exact.shape[1])
+    reference = x.double() @ exact.T
     for portable in (False, True):
         def product(x: torch.Tensor) -> torch.Tensor:
             return quants.ops().prompt_mm(x, raw, int(qtype), quants.table(qtype), portable)
 
         y = product(x)
-        assert y.shape == (20, rows) and y.dtype == torch.float32
+        assert y.shape == (20, 37) and y.dtype == torch.float32
         assert float((y.double() - reference).norm() / reference.norm()) <= 1e-6, (qtype.name, portable)
-        for lo, hi in ((0, 1), (5, 6), (3, 10), (7, 20), (0, 13)):
-            assert torch.equal(product(x[lo:hi]), y[lo:hi]), (qtype.name, portable, lo, hi)
-        assert torch.equal(product(torch.cat([x[11:12], torch.randn(8, cols), x[2:3]]))[[0, 9]], y[[11, 2]])
+        assert_rows_alone(product, x, y, (qtype.name, portable))
 
 
 VNNI = quants.available() and quants.ops().mm_build() == "vnni"
@@ -98,28 +109,22 @@ def test_integer_prompt_product_is_the_decode_steps_arithmetic_in_one_chain(qtyp
     any rows and at any position in a tile (edge tiles: rows not a multiple of 4, outputs not of
     16; a width of several 256-weight panels, the 32-weight types at 544). Every byte random
     (NaN / inf scales) gives NaN where `mm` does, not a crash."""
-    rng = np.random.default_rng(int(qtype) + 11)
-    block = GGML_QUANT_SIZES[qtype][0]
-    rows, cols = 37, 544 if block == 32 else 768
-    raw = torch.from_numpy(random_blocks(qtype, rows, cols, rng))
-    exact = torch.from_numpy(gguf_dequantize(raw.numpy(), qtype)).double()
+    raw, exact = random_matrix(qtype, int(qtype) + 11, 768)
     torch.manual_seed(int(qtype))
-    x = torch.randn(23, cols) * torch.rand(23, 1)
+    x = torch.randn(23, exact.shape[1]) * torch.rand(23, 1)
     x[2, :64] = 0  # chunks of zeros (their int8 scale 0)
 
     def product(x: torch.Tensor, raw: torch.Tensor = raw) -> torch.Tensor:
         return quants.ops().prompt_mm_int8(x, raw, int(qtype), quants.table(qtype))
 
     y = product(x)
-    assert y.shape == (23, rows) and y.dtype == torch.float32
+    assert y.shape == (23, 37) and y.dtype == torch.float32
     reference = int8_per_32(x) @ exact.T
     assert float((y.double() - reference).norm() / reference.norm()) <= 1e-5, qtype.name
     decode = quants.ops().mm(x, raw, int(qtype), quants.table(qtype), True).double()
     assert float((y.double() - decode).norm() / decode.norm()) <= 1e-6, qtype.name
-    for lo, hi in ((0, 1), (5, 6), (3, 10), (7, 23), (0, 13)):
-        assert torch.equal(product(x[lo:hi]), y[lo:hi]), (qtype.name, lo, hi)
-    assert torch.equal(product(torch.cat([x[11:12], torch.randn(8, cols), x[2:3]]))[[0, 9]], y[[11, 2]])
-    broken = torch.from_numpy(rng.integers(0, 256, raw.shape, dtype=np.uint8))
+    assert_rows_alone(product, x, y, qtype.name)
+    broken = torch.from_numpy(np.random.default_rng(int(qtype)).integers(0, 256, raw.shape, dtype=np.uint8))
     with np.errstate(all="ignore"):
         nan = ~torch.isfinite(quants.ops().mm(x[:4], broken, int(qtype), quants.table(qtype), True))
     assert torch.equal(~torch.isfinite(product(x[:4], broken)), nan), qtype.name
