@@ -109,8 +109,7 @@ def load_engine(
     tokenizer = Tokenizer.from_model_path(path, extra_eos_ids=file_eos, cache_dir=cache_dir, chat=False)
     engine = build_engine(config, source, tokenizer, num_slots=num_slots, ctx=ctx, device=dev,
                           dtype=torch_dtype, int4=int4, prefill_bf16=prefill_bf16, prompt_int8=prompt_int8,
-                          kv_tokens=kv_tokens,
-                          kv_dtype=kv_dtype)
+                          kv_tokens=kv_tokens, kv_dtype=kv_dtype)
     release_freed_memory()
     if is_gguf(path):  # what was converted at load no longer counts in the worker's RSS
         source.file.drop_pages()  # type: ignore[attr-defined]
