@@ -91,15 +91,17 @@ def run(engine, url: str, clients: int, tokens: int, round_: int, profile: cProf
                 pauses.append(time.perf_counter() - began.pop())
 
         gc.callbacks.append(collected)
-        started = time.perf_counter()
-        if profile:
-            profile.enable()
-        while worker.step():
-            steps += 1
-        if profile:
-            profile.disable()
-        wall = time.perf_counter() - started
-        gc.callbacks.remove(collected)
+        try:
+            started = time.perf_counter()
+            if profile:
+                profile.enable()
+            while worker.step():
+                steps += 1
+            if profile:
+                profile.disable()
+            wall = time.perf_counter() - started
+        finally:  # a failed run's callback would time the next run's collections
+            gc.callbacks.remove(collected)
     finally:
         engine.read, engine.decode = read, decode
         client.close()

@@ -44,8 +44,8 @@ SLAB_BYTES = 8 << 20  # float32 bytes of one unpacked slab of rows in a bf16 pro
 def slab_dtype() -> torch.dtype:
     """The dtype prompt slabs are multiplied in: bf16 where oneDNN has bf16 kernels (AVX-512,
     AMX); float32 on AVX2 alone, where a bf16 product is emulated and 3.4-6.6x slower than
-    float32's (`.venv/bin/python -m bench.slab_dtype`, AMD EPYC Zen 3). The slab is unpacked to
-    float32 first either way, so float32 costs no extra pass."""
+    float32's (`.venv/bin/python -m bench.slab_dtype`, AMD EPYC Zen 3). Slabs are unpacked
+    straight to this dtype (kernel.cpp `strata_unpack_rows_bf16`: no float32 slab in between)."""
     return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
 
 

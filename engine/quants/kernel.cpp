@@ -959,8 +959,9 @@ void ENTRY(strata_unpack_rows_bf16)(int qtype, const uint8_t* src, int64_t rb, i
   unpack_rows(qtype, src, rb, rows, k0, kc, kvalues, grid, table, out);
 }
 
+#ifdef STRATA_VNNI
 // `rows` (<= 16) rows of a matrix (rb bytes apart in src), weights [k0, k0 + kc) of each (whole
-// blocks) -> a panel of prompt_int8.cpp's product: codes [kc/4][16][4] unsigned bytes q + the
+// blocks) -> a panel of prompt_int8.cpp's product (the VNNI build's alone, its only caller): codes [kc/4][16][4] unsigned bytes q + the
 // type's offset (row j's four weights 4i..4i+3 at codes[64 i + 4 j]), scales [kc/16][16],
 // minimums [kc/32][16]; rows past `rows` all zero (their outputs are never stored).
 void ENTRY(strata_pack_codes)(int qtype, const uint8_t* src, int64_t rb, int rows, int64_t k0, int64_t kc,
@@ -975,30 +976,19 @@ void ENTRY(strata_pack_codes)(int qtype, const uint8_t* src, int64_t rb, int row
   for (int r = 0; r < rows; ++r) {
     const uint8_t* row = src + r * rb + k0 / bw * bb;
     for (int64_t i = 0; i < kc / bw; ++i) {
-      const Codes c{q, bs, bm};
-#ifdef STRATA_AVX2
-      codes_avx2(qtype, row + i * bb, c, kvalues, grid);
-#else
-      if (is_32(qtype))
-        codes_32(qtype, row + i * bb, c);
-      else
-        codes_256(qtype, row + i * bb, c, kvalues, grid);
-#endif
+      codes_avx2(qtype, row + i * bb, Codes{q, bs, bm}, kvalues, grid);
       const int64_t e0 = i * bw;
       alignas(32) uint8_t u[256];  // the block's codes + offset (bytes wrap: every code + offset is in 0..255)
-#ifdef STRATA_AVX2
       for (int e = 0; e < bw; e += 32)
         _mm256_store_si256(reinterpret_cast<__m256i*>(u + e),
                            _mm256_add_epi8(load(reinterpret_cast<const uint8_t*>(q + e)), _mm256_set1_epi8(char(offset))));
-#else
-      for (int e = 0; e < bw; ++e) u[e] = uint8_t(uint8_t(q[e]) + offset);
-#endif
       for (int e = 0; e < bw; e += 4) std::memcpy(codes + 16 * (e0 + e) + 4 * r, u + e, 4);  // 64 bytes per 4 weights
       for (int g = 0; g < bw / 16; ++g) s[16 * (e0 / 16 + g) + r] = bs[g];
       for (int g = 0; g < bw / 32; ++g) m[16 * (e0 / 32 + g) + r] = bm[g];
     }
   }
 }
+#endif
 
 // Rows [n0, n1) of y [M, N] (row stride N) = x @ W^T with W's rows rb bytes apart in src.
 // work: K bytes + K/16 + K/32 floats of scratch. int8 activations when xq is set (dx, xs from

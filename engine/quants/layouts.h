@@ -58,4 +58,18 @@ inline void scale_min_k(const uint8_t* s, uint8_t* sc, uint8_t* mn) {
   }
 }
 
+// A MR x NR tile of y (rows ldy apart) by tile(c, ldc), which writes (or, accumulating, adds to)
+// a whole MR x NR block at c: straight into y where the tile lies inside it, else through tmp
+// (MR * NR floats), only y's own `rows` x `cols` elements read and copied back (prompt.cpp's and
+// prompt_int8.cpp's panels: their last rows and columns).
+template <int MR, int NR, typename Tile>
+inline void tile_at_edge(float* c, int64_t ldy, int rows, int cols, bool accumulate, float* tmp, Tile tile) {
+  if (rows == MR && cols == NR) return tile(c, ldy);
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) tmp[i * NR + j] = accumulate && i < rows && j < cols ? c[i * ldy + j] : 0.0f;
+  tile(tmp, int64_t(NR));
+  for (int i = 0; i < rows; ++i)
+    for (int j = 0; j < cols; ++j) c[i * ldy + j] = tmp[i * NR + j];
+}
+
 }  // namespace

@@ -249,6 +249,21 @@ at::Tensor mm(const at::Tensor& x_in, const at::Tensor& blocks, int64_t qtype, c
   return y;
 }
 
+constexpr int64_t KC = 256;  // a prompt panel's weights: a multiple of every type's block
+
+// A prompt product's panels: every 16 output rows (the last `rows` <= 16) by KC weights, in order
+// of k within a panel, the panels split across threads; each thread's `Scratch` made once and
+// handed to fn(scratch, p, rows, k0, kc) for each of its panels.
+template <typename Scratch, typename Fn>
+void in_panels(int64_t N, int64_t K, Fn&& fn) {
+  at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t p0, int64_t p1) {
+    Scratch scratch;
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t k0 = 0; k0 < K; k0 += KC)
+        fn(scratch, p, int(std::min<int64_t>(16, N - 16 * p)), k0, std::min(KC, K - k0));
+  });
+}
+
 // The prompt's product in float32: y = x @ W^T, W unpacked from its blocks (gguf's exact values)
 // 16 rows by 256 columns at a time, each such panel multiplied by every row of x (prompt.cpp).
 // Every element of y is one chain of fused multiply-adds over k in order, so a row's result is
@@ -270,22 +285,17 @@ at::Tensor prompt_mm(const at::Tensor& x_in, const at::Tensor& blocks, int64_t q
   const at::Tensor x = x_in.to(at::kFloat).contiguous();
   std::vector<float> ap((M + 5) / 6 * 6 * K);
   pack_x(x.data_ptr<float>(), M, K, ap.data());
-  constexpr int64_t KC = 256;  // a multiple of every type's block
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   const Codebook book(qtype, table);
   const UnpackRows<float> unpack = unpack_fn<float>(portable);
   float* ys = y.data_ptr<float>();
-  at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t p0, int64_t p1) {
-    std::vector<float> w(16 * KC), bp(16 * KC), tmp(96);
-    for (int64_t p = p0; p < p1; ++p) {
-      const int rows = int(std::min<int64_t>(16, N - 16 * p));
-      for (int64_t k0 = 0; k0 < K; k0 += KC) {
-        const int64_t kc = std::min(KC, K - k0);
-        unpack(int(qtype), src + 16 * p * rb, rb, rows, k0, kc, book.kvalues, book.grid.data(), book.table, w.data());
-        pack_w(w.data(), rows, kc, bp.data());
-        panel(ap.data(), M, K, k0, kc, bp.data(), ys + 16 * p, N, rows, tmp.data());
-      }
-    }
+  struct Scratch {
+    std::vector<float> w = std::vector<float>(16 * KC), bp = std::vector<float>(16 * KC), tmp = std::vector<float>(96);
+  };
+  in_panels<Scratch>(N, K, [&](Scratch& t, int64_t p, int rows, int64_t k0, int64_t kc) {
+    unpack(int(qtype), src + 16 * p * rb, rb, rows, k0, kc, book.kvalues, book.grid.data(), book.table, t.w.data());
+    pack_w(t.w.data(), rows, kc, t.bp.data());
+    panel(ap.data(), M, K, k0, kc, t.bp.data(), ys + 16 * p, N, rows, t.tmp.data());
   });
   return y;
 }
@@ -318,23 +328,18 @@ at::Tensor prompt_mm_int8(const at::Tensor& x_in, const at::Tensor& blocks, int6
                            xs.data() + r0 * C);
     if (!mins) strata_group_sums_vnni(xq.data() + r0 * K, r1 - r0, K, G, offset, corr.data() + r0 * K / G);
   });
-  constexpr int64_t KC = 256;  // a multiple of every type's block
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   const Codebook book(qtype, table);
   float* ys = y.data_ptr<float>();
-  at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t p0, int64_t p1) {
-    std::vector<uint8_t> codes(16 * KC);
-    std::vector<float> s(KC), m(KC / 2), tmp(64);
-    for (int64_t p = p0; p < p1; ++p) {
-      const int rows = int(std::min<int64_t>(16, N - 16 * p));
-      for (int64_t k0 = 0; k0 < K; k0 += KC) {
-        const int64_t kc = std::min(KC, K - k0);
-        strata_pack_codes_vnni(int(qtype), src + 16 * p * rb, rb, rows, k0, kc, book.kvalues, book.grid.data(),
-                               codes.data(), s.data(), m.data());
-        strata_prompt_panel_int8_vnni(xq.data(), dx.data(), xs.data(), corr.data(), M, K, k0, kc, codes.data(),
-                                      s.data(), m.data(), mins, fine, ys + 16 * p, N, rows, tmp.data());
-      }
-    }
+  struct Scratch {
+    std::vector<uint8_t> codes = std::vector<uint8_t>(16 * KC);
+    std::vector<float> s = std::vector<float>(KC), m = std::vector<float>(KC / 2), tmp = std::vector<float>(64);
+  };
+  in_panels<Scratch>(N, K, [&](Scratch& t, int64_t p, int rows, int64_t k0, int64_t kc) {
+    strata_pack_codes_vnni(int(qtype), src + 16 * p * rb, rb, rows, k0, kc, book.kvalues, book.grid.data(),
+                           t.codes.data(), t.s.data(), t.m.data());
+    strata_prompt_panel_int8_vnni(xq.data(), dx.data(), xs.data(), corr.data(), M, K, k0, kc, t.codes.data(),
+                                  t.s.data(), t.m.data(), mins, fine, ys + 16 * p, N, rows, t.tmp.data());
   });
 #else
   TORCH_CHECK(false, "strata_quants::prompt_mm_int8 needs AVX-512 VNNI");

@@ -107,15 +107,8 @@ void ENTRY(strata_prompt_panel)(const float* ap, int64_t M, int64_t K, int64_t k
     const float* a = ap + p * K * MR + k0 * MR;
     float* c = y + p * MR * ldy;
     const int rows = int(M - p * MR < MR ? M - p * MR : MR);
-    if (rows == MR && cols == NR) {
-      tile(a, bp, kc, c, ldy, accumulate);
-      continue;
-    }
-    for (int i = 0; i < MR; ++i)  // the edge: through tmp, only y's own elements copied back
-      for (int j = 0; j < NR; ++j) tmp[i * NR + j] = accumulate && i < rows && j < cols ? c[i * ldy + j] : 0.0f;
-    tile(a, bp, kc, tmp, NR, accumulate);
-    for (int i = 0; i < rows; ++i)
-      for (int j = 0; j < cols; ++j) c[i * ldy + j] = tmp[i * NR + j];
+    tile_at_edge<MR, NR>(c, ldy, rows, cols, accumulate, tmp,
+                         [&](float* out, int64_t ldc) { tile(a, bp, kc, out, ldc, accumulate); });
   }
 }
 

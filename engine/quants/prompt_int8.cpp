@@ -93,15 +93,9 @@ void panel(const int8_t* xq, const float* dx, const float* xs, const int32_t* co
     const int32_t* off = corr + r0 * CG + k0 / G;
     float* c = y + r0 * ldy;
     const int rows = int(M - r0 < MR ? M - r0 : MR);
-    if (rows == MR && cols == NR) {
-      tile<kind>(x, K, d, sums, off, w, s, m, kc, c, ldy, accumulate);
-      continue;
-    }
-    for (int i = 0; i < MR; ++i)  // the edge: through tmp, only y's own elements copied back
-      for (int j = 0; j < NR; ++j) tmp[i * NR + j] = accumulate && i < rows && j < cols ? c[i * ldy + j] : 0.0f;
-    tile<kind>(x, K, d, sums, off, w, s, m, kc, tmp, NR, accumulate);
-    for (int i = 0; i < rows; ++i)
-      for (int j = 0; j < cols; ++j) c[i * ldy + j] = tmp[i * NR + j];
+    tile_at_edge<MR, NR>(c, ldy, rows, cols, accumulate, tmp, [&](float* out, int64_t ldc) {
+      tile<kind>(x, K, d, sums, off, w, s, m, kc, out, ldc, accumulate);
+    });
   }
 }
 
