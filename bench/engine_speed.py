@@ -7,7 +7,8 @@ A variant is `default` (what `strata serve` runs), `float32`, `bfloat16`, with `
 (bf16 linears dequantized instead of int4 from the file's blocks), `+noprefillbf16` (int4 only, no
 bf16 copy for prefill chunks), `+eager` (no compiled decode step, `--no-compile`), `+gathered` (a
 decode step gathers each row's K/V positions first instead of engine/attend.cpp reading the pool
-in place), `+kv=NAME` (the KV pool in that `--kv-dtype`: bfloat16, int8) or `+nographs`
+in place), `+norepack` (a quantized file's Q4_K matrices as the file's blocks, `--no-repack`),
+`+kv=NAME` (the KV pool in that `--kv-dtype`: bfloat16, int8) or `+nographs`
 (on a GPU: the compiled step launched kernel by kernel, not replayed from CUDA graphs) or
 `+isa=NAME` (that child under ONEDNN_MAX_CPU_ISA=NAME, e.g. AVX512_CORE_BF16: AMX off) or
 `+quants=avx2` (that child on engine/quants' AVX2 build where the CPU has AVX-512 VNNI) or
@@ -72,6 +73,8 @@ def _load(variant: str, num_slots: int, threads: int | None, device: str = "cpu"
             kwargs["prefill_bf16"] = False
         if "noint8prompt" in flags:  # bf16 slabs for a quantized file's prompt tokens (--no-prompt-int8)
             kwargs["prompt_int8"] = False
+        if "norepack" in flags:  # Q4_K matrices as the file's blocks, not repacked (--no-repack)
+            kwargs["repack"] = False
         kwargs["cache_dir"] = Path(tempfile.gettempdir()) / "strata-bench-cache"
         if "eager" in flags or "compile" in flags:
             kwargs["compile"] = "eager" not in flags

@@ -6,7 +6,8 @@ and, when `LLAMA_SERVER=/path/to/llama-server` is set, llama.cpp's server on the
     .venv/bin/python -m bench.precision --variants float32+kv=bfloat16 float32+kv=int8 default+kv=int8
     LLAMA_SERVER=/path/to/llama-server .venv/bin/python -m bench.precision
 
-`+eager`: no compiled step (nothing to build); `+noint8prompt`: bf16 slabs for a quantized file's
+`+eager`: no compiled step (nothing to build); `+norepack`: Q4_K matrices as the file's blocks;
+`+noint8prompt`: bf16 slabs for a quantized file's
 prompt tokens where they would be int8 (`--no-prompt-int8`); `+kv=NAME` gives a variant that `--kv-dtype` (bfloat16, int8; fp8 on CUDA): on `float32` the cost of
 the narrower cache alone. `--isa AVX512_CORE_BF16 AVX512_CORE_AMX ...` (or `all`) runs the whole bench once per value of
 ONEDNN_MAX_CPU_ISA, each in a child process (oneDNN reads it once), and prints one row per ISA
@@ -133,6 +134,7 @@ def main() -> None:
         kv = next((f.removeprefix("kv=") for f in flags if f.startswith("kv=")), None)  # +kv=int8: --kv-dtype
         engine = load_engine(path, num_slots=2, ctx=1024, dtype=None if name == "default" else name,
                              int4="noint4" not in flags, prompt_int8="noint8prompt" not in flags,
+                             repack="norepack" not in flags,
                              device=args.device, kv_dtype=kv,
                              compile="eager" not in flags)
         results[f"strata {variant}"] = run_prompts(lambda i, n: strata_greedy(engine, i, n),

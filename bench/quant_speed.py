@@ -6,9 +6,10 @@ written in one of llama.cpp's mixes (tests/helpers/quant_models.py's recipes):
     .venv/bin/python -m bench.quant_speed --kernels [--size 2048] [--batches 1 4]
         [--rows 49152] [--types Q6_K Q8_0] [--forms "float32 x"]
 
---kernels: the products alone, one thread, per type: CPU time of a size x size product with
+--kernels: the products alone, one thread (`--kernel-threads N`: N, wall time), per type: CPU time of a size x size product with
 random blocks at each batch size through `strata_quants::mm` (int8 activations, the layers'
-form; float32 activations, the head's; the portable build's int8 form) beside torch's int4 kernel
+form; float32 activations, the head's; the portable build's int8 form; Q4_K's also as the loader
+holds it for the decode step, repacked eight rows at a time: `Q4_K_R8`) beside torch's int4 kernel
 on the same shape (a Q4_K matrix repacked, as the loader does), the reference, measured in the
 same run (median of interleaved rounds, so a load change hits all alike). --rows: the matrix's
 output rows (default: size; 49152 x 2048 or x 576 is a vocabulary head's shape); --types and
@@ -59,8 +60,9 @@ def rss() -> str:
 
 
 def kernels(size: int, batches: list[int], rounds: int = 7, rows: int | None = None,
-            only_types: list[str] | None = None, forms: list[str] | None = None) -> None:
-    """One thread: each product's median CPU time over `rounds` interleaved rounds."""
+            only_types: list[str] | None = None, forms: list[str] | None = None, threads: int = 1) -> None:
+    """`threads` threads (one by default): each product's median time over `rounds` interleaved
+    rounds (CPU time on one thread, wall time on more)."""
     import numpy as np
     from gguf import GGMLQuantizationType as Q
 
@@ -68,7 +70,8 @@ def kernels(size: int, batches: list[int], rounds: int = 7, rows: int | None = N
     from engine.weights import Int4Linear
     from tests.helpers.quant_models import random_blocks
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
+    clock = time.thread_time if threads == 1 else time.perf_counter
     rng = np.random.default_rng(0)
     ops = quants.ops()
     types = [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS, Q.IQ3_S]
@@ -78,6 +81,8 @@ def kernels(size: int, batches: list[int], rounds: int = 7, rows: int | None = N
     raws = {q: torch.from_numpy(random_blocks(q, rows, size, rng)) for q in types}
     int4 = (Int4Linear(quants.unpack_q4_k(quants.QuantBlocks(raws[Q.Q4_K], Q.Q4_K, size)))
             if Q.Q4_K in raws else None)
+    r8 = (ops.repack_q4_k(raws[Q.Q4_K], size) if Q.Q4_K in raws and rows % 8 == 0 and quants.repack_here()
+          else None)  # the loader's form of Q4_K for the decode step (engine/quants/repack.cpp)
     calls: dict[tuple[str, str], object] = {}
     for batch in batches:
         x = torch.randn(batch, size)
@@ -90,15 +95,19 @@ def kernels(size: int, batches: list[int], rounds: int = 7, rows: int | None = N
                     continue
                 calls[(f"{q.name} {form}", f"B={batch}")] = (
                     lambda x=x, q=q, args=args: ops.mm(x, raws[q], int(q), quants.table(q), *args))
+                if q == Q.Q4_K and form == "int8 x" and r8 is not None:
+                    calls[("Q4_K_R8 int8 x", f"B={batch}")] = (
+                        lambda x=x: ops.mm(x, r8, quants.Q4_K_R8, quants.table(Q.Q4_K), True, False))
     times: dict[tuple[str, str], list[float]] = {key: [] for key in calls}
     for _ in range(rounds):
         for key, call in calls.items():
-            started = time.thread_time()
+            started = clock()
             for _ in range(5):
                 call()  # type: ignore[operator]
-            times[key].append((time.thread_time() - started) / 5)
+            times[key].append((clock() - started) / 5)
     names = dict.fromkeys(name for name, _ in calls)
-    print(f"{rows}x{size} product, one thread, CPU ms (median of {rounds} rounds of 5 calls); "
+    print(f"{rows}x{size} product, {threads} thread(s), {'CPU' if threads == 1 else 'wall'} ms (median of {rounds} "
+          f"rounds of 5 calls); "
           f"load average {os.getloadavg()[0]:.2f}")
     print(f"{'':28}" + "".join(f"{f'B={b}':>10}" for b in batches))
     for name in names:
@@ -119,9 +128,10 @@ def main() -> None:
     parser.add_argument("--types", nargs="+", help="--kernels: only these types (Q6_K Q8_0 ...)")
     parser.add_argument("--forms", nargs="+", help="--kernels: only these forms ('float32 x', 'int8 x', ...)")
     parser.add_argument("--rounds", type=int, default=7, help="--kernels: interleaved rounds")
+    parser.add_argument("--kernel-threads", type=int, default=1, help="--kernels: torch threads (wall time when > 1)")
     args = parser.parse_args()
     if args.kernels:
-        kernels(args.size, args.batches, args.rounds, args.rows, args.types, args.forms)
+        kernels(args.size, args.batches, args.rounds, args.rows, args.types, args.forms, args.kernel_threads)
         return
     torch.set_num_threads(args.threads)
     path = Path(tempfile.gettempdir()) / "strata-bench-cache" / f"random-{args.shape}-{args.mix}.gguf"

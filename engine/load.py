@@ -46,6 +46,7 @@ def load_engine(
     int4: bool = True,
     prefill_bf16: bool = True,
     prompt_int8: bool = True,
+    repack: bool = True,
     cache_dir: str | Path | None = None,
     compile: bool = True,
     compile_in_background: bool = False,
@@ -63,6 +64,8 @@ def load_engine(
     prompt_int8: a quantized file's K-quant / Q5 / Q8_0 / IQ matrices multiply prompt tokens in
     int8 where the CPU does that faster than bf16 (AVX-512 VNNI without AMX: engine/quants/blocks.py
     `int8_prompt_here`); off: bf16 slabs, closer to float32.
+    repack: its Q4_K matrices held repacked eight rows at a time for the decode step's dot where
+    the CPU has AVX2 (engine/quants/blocks.py `repacked`: exact, 1.03x the bytes); off: the file's pages.
     cache_dir: where the converted tokenizer is kept so a restart does not convert it again
     (seconds for a GGUF), and inductor's generated code.
     compile: decode compiled (engine/compiled.py; on the CPU the layers ahead of time, engine/aot.py),
@@ -109,7 +112,7 @@ def load_engine(
     tokenizer = Tokenizer.from_model_path(path, extra_eos_ids=file_eos, cache_dir=cache_dir, chat=False)
     engine = build_engine(config, source, tokenizer, num_slots=num_slots, ctx=ctx, device=dev,
                           dtype=torch_dtype, int4=int4, prefill_bf16=prefill_bf16, prompt_int8=prompt_int8,
-                          kv_tokens=kv_tokens, kv_dtype=kv_dtype)
+                          repack=repack, kv_tokens=kv_tokens, kv_dtype=kv_dtype)
     release_freed_memory()
     if is_gguf(path):  # what was converted at load no longer counts in the worker's RSS
         source.file.drop_pages()  # type: ignore[attr-defined]
@@ -143,6 +146,7 @@ def build_engine(
     prepack: bool = True,
     prefill_bf16: bool = True,
     prompt_int8: bool = True,
+    repack: bool = True,
     kv_tokens: int | None = None,
     kv_dtype: str | None = None,
 ) -> TorchEngine:
@@ -151,7 +155,7 @@ def build_engine(
     if isinstance(source, dict):
         source = DictSource(source)
     model = Transformer.build(config, source, dtype=dtype, device=device, int4=int4, prepack=prepack,
-                              prefill_bf16=prefill_bf16, prompt_int8=prompt_int8)
+                              prefill_bf16=prefill_bf16, prompt_int8=prompt_int8, repack=repack)
     model.cache_dtype = kv_dtypes.resolve(kv_dtype, device, dtype)
     model.allocate_cache(num_slots, ctx, kv_tokens)
     if eos_token_ids is None:

@@ -256,7 +256,7 @@ class Transformer(nn.Module):
     @classmethod
     def build(cls, cfg: ModelConfig, source: WeightSource, *, dtype: torch.dtype, device: torch.device,
               int4: bool = False, prepack: bool = True, prefill_bf16: bool = False,
-              prompt_int8: bool = True) -> "Transformer":
+              prompt_int8: bool = True, repack: bool = True) -> "Transformer":
         """One copy of each weight in the form the step uses:
         - linears: int4 from the file's Q4_0/Q4_1 blocks when `int4` (CPU, bf16 only, where oneDNN
           prepacks bf16; on AVX2 alone engine/quants' `mm` on the same blocks), other quantized
@@ -264,7 +264,8 @@ class Transformer(nn.Module):
           `dtype`, prepacked by oneDNN for CPU bf16; with `prefill_bf16` an int4 matrix also keeps
           a bf16 prepacked copy for prefill chunks (`TwoFormLinear`: the one exception to one copy);
           a `QuantLinear`'s prompt tokens in int8 with `prompt_int8` where the CPU runs that
-          faster (`int8_prompt_here`), else through bf16 slabs;
+          faster (`int8_prompt_here`), else through bf16 slabs; its Q4_K parts repacked eight rows at
+          a time for the decode step with `repack` (engine/quants/blocks.py `repacked`);
         - embedding: a row table (a quantized file's own blocks, looked up and dequantized per
           token), so no dense copy;
         - head: int8 per row on the CPU with bf16 (half the bytes of bf16; int4's error bound
@@ -304,7 +305,7 @@ class Transformer(nn.Module):
                 held = [source.quant(n) for n in parts]
                 if all(q is not None and (int4 or q.qtype not in INT4_TYPES) for q in held):
                     # Q4_K parts on `mm` (its fused dot beat torch's int4 kernel in the engine, Dec 6)
-                    return counted("quant", QuantLinear(held, b, int8_prompt=prompt_int8))  # type: ignore[arg-type]
+                    return counted("quant", QuantLinear(held, b, int8_prompt=prompt_int8, repack=repack))  # type: ignore[arg-type]
             weight = torch.cat([source.dense(n) for n in parts]).to(dtype)
             if use_packed:
                 return counted("bf16-packed", PackedLinear(weight, b))

@@ -52,7 +52,7 @@ def build_engine(settings: WorkerSettings, path: Path) -> Engine:
                        kv_dtype=settings.kv_dtype,
                        device=settings.device,
                        dtype=settings.dtype, threads=settings.threads, int4=settings.int4,
-                       prefill_bf16=settings.prefill_bf16, prompt_int8=settings.prompt_int8,
+                       prefill_bf16=settings.prefill_bf16, prompt_int8=settings.prompt_int8, repack=settings.repack,
                        cache_dir=cache_folder(settings.data_dir),
                        compile=settings.compile, compile_in_background=settings.compile_background,
                        prompt_lookup=settings.prompt_lookup)

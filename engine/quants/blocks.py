@@ -62,10 +62,14 @@ def int8_prompt_here() -> bool:
     return available() and slab_dtype() == torch.bfloat16 and bool(ops().int8_prompt())
 
 
+Q4_K_R8 = 1012  # layouts.h: Q4_K's blocks repacked eight weight rows at a time (repack.cpp), not a GGUF type
+
+
 class QuantBlocks(NamedTuple):
     raw: Tensor  # uint8 [rows, row_bytes], or [E, rows, row_bytes]: an MoE layer's stacked experts
     qtype: Q
     cols: int
+    repacked: bool = False  # Q4_K held as Q4_K_R8 (`repacked`): raw's rows are groups of eight
 
 
 class BlocksPart(NamedTuple):
@@ -73,6 +77,35 @@ class BlocksPart(NamedTuple):
     raw: str  # uint8 [rows, row_bytes]
     table: str  # float32, the type's codebook (`table`), empty but for IQ types
     qtype: Q
+    repacked: bool = False
+
+
+def code(blocks: QuantBlocks | BlocksPart) -> int:
+    """The type number the ops take: the GGUF type's, or Q4_K_R8."""
+    return Q4_K_R8 if blocks.repacked else int(blocks.qtype)
+
+
+def kind(blocks: QuantBlocks | BlocksPart) -> str:
+    return "Q4_K_R8" if blocks.repacked else blocks.qtype.name
+
+
+@cache
+def repack_here() -> bool:
+    """Whether Q4_K matrices are repacked for the decode step: where kernel.cpp's AVX2 or VNNI
+    build runs (Q4_K_R8's own dot is theirs; the portable build would read them restored)."""
+    return available() and ops().mm_build() != "portable"
+
+
+def repacked(blocks: QuantBlocks) -> QuantBlocks:
+    """Q4_K as Q4_K_R8 (repack.cpp: an exact repacking, eight weight rows at a time, 148 bytes a
+    row's 256 weights against the file's 144) where `repack_here` and the rows are whole groups
+    of eight; anything else as it is. The decode step's dot then works on eight weight rows per
+    register (kernel.cpp `dot_r8`); the prompt's products restore each panel's rows to the
+    file's bytes as they unpack them. The file's pages are then no longer read: a copy in the
+    worker's memory instead of the page cache's (not shared by two workers on one file)."""
+    if blocks.qtype != Q.Q4_K or blocks.repacked or blocks.raw.dim() != 2 or blocks.raw.shape[0] % 8 or not repack_here():
+        return blocks
+    return QuantBlocks(ops().repack_q4_k(blocks.raw.contiguous(), blocks.cols), blocks.qtype, blocks.cols, True)
 
 
 def available() -> bool:
@@ -106,7 +139,7 @@ def dequantize(blocks: QuantBlocks, dtype: torch.dtype = torch.float32) -> Tenso
     copy written and read again)."""
     assert dtype in (torch.float32, torch.bfloat16), dtype
     raw = blocks.raw
-    flat = ops().dequantize(raw.reshape(-1, raw.shape[-1]), int(blocks.qtype), blocks.cols, table(blocks.qtype),
+    flat = ops().dequantize(raw.reshape(-1, raw.shape[-1]), code(blocks), blocks.cols, table(blocks.qtype),
                             False, dtype == torch.bfloat16)
     return flat.view(*raw.shape[:-1], blocks.cols)
 
@@ -148,7 +181,7 @@ class QuantLinear(nn.Module):
     0.625 bytes a weight against the file's 0.5625)."""
 
     def __init__(self, parts: list[QuantBlocks], bias: Tensor | None = None, *, slabs: bool = True,
-                 int4: bool = False, int8_x: bool = True, int8_prompt: bool = True) -> None:
+                 int4: bool = False, int8_x: bool = True, int8_prompt: bool = True, repack: bool = True) -> None:
         """slabs: prompt tokens (`prompt_form`) go through unpacked slabs (bf16, or float32 where
         bf16 is slow: `slab_dtype`; False: through `mm` too).
         int8_prompt: with slabs, where `int8_prompt_here`, prompt tokens are multiplied in int8
@@ -157,7 +190,9 @@ class QuantLinear(nn.Module):
         int4: Q4_K parts on torch's int4 kernel (tests and benches compare the two forms).
         int8_x: `mm` quantizes the activations to int8 per 32 (llama.cpp's arithmetic, ~5e-3
         relative error on the output; ~9e-3 on real layer inputs); False keeps them float32 (the
-        head: its logits are then the exact rows' product)."""
+        head: its logits are then the exact rows' product).
+        repack: with int8_x, Q4_K parts held as Q4_K_R8 (`repacked`: the decode step's dot on
+        eight weight rows at once); False keeps the file's blocks."""
         super().__init__()
         self.slabs, self.int8_x = slabs, int8_x
         self.int8_prompt = slabs and int8_prompt and int8_prompt_here()
@@ -181,10 +216,12 @@ class QuantLinear(nn.Module):
                 self.int4.append(Int4Linear(fuse_int4([unpack_q4_k(r) for r in run])))  # type: ignore[arg-type]
                 run = []
             if p is not None:
+                if repack and int8_x:
+                    p = repacked(p)
                 i = len(self.parts)
                 setattr(self, f"raw{i}", p.raw)
                 setattr(self, f"table{i}", table(p.qtype))
-                self.parts.append(BlocksPart(f"raw{i}", f"table{i}", p.qtype))
+                self.parts.append(BlocksPart(f"raw{i}", f"table{i}", p.qtype, p.repacked))
 
     def forward(self, x: Tensor) -> Tensor:
         """Generated tokens (the decode form). x: [..., in] -> [..., out] float32."""
@@ -197,7 +234,7 @@ class QuantLinear(nn.Module):
 
     def blocks(self, part: BlocksPart) -> QuantBlocks:
         """A part's blocks, read from its attribute (where a package's trace puts its input)."""
-        return QuantBlocks(getattr(self, part.raw), part.qtype, self.cols)
+        return QuantBlocks(getattr(self, part.raw), part.qtype, self.cols, part.repacked)
 
     def prompt_pieces(self, x: Tensor, pieces: tuple[int, ...]) -> Tensor:
         """Prompt tokens in pieces of rows (engine/weights.py `in_pieces`; sizes summing to x's
@@ -229,12 +266,12 @@ class QuantLinear(nn.Module):
         # The ops straight from torch.ops (not `ops()`, whose cached load a graph cannot trace):
         # this module exists only once the library loaded.
         blocks, codebook = getattr(self, part.raw), getattr(self, part.table)
-        return [torch.ops.strata_quants.mm(flat, blocks, int(part.qtype), codebook, self.int8_x) for flat in flats]
+        return [torch.ops.strata_quants.mm(flat, blocks, code(part), codebook, self.int8_x) for flat in flats]
 
     def extra_repr(self) -> str:
         """The parts' kinds in order (the package key's: blocks of the same shape can be of two
         types, Q5_0's and Q5_K's 176 bytes per 256 weights)."""
-        kinds = ["int4" if isinstance(p, int) else p.qtype.name for p in self.parts]
+        kinds = ["int4" if isinstance(p, int) else kind(p) for p in self.parts]
         return f"cols={self.cols}, parts={kinds}, int8_x={self.int8_x}, slabs={self.slabs}"
 
     def _slabs(self, flats: list[Tensor], part: QuantBlocks) -> list[Tensor]:
@@ -244,18 +281,20 @@ class QuantLinear(nn.Module):
         slab of rows unpacked, rounded to bf16 and multiplied by oneDNN, once for all of
         `flats`, each its own `F.linear` (oneDNN's blocking depends on a call's rows)."""
         if self.int8_prompt:
-            return [torch.ops.strata_quants.prompt_mm_int8(flat, part.raw, int(part.qtype), table(part.qtype))
+            return [torch.ops.strata_quants.prompt_mm_int8(flat, part.raw, code(part), table(part.qtype))
                     for flat in flats]
         dtype = slab_dtype()
         if dtype == torch.float32:
-            return [torch.ops.strata_quants.prompt_mm(flat, part.raw, int(part.qtype), table(part.qtype))
+            return [torch.ops.strata_quants.prompt_mm(flat, part.raw, code(part), table(part.qtype))
                     for flat in flats]
         xs = [flat.to(dtype) for flat in flats]
         step = max(1, SLAB_BYTES // (4 * self.cols))
+        if part.repacked:  # Q4_K_R8: whole groups of eight rows
+            step = max(8, step // 8 * 8)
         rows = part.raw.shape[0]
         outs = [torch.empty(flat.shape[0], rows, dtype=torch.float32) for flat in flats]
         for lo in range(0, rows, step):
-            slab = dequantize(QuantBlocks(part.raw[lo:lo + step], part.qtype, part.cols), dtype)
+            slab = dequantize(part._replace(raw=part.raw[lo:lo + step]), dtype)
             for x, out in zip(xs, outs):
                 out[:, lo:lo + step] = F.linear(x, slab)
         return outs
@@ -265,6 +304,8 @@ class QuantLinear(nn.Module):
         (part,) = self.parts
         assert isinstance(part, BlocksPart)
         blocks = self.blocks(part)
+        if blocks.repacked:  # rows of Q4_K_R8 are groups' bytes, not a row's
+            return dequantize(blocks)[rows]
         return dequantize(blocks._replace(raw=blocks.raw[rows]))
 
 

@@ -27,7 +27,7 @@ import torch
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("layouts.h", "dequant.cpp", "kernel.cpp", "prompt.cpp", "prompt_int8.cpp", "ops.cpp")  # all hashed into the library's name
+SOURCES = ("layouts.h", "dequant.cpp", "repack.cpp", "kernel.cpp", "prompt.cpp", "prompt_int8.cpp", "ops.cpp")  # all hashed into the library's name
 X86 = platform.machine() in ("x86_64", "AMD64")
 # (object, source, flags). dequant.cpp must not fuse a product and a sum (numpy rounds each):
 # bit-exact unpacking. kernel.cpp and prompt.cpp twice: AVX2 + FMA (picked at run time where the
@@ -35,6 +35,7 @@ X86 = platform.machine() in ("x86_64", "AMD64")
 # (the same bits, picked where the CPU has it); prompt_int8.cpp with VNNI alone (its only use);
 # ops.cpp must know whether the AVX2 ones exist.
 UNITS = [("dequant", "dequant.cpp", ["-ffp-contract=off"]),
+         ("repack", "repack.cpp", []),
          ("kernel", "kernel.cpp", []),
          *([("kernel_avx2", "kernel.cpp", ["-DSTRATA_AVX2", "-mavx2", "-mfma", "-mf16c"])] if X86 else []),
          *([("kernel_vnni", "kernel.cpp", ["-DSTRATA_AVX2", "-DSTRATA_VNNI", "-mavx2", "-mfma", "-mf16c",

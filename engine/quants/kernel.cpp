@@ -542,6 +542,98 @@ inline void dot_q45_k(const uint8_t* row, const int8_t* xq, const float* dx, con
   for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
 }
 
+// Q4_K_R8 (repack.cpp: Q4_K eight weight rows at a time): out[8 r + k] = the dot of the group's
+// weight row k with activation row r, for R rows. Lane k of every register is weight row k, so
+// a chunk's float work (its integer sum converted, times d * sc * dx; the minimum -dmin * mn
+// times the chunk's dx * sum(xq)) is one operation for eight weight rows, and there are no
+// horizontal sums: dot_q45_k spends most of its operations there from one row to eight. The
+// integer sums are exact in both builds (VNNI: `vpdpbusd`; AVX2: `maddubs` pairs, |pair| <= 2 *
+// 15 * 127, eight of them summed as int16 < 2^15, widened once), so both give the same bits.
+// Per output the float operations are fixed, whatever R, the thread or the rows beside it: per
+// chunk in order acc = fma(isum, (d * sc) * dx, acc) and mins = fma(-(dmin * mn), xs, mins);
+// out = acc + mins.
+inline __m256 halves8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+inline __m256 bytes8(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+#ifndef AHEAD
+#define AHEAD 2368
+#endif
+template <int R>
+inline void dot_r8(const uint8_t* group, const int8_t* xq, const float* dx, const float* xs, int64_t K, float* out) {
+  const int64_t C = K / 32;
+#ifdef STRATA_VNNI
+  constexpr int chains = R <= 2 ? 2 : 1;  // one or two rows: two chains of vpdpbusd, not one long one
+#else
+  constexpr int chains = 1;
+#endif
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[R], mins[R];
+  for (int r = 0; r < R; ++r) acc[r] = mins[r] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < K / 256; ++i) {
+    const uint8_t* o = group + i * 1184;
+    for (int line = 0; line < 1184; line += 64) _mm_prefetch(reinterpret_cast<const char*>(o + AHEAD + line), _MM_HINT_T0);
+    const __m256 d = halves8(o), dmin = _mm256_sub_ps(_mm256_setzero_ps(), halves8(o + 16));
+    for (int j = 0; j < 4; ++j)
+      for (int h = 0; h < 2; ++h) {  // chunk 2j in the low nibbles, 2j + 1 in the high
+        const int64_t c = 8 * i + 2 * j + h;
+        __m256i sum[R][chains];
+        for (int r = 0; r < R; ++r)
+          for (int e = 0; e < chains; ++e) sum[r][e] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int q = 0; q < 8; ++q) {
+          const __m256i nib = load(o + 160 + 32 * (8 * j + q));
+          const __m256i codes = _mm256_and_si256(h ? _mm256_srli_epi16(nib, 4) : nib, low4);
+          for (int r = 0; r < R; ++r) {  // activation row r's quad q, in every lane
+            const __m256i x = _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(xq + r * K + 32 * c + 4 * q)));
+#ifdef STRATA_VNNI
+            sum[r][q % chains] = _mm256_dpbusd_epi32(sum[r][q % chains], codes, x);
+#else
+            sum[r][0] = _mm256_add_epi16(sum[r][0], _mm256_maddubs_epi16(codes, x));
+#endif
+          }
+        }
+        const __m256 s = _mm256_mul_ps(d, bytes8(o + 32 + 8 * (2 * j + h)));  // d * sc: exact
+        const __m256 m = _mm256_mul_ps(dmin, bytes8(o + 96 + 8 * (2 * j + h)));  // -(dmin * mn): exact
+        for (int r = 0; r < R; ++r) {
+#ifdef STRATA_VNNI
+          __m256i total = sum[r][0];
+          if constexpr (chains == 2) total = _mm256_add_epi32(total, sum[r][1]);
+#else
+          const __m256i total = _mm256_madd_epi16(sum[r][0], _mm256_set1_epi16(1));
+#endif
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(s, _mm256_broadcast_ss(dx + r * C + c)), acc[r]);
+          mins[r] = _mm256_fmadd_ps(m, _mm256_broadcast_ss(xs + r * C + c), mins[r]);
+        }
+      }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, _mm256_add_ps(acc[r], mins[r]));
+}
+
+// y's columns [n0, n1) of Q4_K_R8 blocks: a group cut by the range (a thread's share) is computed
+// whole and its share kept, so a column's bits never depend on how the columns were split.
+inline void groups_r8(const uint8_t* src, int64_t rb, int64_t K, int64_t n0, int64_t n1, int64_t M, int64_t N,
+                      const int8_t* xq, const float* dx, const float* xs, float* y) {
+  const int64_t C = K / 32;
+  for (int64_t g = n0 / 8 * 8; g < n1; g += 8) {
+    const uint8_t* group = src + g * rb;  // eight rows of rb bytes: the group's K / 256 * 1184
+    float out[4 * 8];
+    for (int64_t r = 0; r < M; r += 4) {
+      const int64_t left = M - r;
+      const int8_t* x = xq + r * K;
+      if (left >= 4) dot_r8<4>(group, x, dx + r * C, xs + r * C, K, out);
+      else if (left == 3) dot_r8<3>(group, x, dx + r * C, xs + r * C, K, out);
+      else if (left == 2) dot_r8<2>(group, x, dx + r * C, xs + r * C, K, out);
+      else dot_r8<1>(group, x, dx + r * C, xs + r * C, K, out);
+      for (int64_t i = 0; i < (left < 4 ? left : 4); ++i)
+        for (int64_t k = 0; k < 8; ++k)
+          if (g + k >= n0 && g + k < n1) y[(r + i) * N + g + k] = out[8 * i + k];
+    }
+  }
+}
+
 // Q6_K: f(k, codes) for the 8 chunks of 32 weights of the super-block at b, k as a compile-time
 // constant, codes each weight's unsigned 6 bits (0-63) in a byte: 4 low bits from ql's nibbles
 // (chunks 0-1 of a 128-weight half the low nibbles, 2-3 the high), 2 high bits from qh.
@@ -796,6 +888,7 @@ inline bool fused(int qtype) { return qtype != IQ4_XS && qtype != IQ3_S; }  // a
 __attribute__((noinline)) void fused_rows(int qtype, const uint8_t* src, int64_t rb, int64_t K, int64_t n0, int64_t n1,
                                           int64_t M, int64_t N, const int8_t* xq, const float* dx, const float* xs,
                                           float* y) {
+  if (qtype == Q4_K_R8) return groups_r8(src, rb, K, n0, n1, M, N, xq, dx, xs, y);
   const int64_t C = K / 32, G = K / 16;
   float* x16 = nullptr;
   if (qtype == Q6_K) {  // dx * (each 16's sum of xq), M * K / 16 floats

@@ -238,6 +238,72 @@ def test_fused_dots_are_the_codes_paths_sums(qtype):
                 assert torch.equal(alone, fused[i:i + 1]), (qtype.name, cols, batch, i)
 
 
+def test_q4_k_repacked_eight_rows_at_a_time_keeps_every_bit_and_the_product():
+    """Q4_K_R8 (repack.cpp): Q4_K's blocks moved so that the decode dot holds one weight row per
+    lane. Restoring gives the file's bytes bit for bit and dequantizing gives gguf's values; `mm`
+    with int8 activations runs its own eight-row dot: the exact weights times the int8 activations
+    (float64 on the quantized activations, <= 1e-6), each row alone the same bits, the same bits
+    on one thread as on two (a group of eight cut by the threads' split is computed whole); every
+    product that reads rows one at a time (float32 activations, the portable build, the prompt's)
+    reads them restored: the file's blocks' bits."""
+    ops, R8, table = quants.ops(), quants.Q4_K_R8, quants.table(Q.Q4_K)
+    rng = np.random.default_rng(11)
+    torch.manual_seed(11)
+    for rows, cols in ((8, 256), (40, 1536)):
+        raw = torch.from_numpy(random_blocks(Q.Q4_K, rows, cols, rng))
+        r8 = ops.repack_q4_k(raw, cols)
+        assert r8.shape == (rows, cols // 256 * 148) and not torch.equal(r8[:, :144 * (cols // 256)], raw)
+        assert torch.equal(ops.restore_q4_k(r8, cols), raw)
+        dense = quants.dequantize(quants.QuantBlocks(r8, Q.Q4_K, cols, True))
+        assert torch.equal(dense.view(torch.int32), torch.from_numpy(gguf_dequantize(raw.numpy(), Q.Q4_K)).view(torch.int32))
+        exact = dense.double()
+        for batch in (1, 2, 3, 4, 5, 9):
+            x = torch.randn(batch, cols) * torch.rand(batch, 1) * 4
+            y = ops.mm(x, r8, R8, table, True, False)
+            reference = int8_per_32(x) @ exact.T
+            assert float((y.double() - reference).norm() / reference.norm()) <= 1e-6, (rows, cols, batch)
+            for i in range(batch):
+                assert torch.equal(ops.mm(x[i:i + 1], r8, R8, table, True, False), y[i:i + 1]), (rows, batch, i)
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                assert torch.equal(ops.mm(x, r8, R8, table, True, False), y)
+            finally:
+                torch.set_num_threads(threads)
+            for int8_x, portable in ((False, False), (True, True)):
+                assert torch.equal(ops.mm(x, r8, R8, table, int8_x, portable), ops.mm(x, raw, 12, table, int8_x, portable))
+            assert torch.equal(ops.prompt_mm(x, r8, R8, table), ops.prompt_mm(x, raw, 12, table))
+            if quants.int8_prompt_here():
+                assert torch.equal(ops.prompt_mm_int8(x, r8, R8, table), ops.prompt_mm_int8(x, raw, 12, table))
+    with pytest.raises(RuntimeError, match="groups of 8"):
+        ops.repack_q4_k(torch.from_numpy(random_blocks(Q.Q4_K, 12, 256, rng)), 256)
+
+
+def test_quant_linear_repacks_q4_k_for_the_decode_step_alone():
+    """QuantLinear holds a Q4_K part of whole groups of eight rows as Q4_K_R8 where kernel.cpp's
+    AVX2 builds run (`repack_here`), with int8 activations only (not the head's float32 ones)
+    and not with `repack=False`; its decode form is the file's blocks' product within float32
+    rounding, its prompt form the same bits (the panels restored as they are unpacked), and it
+    holds 148 bytes a row's 256 weights against the file's 144."""
+    rng = np.random.default_rng(12)
+    cols = 512
+    parts = [quants.QuantBlocks(torch.from_numpy(random_blocks(q, rows, cols, rng)), q, cols)
+             for q, rows in ((Q.Q4_K, 48), (Q.Q6_K, 16), (Q.Q4_K, 12))]
+    bias = torch.randn(76)
+    linear, plain = quants.QuantLinear(parts, bias), quants.QuantLinear(parts, bias, repack=False)
+    head = quants.QuantLinear(parts, bias, slabs=False, int8_x=False)
+    here = quants.repack_here()
+    assert f"parts={['Q4_K_R8' if here else 'Q4_K', 'Q6_K', 'Q4_K']}" in linear.extra_repr()
+    for module in (plain, head):
+        assert "parts=['Q4_K', 'Q6_K', 'Q4_K']" in module.extra_repr()
+    assert quants.held_bytes(linear) - quants.held_bytes(plain) == (48 * 2 * 4 if here else 0)
+    x = torch.randn(3, 5, cols)
+    y, expected = linear(x), plain(x)
+    assert float((y - expected).norm() / expected.norm()) <= 1e-6
+    assert torch.equal(linear.prompt_form(x), plain.prompt_form(x))
+    assert torch.equal(quants.dequantize(linear.blocks(linear.parts[0])), quants.dequantize(parts[0]))
+
+
 def cpu_flags() -> set[str]:
     try:
         with open("/proc/cpuinfo") as f:
@@ -266,7 +332,7 @@ def test_the_vnni_build_gives_the_avx2_builds_bits(tmp_path):
     """Where the CPU has AVX-512 VNNI, ops.cpp runs kernel.cpp's third build (the 32-weight types'
     four-byte sums in one instruction): every type's int8 product the same bits as the AVX2 build
     gives in a process told to keep it (STRATA_QUANTS_ISA=avx2), at 1 to 9 rows and an odd number
-    of weight rows (each thread's share ends on a lone one)."""
+    of weight rows (each thread's share ends on a lone one); Q4_K_R8's eight-row dot too."""
     import os
     import subprocess
     import sys
@@ -277,6 +343,8 @@ def test_the_vnni_build_gives_the_avx2_builds_bits(tmp_path):
     types = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS, Q.IQ3_S]
     cases = [(int(q), torch.from_numpy(random_blocks(q, 37, 512, rng)), torch.randn(rows, 512) * 3)
              for q in types for rows in (1, 4, 9)]
+    repacked = quants.ops().repack_q4_k(torch.from_numpy(random_blocks(Q.Q4_K, 40, 512, rng)), 512)
+    cases += [(quants.Q4_K_R8, repacked, torch.randn(rows, 512) * 3) for rows in (1, 4, 9)]  # a group cut by the threads
     torch.save(cases, tmp_path / "cases.pt")
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "STRATA_QUANTS_ISA": "avx2", "PYTHONPATH": str(root)}
@@ -285,8 +353,8 @@ def test_the_vnni_build_gives_the_avx2_builds_bits(tmp_path):
     their_build, *avx2 = torch.load(tmp_path / "avx2.pt")
     assert (quants.ops().mm_build(), their_build) == ("vnni", "avx2")
     for (qtype, raw, x), theirs in zip(cases, avx2):
-        ours = quants.ops().mm(x, raw, qtype, quants.table(Q(qtype)), True, False)
-        assert torch.equal(ours, theirs), (Q(qtype).name, x.shape[0])
+        ours = quants.ops().mm(x, raw, qtype, quants.table(qtype), True, False)
+        assert torch.equal(ours, theirs), (qtype, x.shape[0])
 
 
 def codes_of(raw: np.ndarray, qtype: Q) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
