@@ -558,9 +558,6 @@ inline __m256 bytes8(const uint8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 
-#ifndef AHEAD
-#define AHEAD 2368
-#endif
 template <int R>
 inline void dot_r8(const uint8_t* group, const int8_t* xq, const float* dx, const float* xs, int64_t K, float* out) {
   const int64_t C = K / 32;
@@ -574,7 +571,6 @@ inline void dot_r8(const uint8_t* group, const int8_t* xq, const float* dx, cons
   for (int r = 0; r < R; ++r) acc[r] = mins[r] = _mm256_setzero_ps();
   for (int64_t i = 0; i < K / 256; ++i) {
     const uint8_t* o = group + i * 1184;
-    for (int line = 0; line < 1184; line += 64) _mm_prefetch(reinterpret_cast<const char*>(o + AHEAD + line), _MM_HINT_T0);
     const __m256 d = halves8(o), dmin = _mm256_sub_ps(_mm256_setzero_ps(), halves8(o + 16));
     for (int j = 0; j < 4; ++j)
       for (int h = 0; h < 2; ++h) {  // chunk 2j in the low nibbles, 2j + 1 in the high
