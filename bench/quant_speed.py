@@ -8,8 +8,9 @@ written in one of llama.cpp's mixes (tests/helpers/quant_models.py's recipes):
 
 --kernels: the products alone, one thread (`--kernel-threads N`: N, wall time), per type: CPU time of a size x size product with
 random blocks at each batch size through `strata_quants::mm` (int8 activations, the layers'
-form; float32 activations, the head's; the portable build's int8 form; Q4_K's also as the loader
-holds it for the decode step, repacked eight rows at a time: `Q4_K_R8`) beside torch's int4 kernel
+form; float32 activations, the head's; the portable build's int8 form; Q4_K's and Q6_K's also as
+the loader holds them for the decode step, repacked eight rows at a time: `Q4_K_R8`, `Q6_K_R8`)
+beside torch's int4 kernel
 on the same shape (a Q4_K matrix repacked, as the loader does), the reference, measured in the
 same run (median of interleaved rounds, so a load change hits all alike). --rows: the matrix's
 output rows (default: size; 49152 x 2048 or x 576 is a vocabulary head's shape); --types and
@@ -81,8 +82,8 @@ def kernels(size: int, batches: list[int], rounds: int = 7, rows: int | None = N
     raws = {q: torch.from_numpy(random_blocks(q, rows, size, rng)) for q in types}
     int4 = (Int4Linear(quants.unpack_q4_k(quants.QuantBlocks(raws[Q.Q4_K], Q.Q4_K, size)))
             if Q.Q4_K in raws else None)
-    r8 = (ops.repack_q4_k(raws[Q.Q4_K], size) if Q.Q4_K in raws and rows % 8 == 0 and quants.repack_here()
-          else None)  # the loader's form of Q4_K for the decode step (engine/quants/repack.cpp)
+    r8 = {q: ops.repack(raws[q], int(q), size) for q in quants.EIGHT_ROWS
+          if q in raws and rows % 8 == 0 and quants.repack_here()}  # the loader's forms for the decode step
     calls: dict[tuple[str, str], object] = {}
     for batch in batches:
         x = torch.randn(batch, size)
@@ -95,9 +96,9 @@ def kernels(size: int, batches: list[int], rounds: int = 7, rows: int | None = N
                     continue
                 calls[(f"{q.name} {form}", f"B={batch}")] = (
                     lambda x=x, q=q, args=args: ops.mm(x, raws[q], int(q), quants.table(q), *args))
-                if q == Q.Q4_K and form == "int8 x" and r8 is not None:
-                    calls[("Q4_K_R8 int8 x", f"B={batch}")] = (
-                        lambda x=x: ops.mm(x, r8, quants.Q4_K_R8, quants.table(Q.Q4_K), True, False))
+                if q in r8 and form == "int8 x":
+                    calls[(f"{q.name}_R8 int8 x", f"B={batch}")] = (
+                        lambda x=x, q=q: ops.mm(x, r8[q], quants.EIGHT_ROWS[q], quants.table(q), True, False))
     times: dict[tuple[str, str], list[float]] = {key: [] for key in calls}
     for _ in range(rounds):
         for key, call in calls.items():

@@ -62,14 +62,16 @@ def int8_prompt_here() -> bool:
     return available() and slab_dtype() == torch.bfloat16 and bool(ops().int8_prompt())
 
 
-Q4_K_R8 = 1012  # layouts.h: Q4_K's blocks repacked eight weight rows at a time (repack.cpp), not a GGUF type
+# layouts.h: Q4_K's and Q6_K's blocks repacked eight weight rows at a time (repack.cpp): not GGUF types
+Q4_K_R8, Q6_K_R8 = 1012, 1014
+EIGHT_ROWS = {Q.Q4_K: Q4_K_R8, Q.Q6_K: Q6_K_R8}
 
 
 class QuantBlocks(NamedTuple):
     raw: Tensor  # uint8 [rows, row_bytes], or [E, rows, row_bytes]: an MoE layer's stacked experts
     qtype: Q
     cols: int
-    repacked: bool = False  # Q4_K held as Q4_K_R8 (`repacked`): raw's rows are groups of eight
+    repacked: bool = False  # Q4_K / Q6_K held eight rows at a time (`repacked`): raw's rows are groups of eight
 
 
 class BlocksPart(NamedTuple):
@@ -81,31 +83,35 @@ class BlocksPart(NamedTuple):
 
 
 def code(blocks: QuantBlocks | BlocksPart) -> int:
-    """The type number the ops take: the GGUF type's, or Q4_K_R8."""
-    return Q4_K_R8 if blocks.repacked else int(blocks.qtype)
+    """The type number the ops take: the GGUF type's, or its repacked form's (Q4_K_R8, Q6_K_R8)."""
+    return EIGHT_ROWS[blocks.qtype] if blocks.repacked else int(blocks.qtype)
 
 
 def kind(blocks: QuantBlocks | BlocksPart) -> str:
-    return "Q4_K_R8" if blocks.repacked else blocks.qtype.name
+    return f"{blocks.qtype.name}_R8" if blocks.repacked else blocks.qtype.name
 
 
 @cache
 def repack_here() -> bool:
-    """Whether Q4_K matrices are repacked for the decode step: where kernel.cpp's AVX2 or VNNI
-    build runs (Q4_K_R8's own dot is theirs; the portable build would read them restored)."""
+    """Whether Q4_K / Q6_K matrices are repacked for the decode step: where kernel.cpp's AVX2 or
+    VNNI build runs (the repacked forms' own dots are theirs; the portable build would read them
+    restored)."""
     return available() and ops().mm_build() != "portable"
 
 
 def repacked(blocks: QuantBlocks) -> QuantBlocks:
-    """Q4_K as Q4_K_R8 (repack.cpp: an exact repacking, eight weight rows at a time, 148 bytes a
-    row's 256 weights against the file's 144) where `repack_here` and the rows are whole groups
-    of eight; anything else as it is. The decode step's dot then works on eight weight rows per
-    register (kernel.cpp `dot_r8`); the prompt's products restore each panel's rows to the
-    file's bytes as they unpack them. The file's pages are then no longer read: a copy in the
-    worker's memory instead of the page cache's (not shared by two workers on one file)."""
-    if blocks.qtype != Q.Q4_K or blocks.repacked or blocks.raw.dim() != 2 or blocks.raw.shape[0] % 8 or not repack_here():
+    """Q4_K as Q4_K_R8 and Q6_K as Q6_K_R8 (repack.cpp: exact repackings, eight weight rows at a
+    time; 148 bytes a row's 256 weights against Q4_K's 144, Q6_K's 210 either way) where
+    `repack_here` and the rows are whole groups of eight; anything else as it is. The decode
+    step's dots then work on eight weight rows per register (kernel.cpp `dot_q4_k_r8`,
+    `dot_q6_k_r8`); the prompt's products restore each panel's rows to the file's bytes as they
+    unpack them. The file's pages are then no longer read: a copy in the worker's memory
+    instead of the page cache's (not shared by two workers on one file)."""
+    if (blocks.qtype not in EIGHT_ROWS or blocks.repacked or blocks.raw.dim() != 2 or blocks.raw.shape[0] % 8
+            or not repack_here()):
         return blocks
-    return QuantBlocks(ops().repack_q4_k(blocks.raw.contiguous(), blocks.cols), blocks.qtype, blocks.cols, True)
+    raw = ops().repack(blocks.raw.contiguous(), int(blocks.qtype), blocks.cols)
+    return QuantBlocks(raw, blocks.qtype, blocks.cols, True)
 
 
 def available() -> bool:
@@ -191,8 +197,8 @@ class QuantLinear(nn.Module):
         int8_x: `mm` quantizes the activations to int8 per 32 (llama.cpp's arithmetic, ~5e-3
         relative error on the output; ~9e-3 on real layer inputs); False keeps them float32 (the
         head: its logits are then the exact rows' product).
-        repack: with int8_x, Q4_K parts held as Q4_K_R8 (`repacked`: the decode step's dot on
-        eight weight rows at once); False keeps the file's blocks."""
+        repack: with int8_x, Q4_K and Q6_K parts held eight rows at a time (`repacked`: the decode
+        step's dot on eight weight rows at once); False keeps the file's blocks."""
         super().__init__()
         self.slabs, self.int8_x = slabs, int8_x
         self.int8_prompt = slabs and int8_prompt and int8_prompt_here()
@@ -289,7 +295,7 @@ class QuantLinear(nn.Module):
                     for flat in flats]
         xs = [flat.to(dtype) for flat in flats]
         step = max(1, SLAB_BYTES // (4 * self.cols))
-        if part.repacked:  # Q4_K_R8: whole groups of eight rows
+        if part.repacked:  # whole groups of eight rows
             step = max(8, step // 8 * 8)
         rows = part.raw.shape[0]
         outs = [torch.empty(flat.shape[0], rows, dtype=torch.float32) for flat in flats]
@@ -304,7 +310,7 @@ class QuantLinear(nn.Module):
         (part,) = self.parts
         assert isinstance(part, BlocksPart)
         blocks = self.blocks(part)
-        if blocks.repacked:  # rows of Q4_K_R8 are groups' bytes, not a row's
+        if blocks.repacked:  # rows of a repacked part are groups' bytes, not a row's
             return dequantize(blocks)[rows]
         return dequantize(blocks._replace(raw=blocks.raw[rows]))
 

@@ -542,24 +542,31 @@ inline void dot_q45_k(const uint8_t* row, const int8_t* xq, const float* dx, con
   for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
 }
 
-// Q4_K_R8 (repack.cpp: Q4_K eight weight rows at a time): out[8 r + k] = the dot of the group's
-// weight row k with activation row r, for R rows. Lane k of every register is weight row k, so
-// a chunk's float work (its integer sum converted, times d * sc * dx; the minimum -dmin * mn
-// times the chunk's dx * sum(xq)) is one operation for eight weight rows, and there are no
-// horizontal sums: dot_q45_k spends most of its operations there from one row to eight. The
-// integer sums are exact in both builds (VNNI: `vpdpbusd`; AVX2: `maddubs` pairs, |pair| <= 2 *
-// 15 * 127, eight of them summed as int16 < 2^15, widened once), so both give the same bits.
-// Per output the float operations are fixed, whatever R, the thread or the rows beside it: per
-// chunk in order acc = fma(isum, (d * sc) * dx, acc) and mins = fma(-(dmin * mn), xs, mins);
-// out = acc + mins.
+// Q4_K_R8 and Q6_K_R8 (repack.cpp: eight weight rows at a time): out[8 r + k] = the dot of the
+// group's weight row k with activation row r, for R rows. Lane k of every register is weight
+// row k, so a chunk's float work (its integer sums converted, times d * sc * dx; Q4_K's minimum
+// -dmin * mn times the chunk's dx * sum(xq), Q6_K's offset -32 d * sc times each 16's) is one
+// operation for eight weight rows, and there are no horizontal sums: the one-row-at-a-time dots
+// (dot_q45_k, dot_q6_k) spend most of their operations there from one row to eight. The integer
+// sums are exact in both builds (VNNI: `vpdpbusd`; AVX2: `maddubs` pairs, widened by `madd`),
+// so both give the same bits. Per output the float operations are fixed, whatever R, the thread
+// or the rows beside it: per scale group in order acc = fma(isum, (d * sc) * dx, acc) and
+// part = fma(minimum or offset, its sum, part); out = acc + part.
 inline __m256 halves8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
+template <bool Signed>
 inline __m256 bytes8(const uint8_t* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtepi32_ps(Signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b));
+}
+
+inline __m256i quad_of(const int8_t* x) {  // four activation bytes in every lane
+  return _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(x)));
 }
 
 template <int R>
-inline void dot_r8(const uint8_t* group, const int8_t* xq, const float* dx, const float* xs, int64_t K, float* out) {
+inline void dot_q4_k_r8(const uint8_t* group, const int8_t* xq, const float* dx, const float* xs, const float*,
+                        int64_t K, float* out) {
   const int64_t C = K / 32;
 #ifdef STRATA_VNNI
   constexpr int chains = R <= 2 ? 2 : 1;  // one or two rows: two chains of vpdpbusd, not one long one
@@ -582,17 +589,17 @@ inline void dot_r8(const uint8_t* group, const int8_t* xq, const float* dx, cons
         for (int q = 0; q < 8; ++q) {
           const __m256i nib = load(o + 160 + 32 * (8 * j + q));
           const __m256i codes = _mm256_and_si256(h ? _mm256_srli_epi16(nib, 4) : nib, low4);
-          for (int r = 0; r < R; ++r) {  // activation row r's quad q, in every lane
-            const __m256i x = _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(xq + r * K + 32 * c + 4 * q)));
+          for (int r = 0; r < R; ++r) {
+            const __m256i x = quad_of(xq + r * K + 32 * c + 4 * q);
 #ifdef STRATA_VNNI
             sum[r][q % chains] = _mm256_dpbusd_epi32(sum[r][q % chains], codes, x);
-#else
+#else  // |pair| <= 2 * 15 * 127: eight quads summed as int16 stay below 2^15
             sum[r][0] = _mm256_add_epi16(sum[r][0], _mm256_maddubs_epi16(codes, x));
 #endif
           }
         }
-        const __m256 s = _mm256_mul_ps(d, bytes8(o + 32 + 8 * (2 * j + h)));  // d * sc: exact
-        const __m256 m = _mm256_mul_ps(dmin, bytes8(o + 96 + 8 * (2 * j + h)));  // -(dmin * mn): exact
+        const __m256 s = _mm256_mul_ps(d, bytes8<false>(o + 32 + 8 * (2 * j + h)));  // d * sc: exact
+        const __m256 m = _mm256_mul_ps(dmin, bytes8<false>(o + 96 + 8 * (2 * j + h)));  // -(dmin * mn): exact
         for (int r = 0; r < R; ++r) {
 #ifdef STRATA_VNNI
           __m256i total = sum[r][0];
@@ -608,21 +615,73 @@ inline void dot_r8(const uint8_t* group, const int8_t* xq, const float* dx, cons
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, _mm256_add_ps(acc[r], mins[r]));
 }
 
-// y's columns [n0, n1) of Q4_K_R8 blocks: a group cut by the range (a thread's share) is computed
-// whole and its share kept, so a column's bits never depend on how the columns were split.
+// x16: rows [K/16] of dx * (each 16's sum of xq), for the codes' +32
+template <int R>
+inline void dot_q6_k_r8(const uint8_t* group, const int8_t* xq, const float* dx, const float*, const float* x16,
+                        int64_t K, float* out) {
+  const int64_t C = K / 32, G = K / 16;
+  const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
+  __m256 acc[R], offs[R];
+  for (int r = 0; r < R; ++r) acc[r] = offs[r] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < K / 256; ++i) {
+    const uint8_t* o = group + i * 1680;
+    const __m256 d = halves8(o);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h)
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {  // chunk 4h + j: ql's low (j < 2) or high nibbles, qh's bits 2j, 2j + 1
+        const int64_t c = 8 * i + 4 * h + j;
+        __m256i sum[R][2];  // the chunk's two groups of 16: quads 0-3 and 4-7
+        for (int r = 0; r < R; ++r) sum[r][0] = sum[r][1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int q = 0; q < 8; ++q) {
+          const uint8_t* half = o + 144 + 768 * h;  // repack.cpp: its qh, then ql's two sources
+          const __m256i qh = load(half + 32 * q), nib = load(half + 256 + 32 * (8 * (j % 2) + q));
+          // the four bits, and the two high ones at bits 4-5 (16-bit shifts: no bit crosses a byte
+          // that the mask keeps)
+          const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(nib, 4 * (j / 2)), low4);
+          const __m256i hb = j < 2 ? _mm256_slli_epi16(qh, 4 - 2 * j) : _mm256_srli_epi16(qh, 2 * j - 4);
+          const __m256i codes = _mm256_or_si256(lo, _mm256_and_si256(hb, top2));  // q + 32, 0..63
+          for (int r = 0; r < R; ++r) {
+            const __m256i x = quad_of(xq + r * K + 32 * c + 4 * q);
+#ifdef STRATA_VNNI
+            sum[r][q / 4] = _mm256_dpbusd_epi32(sum[r][q / 4], codes, x);
+#else  // |pair| <= 2 * 63 * 127: widened per quad
+            sum[r][q / 4] = _mm256_add_epi32(sum[r][q / 4], _mm256_madd_epi16(_mm256_maddubs_epi16(codes, x), _mm256_set1_epi16(1)));
+#endif
+          }
+        }
+        for (int e = 0; e < 2; ++e) {
+          const int g = 2 * (4 * h + j) + e;  // the group of 16 in the super-block
+          const __m256 s = _mm256_mul_ps(d, bytes8<true>(o + 16 + 8 * g));  // d * sc: exact
+          const __m256 offset = _mm256_mul_ps(s, _mm256_set1_ps(-32.0f));  // exact
+          for (int r = 0; r < R; ++r) {
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r][e]), _mm256_mul_ps(s, _mm256_broadcast_ss(dx + r * C + c)), acc[r]);
+            offs[r] = _mm256_fmadd_ps(offset, _mm256_broadcast_ss(x16 + r * G + 16 * i + g), offs[r]);
+          }
+        }
+      }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, _mm256_add_ps(acc[r], offs[r]));
+}
+
+// y's columns [n0, n1) of eight-row blocks (Dot: dot_q4_k_r8 / dot_q6_k_r8): a group cut by the
+// range (a thread's share) is computed whole and its share kept, so a column's bits never depend
+// on how the columns were split.
+template <typename Dot>
 inline void groups_r8(const uint8_t* src, int64_t rb, int64_t K, int64_t n0, int64_t n1, int64_t M, int64_t N,
-                      const int8_t* xq, const float* dx, const float* xs, float* y) {
-  const int64_t C = K / 32;
+                      const int8_t* xq, const float* dx, const float* xs, const float* x16, float* y, Dot dot) {
+  const int64_t C = K / 32, G = K / 16;
   for (int64_t g = n0 / 8 * 8; g < n1; g += 8) {
-    const uint8_t* group = src + g * rb;  // eight rows of rb bytes: the group's K / 256 * 1184
+    const uint8_t* group = src + g * rb;  // eight rows of rb bytes: the group's
     float out[4 * 8];
     for (int64_t r = 0; r < M; r += 4) {
       const int64_t left = M - r;
-      const int8_t* x = xq + r * K;
-      if (left >= 4) dot_r8<4>(group, x, dx + r * C, xs + r * C, K, out);
-      else if (left == 3) dot_r8<3>(group, x, dx + r * C, xs + r * C, K, out);
-      else if (left == 2) dot_r8<2>(group, x, dx + r * C, xs + r * C, K, out);
-      else dot_r8<1>(group, x, dx + r * C, xs + r * C, K, out);
+      const float* sixteens = x16 ? x16 + r * G : nullptr;
+      if (left >= 4) dot(std::integral_constant<int, 4>{}, group, xq + r * K, dx + r * C, xs + r * C, sixteens, out);
+      else if (left == 3) dot(std::integral_constant<int, 3>{}, group, xq + r * K, dx + r * C, xs + r * C, sixteens, out);
+      else if (left == 2) dot(std::integral_constant<int, 2>{}, group, xq + r * K, dx + r * C, xs + r * C, sixteens, out);
+      else dot(std::integral_constant<int, 1>{}, group, xq + r * K, dx + r * C, xs + r * C, sixteens, out);
       for (int64_t i = 0; i < (left < 4 ? left : 4); ++i)
         for (int64_t k = 0; k < 8; ++k)
           if (g + k >= n0 && g + k < n1) y[(r + i) * N + g + k] = out[8 * i + k];
@@ -884,16 +943,26 @@ inline bool fused(int qtype) { return qtype != IQ4_XS && qtype != IQ3_S; }  // a
 __attribute__((noinline)) void fused_rows(int qtype, const uint8_t* src, int64_t rb, int64_t K, int64_t n0, int64_t n1,
                                           int64_t M, int64_t N, const int8_t* xq, const float* dx, const float* xs,
                                           float* y) {
-  if (qtype == Q4_K_R8) return groups_r8(src, rb, K, n0, n1, M, N, xq, dx, xs, y);
+  if (qtype == Q4_K_R8)
+    return groups_r8(src, rb, K, n0, n1, M, N, xq, dx, xs, nullptr, y,
+                     [K](auto R, const uint8_t* g, const int8_t* x, const float* d, const float* s, const float* x16,
+                         float* out) { dot_q4_k_r8<decltype(R)::value>(g, x, d, s, x16, K, out); });
   const int64_t C = K / 32, G = K / 16;
   float* x16 = nullptr;
-  if (qtype == Q6_K) {  // dx * (each 16's sum of xq), M * K / 16 floats
+  if (qtype == Q6_K || qtype == Q6_K_R8) {  // dx * (each 16's sum of xq), M * K / 16 floats
     x16 = static_cast<float*>(std::malloc(sizeof(float) * (M * G > 0 ? M * G : 1)));
     for (int64_t g = 0; g < M * G; ++g) {
       int32_t sum = 0;
       for (int e = 0; e < 16; ++e) sum += xq[16 * g + e];
       x16[g] = dx[g / 2] * float(sum);
     }
+  }
+  if (qtype == Q6_K_R8) {
+    groups_r8(src, rb, K, n0, n1, M, N, xq, dx, xs, x16, y,
+              [K](auto R, const uint8_t* g, const int8_t* x, const float* d, const float* s, const float* sixteens,
+                  float* out) { dot_q6_k_r8<decltype(R)::value>(g, x, d, s, sixteens, K, out); });
+    std::free(x16);
+    return;
   }
   float* xs8 = is_32(qtype) && qtype != Q8_0 ? eights_by_chunk(xs, M, C) : nullptr;
   for (int64_t n = n0; n < n1; ++n) {

@@ -28,8 +28,12 @@
 extern "C" int strata_block_weights(int qtype);
 extern "C" int strata_block_bytes(int qtype);
 extern "C" int strata_code_offset(int qtype);
-extern "C" void strata_repack_q4_k(const uint8_t*, int64_t, int64_t, uint8_t*);  // repack.cpp
-extern "C" void strata_restore_q4_k(const uint8_t*, int64_t, int64_t, int64_t, int64_t, uint8_t*);
+extern "C" {  // repack.cpp
+void strata_repack_q4_k(const uint8_t*, int64_t, int64_t, uint8_t*);
+void strata_restore_q4_k(const uint8_t*, int64_t, int64_t, int64_t, int64_t, uint8_t*);
+void strata_repack_q6_k(const uint8_t*, int64_t, int64_t, uint8_t*);
+void strata_restore_q6_k(const uint8_t*, int64_t, int64_t, int64_t, int64_t, uint8_t*);
+}
 extern "C" {  // kernel.cpp, its two builds
 void strata_quantize_x_portable(const float*, int64_t, int64_t, int8_t*, float*, float*);
 void strata_mm_rows_portable(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
@@ -71,7 +75,14 @@ void strata_mm_rows_vnni(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t
 
 namespace {
 
-constexpr int64_t Q4_K = 12, Q4_K_R8 = 1012;  // layouts.h: Q4_K repacked eight rows at a time (repack.cpp)
+// layouts.h: Q4_K's and Q6_K's blocks repacked eight rows at a time (repack.cpp), their type + 1000
+constexpr int64_t Q4_K = 12, Q6_K = 14, Q4_K_R8 = 1012, Q6_K_R8 = 1014, EIGHT_ROWS = 1000;
+
+bool eight_rows(int64_t qtype) { return qtype == Q4_K_R8 || qtype == Q6_K_R8; }
+
+using Restore = void (*)(const uint8_t*, int64_t, int64_t, int64_t, int64_t, uint8_t*);
+
+Restore restore_fn(int64_t qtype) { return qtype == Q4_K_R8 ? strata_restore_q4_k : strata_restore_q6_k; }
 
 void check(const at::Tensor& blocks, int64_t qtype, int64_t cols) {
   const int bw = strata_block_weights(int(qtype));
@@ -80,30 +91,33 @@ void check(const at::Tensor& blocks, int64_t qtype, int64_t cols) {
               "strata_quants: blocks must be contiguous uint8 [rows, row_bytes] on the CPU");
   TORCH_CHECK(cols % bw == 0 && blocks.size(1) == cols / bw * strata_block_bytes(int(qtype)),
               "strata_quants: ", cols, " columns do not match rows of ", blocks.size(1), " bytes");
-  TORCH_CHECK(qtype != Q4_K_R8 || blocks.size(0) % 8 == 0, "strata_quants: Q4_K_R8 rows come in groups of 8");
+  TORCH_CHECK(!eight_rows(qtype) || blocks.size(0) % 8 == 0, "strata_quants: repacked rows come in groups of 8");
 }
 
-// Q4_K_R8 blocks as the file's Q4_K again (exact), for the products that read weight rows one at
-// a time (the portable build's, float32 activations', the whole matrix's unpacking); other
-// types' blocks as they are. qtype becomes the blocks' type.
+// Repacked blocks (Q4_K_R8, Q6_K_R8) as the file's again (exact), for the products that read
+// weight rows one at a time (the portable build's, float32 activations', the whole matrix's
+// unpacking); other types' blocks as they are. qtype becomes the blocks' type.
 at::Tensor as_file_blocks(const at::Tensor& blocks, int64_t& qtype, int64_t cols) {
-  if (qtype != Q4_K_R8) return blocks;
-  at::Tensor out = at::empty({blocks.size(0), cols / 256 * 144}, blocks.options());
+  if (!eight_rows(qtype)) return blocks;
+  const Restore restore = restore_fn(qtype);
+  qtype -= EIGHT_ROWS;
+  at::Tensor out = at::empty({blocks.size(0), cols / 256 * strata_block_bytes(int(qtype))}, blocks.options());
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
   const int64_t rb = blocks.size(1), ob = out.size(1);
   at::parallel_for(0, blocks.size(0) / 8, 1, [&](int64_t g0, int64_t g1) {
-    strata_restore_q4_k(src + 8 * g0 * rb, 8 * (g1 - g0), cols, 0, cols / 256, dst + 8 * g0 * ob);
+    restore(src + 8 * g0 * rb, 8 * (g1 - g0), cols, 0, cols / 256, dst + 8 * g0 * ob);
   });
-  qtype = Q4_K;
   return out;
 }
 
-// Q4_K blocks [rows, cols] -> the same as Q4_K_R8 (rows a multiple of 8).
-at::Tensor repack_q4_k(const at::Tensor& blocks, int64_t cols) {
-  check(blocks, Q4_K, cols);
-  TORCH_CHECK(blocks.size(0) % 8 == 0, "strata_quants::repack_q4_k: rows come in groups of 8, not ", blocks.size(0));
-  at::Tensor out = at::empty({blocks.size(0), cols / 256 * strata_block_bytes(int(Q4_K_R8))}, blocks.options());
+// Q4_K or Q6_K blocks [rows, cols] -> the same repacked eight rows at a time (rows a multiple of
+// 8): type + 1000.
+at::Tensor repack(const at::Tensor& blocks, int64_t qtype, int64_t cols) {
+  TORCH_CHECK(qtype == Q4_K || qtype == Q6_K, "strata_quants::repack: Q4_K or Q6_K, not ", qtype);
+  check(blocks, qtype, cols);
+  TORCH_CHECK(blocks.size(0) % 8 == 0, "strata_quants::repack: rows come in groups of 8, not ", blocks.size(0));
+  at::Tensor out = at::empty({blocks.size(0), cols / 256 * strata_block_bytes(int(qtype + EIGHT_ROWS))}, blocks.options());
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
@@ -114,23 +128,24 @@ at::Tensor repack_q4_k(const at::Tensor& blocks, int64_t cols) {
     if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
   }
 #endif
+  const auto fn = qtype == Q4_K ? strata_repack_q4_k : strata_repack_q6_k;
   const int64_t rb = blocks.size(1), ob = out.size(1);
   at::parallel_for(0, blocks.size(0) / 8, 1, [&](int64_t g0, int64_t g1) {
-    strata_repack_q4_k(src + 8 * g0 * rb, 8 * (g1 - g0), cols, dst + 8 * g0 * ob);
+    fn(src + 8 * g0 * rb, 8 * (g1 - g0), cols, dst + 8 * g0 * ob);
   });
   return out;
 }
 
-// Q4_K_R8 blocks [rows, cols] -> the file's Q4_K bytes (tests: the repacking is exact).
-at::Tensor restore_q4_k(const at::Tensor& blocks, int64_t cols) {
-  check(blocks, Q4_K_R8, cols);
-  int64_t qtype = Q4_K_R8;
+// Repacked blocks [rows, cols] (qtype Q4_K_R8 or Q6_K_R8) -> the file's bytes (tests: exact).
+at::Tensor restore(const at::Tensor& blocks, int64_t qtype, int64_t cols) {
+  TORCH_CHECK(eight_rows(qtype), "strata_quants::restore: Q4_K_R8 or Q6_K_R8, not ", qtype);
+  check(blocks, qtype, cols);
   return as_file_blocks(blocks, qtype, cols).clone();
 }
 
 // A prompt panel's weight rows as the kernels' unpacking reads them: from src with the panel's
-// k0, or for Q4_K_R8 its rows' super-blocks [k0, k0 + kc) restored to the file's into `file`
-// (16 rows x one super-block: in L1) and k0 0 there.
+// k0, or for repacked blocks its rows' super-blocks [k0, k0 + kc) restored to the file's into
+// `file` (16 rows x one super-block: in L1) and k0 0 there.
 struct PanelRows {
   const uint8_t* src;
   int64_t rb, k0;
@@ -139,10 +154,11 @@ struct PanelRows {
 
 PanelRows panel_rows(const uint8_t* src, int64_t rb, int64_t qtype, int rows, int64_t K, int64_t k0, int64_t kc,
                      std::vector<uint8_t>& file) {
-  if (qtype != Q4_K_R8) return {src, rb, k0, int(qtype)};
-  file.resize(rows * kc / 256 * 144);
-  strata_restore_q4_k(src, rows, K, k0 / 256, kc / 256, file.data());
-  return {file.data(), kc / 256 * 144, 0, int(Q4_K)};
+  if (!eight_rows(qtype)) return {src, rb, k0, int(qtype)};
+  const int64_t bytes = strata_block_bytes(int(qtype - EIGHT_ROWS));
+  file.resize(rows * kc / 256 * bytes);
+  restore_fn(qtype)(src, rows, K, k0 / 256, kc / 256, file.data());
+  return {file.data(), kc / 256 * bytes, 0, int(qtype - EIGHT_ROWS)};
 }
 
 const float* table_ptr(const at::Tensor& table) {
@@ -310,7 +326,7 @@ at::Tensor mm(const at::Tensor& x_in, const at::Tensor& blocks, int64_t qtype, c
   const int64_t M = x_in.size(0), N = blocks.size(0);
   at::Tensor y = at::empty({M, N}, x_in.options().dtype(at::kFloat));
   if (M == 0 || N == 0) return y;
-  // Q4_K_R8's own dot is the AVX2 builds' with int8 activations; elsewhere its rows as the file's
+  // repacked blocks' own dots are the AVX2 builds' with int8 activations; elsewhere their rows as the file's
   const at::Tensor file = int8_x && !portable && use_avx2() ? blocks : as_file_blocks(blocks, qtype, x_in.size(1));
   const Activations a(x_in, qtype, table, int8_x, portable);
   const uint8_t* src = file.data_ptr<uint8_t>();
@@ -392,8 +408,9 @@ at::Tensor prompt_mm_int8(const at::Tensor& x_in, const at::Tensor& blocks, int6
   const int64_t Mp = (M + 3) / 4 * 4, C = K / 32;  // rows padded to the 4-row micro-panels
   // Q6_K's scales are per 16 weights; the types with minimums are those whose codes are never
   // negative (Q4_1, Q5_1, Q4_K, Q5_K): no offset to take back
-  const int offset = strata_code_offset(int(qtype == Q4_K_R8 ? Q4_K : qtype));
-  const bool fine = qtype == 14, mins = offset == 0;
+  const int64_t file_type = eight_rows(qtype) ? qtype - EIGHT_ROWS : qtype;
+  const int offset = strata_code_offset(int(file_type));
+  const bool fine = file_type == Q6_K, mins = offset == 0;
   const int G = fine ? 16 : 32;
   std::vector<int8_t> xq(Mp * K, 0);
   std::vector<float> dx(Mp * C, 0.0f), xs(Mp * C, 0.0f);
@@ -432,7 +449,7 @@ at::Tensor prompt_mm_int8(const at::Tensor& x_in, const at::Tensor& blocks, int6
 at::Tensor mm_experts(const at::Tensor& x_in, const at::Tensor& blocks, const at::Tensor& experts, int64_t qtype,
                       const at::Tensor& table, bool int8_x, bool portable) {
   TORCH_CHECK(x_in.dim() == 2, "strata_quants::mm_experts: x must be [P, K]");
-  TORCH_CHECK(qtype != Q4_K_R8, "strata_quants::mm_experts: experts are kept as the file's blocks, not Q4_K_R8");
+  TORCH_CHECK(!eight_rows(qtype), "strata_quants::mm_experts: experts are kept as the file's blocks, not repacked");
   TORCH_CHECK(blocks.dim() == 3 && blocks.is_contiguous(), "strata_quants::mm_experts: blocks must be contiguous [E, N, row_bytes]");
   TORCH_CHECK(experts.dim() == 1 && experts.size(0) == x_in.size(0) && experts.device().is_cpu(),
               "strata_quants::mm_experts: experts must be [P], one per row of x");
@@ -485,8 +502,8 @@ TORCH_LIBRARY(strata_quants, m) {
   m.def("mm_experts(Tensor x, Tensor blocks, Tensor experts, int qtype, Tensor table, bool int8_x=False, "
         "bool portable=False) -> Tensor");
   m.def("prompt_mm_int8(Tensor x, Tensor blocks, int qtype, Tensor table) -> Tensor");
-  m.def("repack_q4_k(Tensor blocks, int cols) -> Tensor");
-  m.def("restore_q4_k(Tensor blocks, int cols) -> Tensor");
+  m.def("repack(Tensor blocks, int qtype, int cols) -> Tensor");
+  m.def("restore(Tensor blocks, int qtype, int cols) -> Tensor");
   m.def("mm_build() -> str", &mm_build);
   m.def("int8_prompt() -> bool", &int8_prompt);
 }
@@ -497,6 +514,6 @@ TORCH_LIBRARY_IMPL(strata_quants, CPU, m) {
   m.impl("prompt_mm", &prompt_mm);
   m.impl("prompt_mm_int8", &prompt_mm_int8);
   m.impl("mm_experts", &mm_experts);
-  m.impl("repack_q4_k", &repack_q4_k);
-  m.impl("restore_q4_k", &restore_q4_k);
+  m.impl("repack", &repack);
+  m.impl("restore", &restore);
 }

@@ -1,24 +1,36 @@
-// Q4_K repacked eight weight rows at a time (`Q4_K_R8`), so that the decode step's dot
-// (kernel.cpp `dot_r8`) holds one weight row per lane of a register: a chunk's float work (its
-// integer sum converted, times d * sc * dx, the minimum times the chunk's sum) is one operation
-// for eight rows, with no horizontal sums, and its scales are bytes ready to widen.
+// Q4_K and Q6_K repacked eight weight rows at a time (`Q4_K_R8`, `Q6_K_R8`), so that the decode
+// step's dots (kernel.cpp `dot_q4_k_r8`, `dot_q6_k_r8`) hold one weight row per lane of a
+// register: a chunk's float work (its integer sum converted, times the scales and dx, the
+// minimum or offset times the chunk's sum) is one operation for eight rows, with no horizontal
+// sums, and the scales are bytes ready to widen. Exact repackings: every bit of the file's blocks
+// is kept, moved. A group is 8 consecutive "rows" of a [rows, K/256 * row bytes] uint8 tensor:
+// rows stay a multiple of 8 and a panel of rows that starts on a multiple of 8 starts on a group.
 //
-// An exact repacking: every bit of the file's blocks is kept, moved. Per group of eight rows and
-// super-block (256 weights), 1184 bytes (8 x 148 against the file's 8 x 144), in the order the
-// dot reads them:
+// Q4_K_R8, per group of eight rows and super-block (256 weights), 1184 bytes (8 x 148 against the
+// file's 8 x 144), in the order the dot reads them:
 //   [0, 16)      the eight rows' d (f16), row k at 2k
 //   [16, 32)     their dmin (f16)
 //   [32, 96)     the sub-block scales, 6 bits each as a byte: chunk c's eight at 32 + 8c, row k at + k
 //   [96, 160)    the minimums likewise
 //   [160, 1184)  the codes: for each 64 weights j (0..3) and quad q (0..7), 32 bytes: row k's
 //                bytes 4q..4q+3 of the file's qs[32j..32j+32) at 4k (low nibbles: chunk 2j, high: 2j+1)
-// A group is 8 consecutive "rows" of a [rows, K/256 * 148] uint8 tensor: rows stay a multiple of 8
-// and a panel of rows that starts on a multiple of 8 starts on a group.
+//
+// Q6_K_R8, 1680 bytes (8 x 210, the file's size):
+//   [0, 16)      the eight rows' d (f16)
+//   [16, 144)    the int8 scales: group g (16 weights) at 16 + 8g, row k at + k
+//   [144, 1680)  each half h (128 weights) in 768 bytes from 144 + 768h, in the order its chunks
+//                read them (one stream for the prefetcher: an order that jumped between the
+//                low and high bits' regions ran at a third of the speed):
+//                qh: for each quad q, 32 bytes: row k's qh[32h + 4q..] at 4k (bits 2j, 2j + 1:
+//                chunk 4h + j's high bits), at + 32q;
+//                ql: for source t (ql[64h..+32) or ql[64h+32..+32)) and quad q, 32 bytes: row k's
+//                four bytes 4q.. of it at 4k (low nibbles: chunk 4h + t, high: 4h + t + 2), at
+//                + 256 + 32 * (8t + q)
 #include "layouts.h"
 
 namespace {
 
-constexpr int64_t GROUP_BLOCK = 1184;  // bytes of eight rows' super-block
+constexpr int64_t Q4_GROUP = 1184, Q6_GROUP = 1680;  // bytes of eight rows' super-block
 
 // the file's 12 bytes of 6-bit scales and minimums (llama.cpp's get_scale_min_k4 order) as
 // bytes: sc[0..8), mn[0..8)
@@ -49,7 +61,7 @@ void strata_repack_q4_k(const uint8_t* src, int64_t rows, int64_t K, uint8_t* ds
   const int64_t nb = K / 256;
   for (int64_t g = 0; g < rows / 8; ++g)
     for (int64_t i = 0; i < nb; ++i) {
-      uint8_t* o = dst + (g * nb + i) * GROUP_BLOCK;
+      uint8_t* o = dst + (g * nb + i) * Q4_GROUP;
       for (int k = 0; k < 8; ++k) {
         const uint8_t* b = src + ((8 * g + k) * nb + i) * 144;
         std::memcpy(o + 2 * k, b, 2);
@@ -69,7 +81,7 @@ void strata_restore_q4_k(const uint8_t* src, int64_t rows, int64_t K, int64_t i0
   const int64_t nb = K / 256;
   for (int64_t g = 0; g < rows / 8; ++g)
     for (int64_t i = i0; i < i0 + n; ++i) {
-      const uint8_t* o = src + (g * nb + i) * GROUP_BLOCK;
+      const uint8_t* o = src + (g * nb + i) * Q4_GROUP;
       for (int k = 0; k < 8; ++k) {
         uint8_t* b = dst + ((8 * g + k) * n + (i - i0)) * 144;
         std::memcpy(b, o + 2 * k, 2);
@@ -79,6 +91,46 @@ void strata_restore_q4_k(const uint8_t* src, int64_t rows, int64_t K, int64_t i0
         pack_scales(sc, mn, b + 4);
         for (int j = 0; j < 4; ++j)
           for (int q = 0; q < 8; ++q) std::memcpy(b + 16 + 32 * j + 4 * q, o + 160 + 32 * (8 * j + q) + 4 * k, 4);
+      }
+    }
+}
+
+// rows (a multiple of 8) of Q6_K blocks -> Q6_K_R8 (210 bytes a row's 256 weights either way).
+void strata_repack_q6_k(const uint8_t* src, int64_t rows, int64_t K, uint8_t* dst) {
+  const int64_t nb = K / 256;
+  for (int64_t g = 0; g < rows / 8; ++g)
+    for (int64_t i = 0; i < nb; ++i) {
+      uint8_t* o = dst + (g * nb + i) * Q6_GROUP;
+      for (int k = 0; k < 8; ++k) {
+        const uint8_t* b = src + ((8 * g + k) * nb + i) * 210;
+        std::memcpy(o + 2 * k, b + 208, 2);
+        for (int s = 0; s < 16; ++s) o[16 + 8 * s + k] = b[192 + s];
+        for (int h = 0; h < 2; ++h)
+          for (int q = 0; q < 8; ++q) {
+            for (int t = 0; t < 2; ++t)
+              std::memcpy(o + 144 + 768 * h + 256 + 32 * (8 * t + q) + 4 * k, b + 64 * h + 32 * t + 4 * q, 4);
+            std::memcpy(o + 144 + 768 * h + 32 * q + 4 * k, b + 128 + 32 * h + 4 * q, 4);
+          }
+      }
+    }
+}
+
+// The inverse, super-blocks [i0, i0 + n) of each row (as strata_restore_q4_k).
+void strata_restore_q6_k(const uint8_t* src, int64_t rows, int64_t K, int64_t i0, int64_t n, uint8_t* dst) {
+  const int64_t nb = K / 256;
+  for (int64_t g = 0; g < rows / 8; ++g)
+    for (int64_t i = i0; i < i0 + n; ++i) {
+      const uint8_t* o = src + (g * nb + i) * Q6_GROUP;
+      for (int k = 0; k < 8; ++k) {
+        uint8_t* b = dst + ((8 * g + k) * n + (i - i0)) * 210;
+        std::memcpy(b + 208, o + 2 * k, 2);
+        for (int s = 0; s < 16; ++s) b[192 + s] = o[16 + 8 * s + k];
+        for (int h = 0; h < 2; ++h)
+          for (int q = 0; q < 8; ++q) {
+            for (int t = 0; t < 2; ++t)
+              std::memcpy(b + 64 * h + 32 * t + 4 * q, o + 144 + 768 * h + 256 + 32 * (8 * t + q) + 4 * k, 4);
+            std::memcpy(b + 128 + 32 * h + 4 * q, o + 144 + 768 * h + 32 * q + 4 * k, 4);
+          }
       }
     }
 }

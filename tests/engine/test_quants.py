@@ -238,27 +238,29 @@ def test_fused_dots_are_the_codes_paths_sums(qtype):
                 assert torch.equal(alone, fused[i:i + 1]), (qtype.name, cols, batch, i)
 
 
-def test_q4_k_repacked_eight_rows_at_a_time_keeps_every_bit_and_the_product():
-    """Q4_K_R8 (repack.cpp): Q4_K's blocks moved so that the decode dot holds one weight row per
-    lane. Restoring gives the file's bytes bit for bit and dequantizing gives gguf's values; `mm`
-    with int8 activations runs its own eight-row dot: the exact weights times the int8 activations
-    (float64 on the quantized activations, <= 1e-6), each row alone the same bits, the same bits
-    on one thread as on two (a group of eight cut by the threads' split is computed whole); every
-    product that reads rows one at a time (float32 activations, the portable build, the prompt's)
-    reads them restored: the file's blocks' bits."""
-    ops, R8, table = quants.ops(), quants.Q4_K_R8, quants.table(Q.Q4_K)
-    rng = np.random.default_rng(11)
+@pytest.mark.parametrize("qtype", sorted(quants.EIGHT_ROWS), ids=lambda q: q.name)
+def test_repacked_eight_rows_at_a_time_keeps_every_bit_and_the_product(qtype):
+    """Q4_K_R8 and Q6_K_R8 (repack.cpp): the blocks moved so that the decode dots hold one weight
+    row per lane. Restoring gives the file's bytes bit for bit and dequantizing gives gguf's
+    values; `mm` with int8 activations runs the type's eight-row dot: the exact weights times the
+    int8 activations (float64 on the quantized activations, <= 1e-6), each row alone the same
+    bits, the same bits on one thread as on two (a group of eight cut by the threads' split is
+    computed whole); every product that reads rows one at a time (float32 activations, the
+    portable build, the prompt's) reads them restored: the file's blocks' bits."""
+    ops, R8, table = quants.ops(), quants.EIGHT_ROWS[qtype], quants.table(qtype)
+    rng = np.random.default_rng(11 + int(qtype))
     torch.manual_seed(11)
     for rows, cols in ((8, 256), (40, 1536)):
-        raw = torch.from_numpy(random_blocks(Q.Q4_K, rows, cols, rng))
-        r8 = ops.repack_q4_k(raw, cols)
-        assert r8.shape == (rows, cols // 256 * 148) and not torch.equal(r8[:, :144 * (cols // 256)], raw)
-        assert torch.equal(ops.restore_q4_k(r8, cols), raw)
-        dense = quants.dequantize(quants.QuantBlocks(r8, Q.Q4_K, cols, True))
-        assert torch.equal(dense.view(torch.int32), torch.from_numpy(gguf_dequantize(raw.numpy(), Q.Q4_K)).view(torch.int32))
+        raw = torch.from_numpy(random_blocks(qtype, rows, cols, rng))
+        r8 = ops.repack(raw, int(qtype), cols)
+        assert r8.shape == (rows, cols // 256 * (148 if qtype == Q.Q4_K else 210)) and not torch.equal(r8[:, :raw.shape[1]], raw)
+        assert torch.equal(ops.restore(r8, R8, cols), raw)
+        dense = quants.dequantize(quants.QuantBlocks(r8, qtype, cols, True))
+        assert torch.equal(dense.view(torch.int32), torch.from_numpy(gguf_dequantize(raw.numpy(), qtype)).view(torch.int32))
         exact = dense.double()
         for batch in (1, 2, 3, 4, 5, 9):
             x = torch.randn(batch, cols) * torch.rand(batch, 1) * 4
+            x[0, 32:64] = 0  # a chunk of zeros (its int8 scale 0)
             y = ops.mm(x, r8, R8, table, True, False)
             reference = int8_per_32(x) @ exact.T
             assert float((y.double() - reference).norm() / reference.norm()) <= 1e-6, (rows, cols, batch)
@@ -270,21 +272,22 @@ def test_q4_k_repacked_eight_rows_at_a_time_keeps_every_bit_and_the_product():
                 assert torch.equal(ops.mm(x, r8, R8, table, True, False), y)
             finally:
                 torch.set_num_threads(threads)
+            file = int(qtype)
             for int8_x, portable in ((False, False), (True, True)):
-                assert torch.equal(ops.mm(x, r8, R8, table, int8_x, portable), ops.mm(x, raw, 12, table, int8_x, portable))
-            assert torch.equal(ops.prompt_mm(x, r8, R8, table), ops.prompt_mm(x, raw, 12, table))
+                assert torch.equal(ops.mm(x, r8, R8, table, int8_x, portable), ops.mm(x, raw, file, table, int8_x, portable))
+            assert torch.equal(ops.prompt_mm(x, r8, R8, table), ops.prompt_mm(x, raw, file, table))
             if quants.int8_prompt_here():
-                assert torch.equal(ops.prompt_mm_int8(x, r8, R8, table), ops.prompt_mm_int8(x, raw, 12, table))
+                assert torch.equal(ops.prompt_mm_int8(x, r8, R8, table), ops.prompt_mm_int8(x, raw, file, table))
     with pytest.raises(RuntimeError, match="groups of 8"):
-        ops.repack_q4_k(torch.from_numpy(random_blocks(Q.Q4_K, 12, 256, rng)), 256)
+        ops.repack(torch.from_numpy(random_blocks(qtype, 12, 256, rng)), int(qtype), 256)
 
 
-def test_quant_linear_repacks_q4_k_for_the_decode_step_alone():
-    """QuantLinear holds a Q4_K part of whole groups of eight rows as Q4_K_R8 where kernel.cpp's
-    AVX2 builds run (`repack_here`), with int8 activations only (not the head's float32 ones)
-    and not with `repack=False`; its decode form is the file's blocks' product within float32
-    rounding, its prompt form the same bits (the panels restored as they are unpacked), and it
-    holds 148 bytes a row's 256 weights against the file's 144."""
+def test_quant_linear_repacks_for_the_decode_step_alone():
+    """QuantLinear holds a Q4_K or Q6_K part of whole groups of eight rows repacked (Q4_K_R8,
+    Q6_K_R8) where kernel.cpp's AVX2 builds run (`repack_here`), with int8 activations only (not
+    the head's float32 ones) and not with `repack=False`; its decode form is the file's blocks'
+    product within float32 rounding, its prompt form the same bits (the panels restored as they
+    are unpacked), and it holds 148 bytes a Q4_K row's 256 weights against the file's 144."""
     rng = np.random.default_rng(12)
     cols = 512
     parts = [quants.QuantBlocks(torch.from_numpy(random_blocks(q, rows, cols, rng)), q, cols)
@@ -293,7 +296,7 @@ def test_quant_linear_repacks_q4_k_for_the_decode_step_alone():
     linear, plain = quants.QuantLinear(parts, bias), quants.QuantLinear(parts, bias, repack=False)
     head = quants.QuantLinear(parts, bias, slabs=False, int8_x=False)
     here = quants.repack_here()
-    assert f"parts={['Q4_K_R8' if here else 'Q4_K', 'Q6_K', 'Q4_K']}" in linear.extra_repr()
+    assert f"parts={['Q4_K_R8', 'Q6_K_R8', 'Q4_K'] if here else ['Q4_K', 'Q6_K', 'Q4_K']}" in linear.extra_repr()
     for module in (plain, head):
         assert "parts=['Q4_K', 'Q6_K', 'Q4_K']" in module.extra_repr()
     assert quants.held_bytes(linear) - quants.held_bytes(plain) == (48 * 2 * 4 if here else 0)
@@ -332,7 +335,7 @@ def test_the_vnni_build_gives_the_avx2_builds_bits(tmp_path):
     """Where the CPU has AVX-512 VNNI, ops.cpp runs kernel.cpp's third build (the 32-weight types'
     four-byte sums in one instruction): every type's int8 product the same bits as the AVX2 build
     gives in a process told to keep it (STRATA_QUANTS_ISA=avx2), at 1 to 9 rows and an odd number
-    of weight rows (each thread's share ends on a lone one); Q4_K_R8's eight-row dot too."""
+    of weight rows (each thread's share ends on a lone one); the repacked types' eight-row dots too."""
     import os
     import subprocess
     import sys
@@ -343,8 +346,9 @@ def test_the_vnni_build_gives_the_avx2_builds_bits(tmp_path):
     types = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS, Q.IQ3_S]
     cases = [(int(q), torch.from_numpy(random_blocks(q, 37, 512, rng)), torch.randn(rows, 512) * 3)
              for q in types for rows in (1, 4, 9)]
-    repacked = quants.ops().repack_q4_k(torch.from_numpy(random_blocks(Q.Q4_K, 40, 512, rng)), 512)
-    cases += [(quants.Q4_K_R8, repacked, torch.randn(rows, 512) * 3) for rows in (1, 4, 9)]  # a group cut by the threads
+    for q, code in quants.EIGHT_ROWS.items():  # 40 rows: a group cut by the threads' split
+        repacked = quants.ops().repack(torch.from_numpy(random_blocks(q, 40, 512, rng)), int(q), 512)
+        cases += [(code, repacked, torch.randn(rows, 512) * 3) for rows in (1, 4, 9)]
     torch.save(cases, tmp_path / "cases.pt")
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "STRATA_QUANTS_ISA": "avx2", "PYTHONPATH": str(root)}
