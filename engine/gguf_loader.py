@@ -258,6 +258,14 @@ class GGUFModel:
             return None
         return self._blocks(self._tensors[name], self._permuted_heads(name))
 
+    def release(self, name: str) -> None:
+        """The model holds `name` in a form of its own now (engine/quants' repacked blocks): its
+        file pages leave this process's RSS (they fault back in if read again)."""
+        if name in self._picked:
+            self.file.drop_tensor_pages(self._picked[name][0].name)
+        elif name in self._tensors:
+            self.file.drop_tensor_pages(self._tensors[name].name)
+
     def _blocks(self, tensor: GGUFTensor, heads: int) -> quants.QuantBlocks | None:
         """[rows, row_bytes], or [E, rows, row_bytes] for an MoE layer's stacked experts."""
         if len(tensor.shape) not in (2, 3) or not quants.shape_ok(tensor.qtype, tensor.shape[-1]) or not quants.available():

@@ -29,7 +29,7 @@ from engine.layers import Attention, Block, GatedFFN, gather_index
 from engine.exact_head import exact_logits
 from engine.memory import ensure_kv_fits
 from engine.moe import Experts
-from engine.quants.blocks import INT4_TYPES, QuantExperts, QuantLinear, QuantRows, available as quants_available
+from engine.quants.blocks import INT4_TYPES, BlocksPart, QuantExperts, QuantLinear, QuantRows, available as quants_available
 from engine.rope import RopeScaling, tables
 from engine.step import Body, HeadOut, StepInputs, run_layers, step_body
 from engine.weights import (
@@ -305,7 +305,12 @@ class Transformer(nn.Module):
                 held = [source.quant(n) for n in parts]
                 if all(q is not None and (int4 or q.qtype not in INT4_TYPES) for q in held):
                     # Q4_K parts on `mm` (its fused dot beat torch's int4 kernel in the engine, Dec 6)
-                    return counted("quant", QuantLinear(held, b, int8_prompt=prompt_int8, repack=repack))  # type: ignore[arg-type]
+                    module = QuantLinear(held, b, int8_prompt=prompt_int8, repack=repack)  # type: ignore[arg-type]
+                    release = getattr(source, "release", None)  # a GGUF file: the repacked parts' pages
+                    for name, part in zip(parts, module.parts):
+                        if release is not None and isinstance(part, BlocksPart) and part.repacked:
+                            release(name)
+                    return counted("quant", module)
             weight = torch.cat([source.dense(n) for n in parts]).to(dtype)
             if use_packed:
                 return counted("bf16-packed", PackedLinear(weight, b))

@@ -563,6 +563,8 @@ def test_a_mix_loads_in_its_file_size_and_decodes_as_the_dequantized_model(tmp_p
     assert not any(m.int8_prompt for m in slabs.modules() if isinstance(m, quants.QuantLinear))
     held = quants.held_bytes(model)
     assert held <= 1.15 * file_bytes, (name, held / file_bytes)
+    if quants.repack_here() and name in ("Q4_K_M", "Q6_K"):  # their Q4_K / Q6_K layers repacked at load
+        assert any("_R8" in m.extra_repr() for m in on_blocks), name
     loaded.file.drop_pages()  # as load_engine does: the blocks kept as the file's pages fault back in
     weights = loaded.weights()
     dense = Transformer.build(loaded.config, DictSource(weights), dtype=torch.bfloat16, device=cpu)
@@ -638,3 +640,42 @@ def test_the_ops_fake_kernels_give_their_shapes_and_dtypes():
         result = torch.library.opcheck(torch.ops.strata_quants.mm.default,
                                        (torch.randn(3, 512), raw, int(Q.Q4_K), codebook, int8_x, False), test_utils=checks)
         assert set(result.values()) == {"SUCCESS"}, (int8_x, result)
+
+
+def test_a_repacked_tensors_file_pages_leave_the_process_and_read_back(tmp_path):
+    """`GGUFFile.drop_tensor_pages` (what the loader does once a matrix is repacked): none of the
+    tensor's whole pages is mapped in this process afterwards (/proc/self/pagemap), and its bytes
+    read back the same (faulted in again from the file)."""
+    from engine.gguf_file import GGUFFile
+
+    path = tmp_path / "tiny-Q4_K_M.gguf"
+    write_mix(path, "Q4_K_M")
+    file = GGUFFile(path)
+    name, tensor = max(file.tensors.items(), key=lambda item: item[1].data.nbytes)
+    before = bytes(tensor.data)  # every page of it touched
+    present, pages = _resident_pages(file, tensor)
+    if pages and not present:
+        pytest.skip("/proc/self/pagemap shows no page as present here (no presence information)")
+    assert pages > 0 and present == pages
+    file.drop_tensor_pages(name)
+    assert _resident_pages(file, tensor) == (0, pages)
+    assert bytes(tensor.data) == before
+
+
+def _resident_pages(file, tensor) -> tuple[int, int]:
+    """(pages of the tensor's whole pages mapped in this process, how many whole pages it spans),
+    from /proc/self/pagemap's present bit."""
+    import mmap
+    import os
+    import struct
+
+    start = tensor.data.ctypes.data
+    lo, hi = -(-start // mmap.PAGESIZE), (start + tensor.data.nbytes) // mmap.PAGESIZE
+    present = 0
+    if not os.access("/proc/self/pagemap", os.R_OK):
+        pytest.skip("no /proc/self/pagemap")
+    with open("/proc/self/pagemap", "rb") as f:
+        for page in range(lo, hi):
+            f.seek(8 * page)
+            present += struct.unpack("<Q", f.read(8))[0] >> 63
+    return present, hi - lo
