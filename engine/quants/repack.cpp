@@ -51,6 +51,54 @@ inline void pack_scales(const uint8_t* sc, const uint8_t* mn, uint8_t* s) {  // 
   }
 }
 
+// n bytes between a row's block in the file's layout (b) and its place in the group's (o): into
+// the group when repacking, back when restoring. One description of each layout serves both.
+template <bool Restore>
+inline void move(uint8_t* b, uint8_t* o, int n) {
+  if constexpr (Restore) std::memcpy(b, o, n);
+  else std::memcpy(o, b, n);
+}
+
+// Row k's Q4_K block b and its places in the group's super-block o (the layout above).
+template <bool Restore>
+inline void q4_k_row(uint8_t* b, uint8_t* o, int k) {
+  move<Restore>(b, o + 2 * k, 2);
+  move<Restore>(b + 2, o + 16 + 2 * k, 2);
+  uint8_t sc[8], mn[8];
+  if constexpr (!Restore) unpack_scales(b + 4, sc, mn);
+  for (int c = 0; c < 8; ++c) {
+    move<Restore>(sc + c, o + 32 + 8 * c + k, 1);
+    move<Restore>(mn + c, o + 96 + 8 * c + k, 1);
+  }
+  if constexpr (Restore) pack_scales(sc, mn, b + 4);
+  for (int j = 0; j < 4; ++j)
+    for (int q = 0; q < 8; ++q) move<Restore>(b + 16 + 32 * j + 4 * q, o + 160 + 32 * (8 * j + q) + 4 * k, 4);
+}
+
+// Row k's Q6_K block b and its places in the group's super-block o.
+template <bool Restore>
+inline void q6_k_row(uint8_t* b, uint8_t* o, int k) {
+  move<Restore>(b + 208, o + 2 * k, 2);
+  for (int s = 0; s < 16; ++s) move<Restore>(b + 192 + s, o + 16 + 8 * s + k, 1);
+  for (int h = 0; h < 2; ++h)
+    for (int q = 0; q < 8; ++q) {
+      for (int t = 0; t < 2; ++t)
+        move<Restore>(b + 64 * h + 32 * t + 4 * q, o + 144 + 768 * h + 256 + 32 * (8 * t + q) + 4 * k, 4);
+      move<Restore>(b + 128 + 32 * h + 4 * q, o + 144 + 768 * h + 32 * q + 4 * k, 4);
+    }
+}
+
+// row(b, o, k) for every row k of every group of `rows` and super-block i in [i0, i0 + n): b the
+// row's block in file-layout rows of n blocks (FileBytes each), o the group's super-block i.
+template <int64_t FileBytes, int64_t GroupBytes, typename Row>
+void each_block(uint8_t* file, uint8_t* groups, int64_t rows, int64_t K, int64_t i0, int64_t n, Row row) {
+  const int64_t nb = K / 256;
+  for (int64_t g = 0; g < rows / 8; ++g)
+    for (int64_t i = i0; i < i0 + n; ++i)
+      for (int k = 0; k < 8; ++k)
+        row(file + ((8 * g + k) * n + (i - i0)) * FileBytes, groups + (g * nb + i) * GroupBytes, k);
+}
+
 }  // namespace
 
 extern "C" {
@@ -58,81 +106,23 @@ extern "C" {
 // rows (a multiple of 8) of Q4_K blocks, K weights each (src rows K/256 * 144 bytes apart) ->
 // dst, the same rows as Q4_K_R8 (K/256 * 148 bytes a row).
 void strata_repack_q4_k(const uint8_t* src, int64_t rows, int64_t K, uint8_t* dst) {
-  const int64_t nb = K / 256;
-  for (int64_t g = 0; g < rows / 8; ++g)
-    for (int64_t i = 0; i < nb; ++i) {
-      uint8_t* o = dst + (g * nb + i) * Q4_GROUP;
-      for (int k = 0; k < 8; ++k) {
-        const uint8_t* b = src + ((8 * g + k) * nb + i) * 144;
-        std::memcpy(o + 2 * k, b, 2);
-        std::memcpy(o + 16 + 2 * k, b + 2, 2);
-        uint8_t sc[8], mn[8];
-        unpack_scales(b + 4, sc, mn);
-        for (int c = 0; c < 8; ++c) o[32 + 8 * c + k] = sc[c], o[96 + 8 * c + k] = mn[c];
-        for (int j = 0; j < 4; ++j)
-          for (int q = 0; q < 8; ++q) std::memcpy(o + 160 + 32 * (8 * j + q) + 4 * k, b + 16 + 32 * j + 4 * q, 4);
-      }
-    }
+  each_block<144, Q4_GROUP>(const_cast<uint8_t*>(src), dst, rows, K, 0, K / 256, q4_k_row<false>);
 }
 
 // The inverse: rows (a multiple of 8, from a group's start) of Q4_K_R8, super-blocks [i0, i0 + n)
 // of each -> dst rows of n Q4_K blocks (n * 144 bytes apart), the file's bytes bit for bit.
 void strata_restore_q4_k(const uint8_t* src, int64_t rows, int64_t K, int64_t i0, int64_t n, uint8_t* dst) {
-  const int64_t nb = K / 256;
-  for (int64_t g = 0; g < rows / 8; ++g)
-    for (int64_t i = i0; i < i0 + n; ++i) {
-      const uint8_t* o = src + (g * nb + i) * Q4_GROUP;
-      for (int k = 0; k < 8; ++k) {
-        uint8_t* b = dst + ((8 * g + k) * n + (i - i0)) * 144;
-        std::memcpy(b, o + 2 * k, 2);
-        std::memcpy(b + 2, o + 16 + 2 * k, 2);
-        uint8_t sc[8], mn[8];
-        for (int c = 0; c < 8; ++c) sc[c] = o[32 + 8 * c + k], mn[c] = o[96 + 8 * c + k];
-        pack_scales(sc, mn, b + 4);
-        for (int j = 0; j < 4; ++j)
-          for (int q = 0; q < 8; ++q) std::memcpy(b + 16 + 32 * j + 4 * q, o + 160 + 32 * (8 * j + q) + 4 * k, 4);
-      }
-    }
+  each_block<144, Q4_GROUP>(dst, const_cast<uint8_t*>(src), rows, K, i0, n, q4_k_row<true>);
 }
 
 // rows (a multiple of 8) of Q6_K blocks -> Q6_K_R8 (210 bytes a row's 256 weights either way).
 void strata_repack_q6_k(const uint8_t* src, int64_t rows, int64_t K, uint8_t* dst) {
-  const int64_t nb = K / 256;
-  for (int64_t g = 0; g < rows / 8; ++g)
-    for (int64_t i = 0; i < nb; ++i) {
-      uint8_t* o = dst + (g * nb + i) * Q6_GROUP;
-      for (int k = 0; k < 8; ++k) {
-        const uint8_t* b = src + ((8 * g + k) * nb + i) * 210;
-        std::memcpy(o + 2 * k, b + 208, 2);
-        for (int s = 0; s < 16; ++s) o[16 + 8 * s + k] = b[192 + s];
-        for (int h = 0; h < 2; ++h)
-          for (int q = 0; q < 8; ++q) {
-            for (int t = 0; t < 2; ++t)
-              std::memcpy(o + 144 + 768 * h + 256 + 32 * (8 * t + q) + 4 * k, b + 64 * h + 32 * t + 4 * q, 4);
-            std::memcpy(o + 144 + 768 * h + 32 * q + 4 * k, b + 128 + 32 * h + 4 * q, 4);
-          }
-      }
-    }
+  each_block<210, Q6_GROUP>(const_cast<uint8_t*>(src), dst, rows, K, 0, K / 256, q6_k_row<false>);
 }
 
 // The inverse, super-blocks [i0, i0 + n) of each row (as strata_restore_q4_k).
 void strata_restore_q6_k(const uint8_t* src, int64_t rows, int64_t K, int64_t i0, int64_t n, uint8_t* dst) {
-  const int64_t nb = K / 256;
-  for (int64_t g = 0; g < rows / 8; ++g)
-    for (int64_t i = i0; i < i0 + n; ++i) {
-      const uint8_t* o = src + (g * nb + i) * Q6_GROUP;
-      for (int k = 0; k < 8; ++k) {
-        uint8_t* b = dst + ((8 * g + k) * n + (i - i0)) * 210;
-        std::memcpy(b + 208, o + 2 * k, 2);
-        for (int s = 0; s < 16; ++s) b[192 + s] = o[16 + 8 * s + k];
-        for (int h = 0; h < 2; ++h)
-          for (int q = 0; q < 8; ++q) {
-            for (int t = 0; t < 2; ++t)
-              std::memcpy(b + 64 * h + 32 * t + 4 * q, o + 144 + 768 * h + 256 + 32 * (8 * t + q) + 4 * k, 4);
-            std::memcpy(b + 128 + 32 * h + 4 * q, o + 144 + 768 * h + 32 * q + 4 * k, 4);
-          }
-      }
-    }
+  each_block<210, Q6_GROUP>(dst, const_cast<uint8_t*>(src), rows, K, i0, n, q6_k_row<true>);
 }
 
 }  // extern "C"
