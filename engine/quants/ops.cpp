@@ -1,4 +1,5 @@
-// torch ops over GGUF blocks (CPU): strata_quants::dequantize, ::mm, ::prompt_mm and ::mm_experts.
+// torch ops over GGUF blocks (CPU): strata_quants::dequantize, ::mm, ::prompt_mm, ::prompt_mm_int8,
+// ::mm_experts, and ::repack / ::restore (Q4_K and Q6_K eight rows at a time for mm: repack.cpp).
 //
 // mm is the decode step's product with a quantized matrix: y = x @ W^T with W kept as the
 // file's blocks, read once per call in its file size, never dense. kernel.cpp does the work:
