@@ -264,7 +264,7 @@ class Transformer(nn.Module):
           `dtype`, prepacked by oneDNN for CPU bf16; with `prefill_bf16` an int4 matrix also keeps
           a bf16 prepacked copy for prefill chunks (`TwoFormLinear`: the one exception to one copy);
           a `QuantLinear`'s prompt tokens in int8 with `prompt_int8` where the CPU runs that
-          faster (`int8_prompt_here`), else through bf16 slabs; its Q4_K and Q6_K parts repacked
+          faster (`int8_prompt_here`), else through bf16 slabs; its K-quant parts repacked
           eight rows at a time for the decode step with `repack` (engine/quants/blocks.py
           `repacked`), their file pages dropped from the process as soon as they are;
         - embedding: a row table (a quantized file's own blocks, looked up and dequantized per

@@ -62,16 +62,16 @@ def int8_prompt_here() -> bool:
     return available() and slab_dtype() == torch.bfloat16 and bool(ops().int8_prompt())
 
 
-# layouts.h: Q4_K's and Q6_K's blocks repacked eight weight rows at a time (repack.cpp): not GGUF types
-Q4_K_R8, Q6_K_R8 = 1012, 1014
-EIGHT_ROWS = {Q.Q4_K: Q4_K_R8, Q.Q6_K: Q6_K_R8}
+# layouts.h: the K-quants' blocks repacked eight weight rows at a time (repack.cpp): not GGUF types
+Q4_K_R8, Q5_K_R8, Q6_K_R8 = 1012, 1013, 1014
+EIGHT_ROWS = {Q.Q4_K: Q4_K_R8, Q.Q5_K: Q5_K_R8, Q.Q6_K: Q6_K_R8}
 
 
 class QuantBlocks(NamedTuple):
     raw: Tensor  # uint8 [rows, row_bytes], or [E, rows, row_bytes]: an MoE layer's stacked experts
     qtype: Q
     cols: int
-    repacked: bool = False  # Q4_K / Q6_K held eight rows at a time (`repacked`): raw's rows are groups of eight
+    repacked: bool = False  # a K-quant held eight rows at a time (`repacked`): raw's rows are groups of eight
 
 
 class BlocksPart(NamedTuple):
@@ -93,20 +93,20 @@ def kind(blocks: QuantBlocks | BlocksPart) -> str:
 
 @cache
 def repack_here() -> bool:
-    """Whether Q4_K / Q6_K matrices are repacked for the decode step: where kernel.cpp's AVX2 or
+    """Whether K-quant matrices are repacked for the decode step: where kernel.cpp's AVX2 or
     VNNI build runs (the repacked forms' own dots are theirs; the portable build would read them
     restored)."""
     return available() and ops().mm_build() != "portable"
 
 
 def repacked(blocks: QuantBlocks) -> QuantBlocks:
-    """Q4_K as Q4_K_R8 and Q6_K as Q6_K_R8 (repack.cpp: exact repackings, eight weight rows at a
-    time; 148 bytes a row's 256 weights against Q4_K's 144, Q6_K's 210 either way) where
-    `repack_here` and the rows are whole groups of eight; anything else as it is. The decode
-    step's dots then work on eight weight rows per register (kernel.cpp `dot_q4_k_r8`,
-    `dot_q6_k_r8`); the prompt's products restore each panel's rows to the file's bytes as they
-    unpack them. The file's pages are then no longer read: a copy in the worker's memory
-    instead of the page cache's (not shared by two workers on one file)."""
+    """Q4_K, Q5_K and Q6_K as Q4_K_R8, Q5_K_R8, Q6_K_R8 (repack.cpp: exact repackings, eight
+    weight rows at a time; 148, 180 and 210 bytes a row's 256 weights against the file's 144, 176
+    and 210) where `repack_here` and the rows are whole groups of eight; anything else as it is.
+    The decode step's dots then work on eight weight rows per register (kernel.cpp
+    `dot_q45_k_r8`, `dot_q6_k_r8`); the prompt's products restore each panel's rows to the file's
+    bytes as they unpack them. The file's pages are then no longer read: a copy in the worker's
+    memory instead of the page cache's (not shared by two workers on one file)."""
     if (blocks.qtype not in EIGHT_ROWS or blocks.repacked or blocks.raw.dim() != 2 or blocks.raw.shape[0] % 8
             or not repack_here()):
         return blocks
@@ -197,7 +197,7 @@ class QuantLinear(nn.Module):
         int8_x: `mm` quantizes the activations to int8 per 32 (llama.cpp's arithmetic, ~5e-3
         relative error on the output; ~9e-3 on real layer inputs); False keeps them float32 (the
         head: its logits are then the exact rows' product).
-        repack: with int8_x, Q4_K and Q6_K parts held eight rows at a time (`repacked`: the decode
+        repack: with int8_x, Q4_K, Q5_K and Q6_K parts held eight rows at a time (`repacked`: the decode
         step's dot on eight weight rows at once); False keeps the file's blocks."""
         super().__init__()
         self.slabs, self.int8_x = slabs, int8_x

@@ -542,7 +542,7 @@ inline void dot_q45_k(const uint8_t* row, const int8_t* xq, const float* dx, con
   for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
 }
 
-// Q4_K_R8 and Q6_K_R8 (repack.cpp: eight weight rows at a time): out[8 r + k] = the dot of the
+// Q4_K_R8, Q5_K_R8 and Q6_K_R8 (repack.cpp: eight weight rows at a time): out[8 r + k] = the dot of the
 // group's weight row k with activation row r, for R rows. Lane k of every register is weight
 // row k, so a chunk's float work (its integer sums converted, times d * sc * dx; Q4_K's minimum
 // -dmin * mn times the chunk's dx * sum(xq), Q6_K's offset -32 d * sc times each 16's) is one
@@ -564,37 +564,54 @@ inline __m256i quad_of(const int8_t* x) {  // four activation bytes in every lan
   return _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(x)));
 }
 
-template <int R>
-inline void dot_q4_k_r8(const uint8_t* group, const int8_t* xq, const float* dx, const float* xs, const float*,
-                        int64_t K, float* out) {
+// Five: Q5_K_R8, each code's fifth bit from the high bits' quads (bit c: chunk c's)
+template <int R, bool Five>
+inline void dot_q45_k_r8(const uint8_t* group, const int8_t* xq, const float* dx, const float* xs, const float*,
+                         int64_t K, float* out) {
   const int64_t C = K / 32;
+  constexpr int64_t bytes = Five ? 1440 : 1184, codes_at = Five ? 416 : 160;
 #ifdef STRATA_VNNI
   constexpr int chains = R <= 2 ? 2 : 1;  // one or two rows: two chains of vpdpbusd, not one long one
 #else
   constexpr int chains = 1;
 #endif
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i low4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
   __m256 acc[R], mins[R];
   for (int r = 0; r < R; ++r) acc[r] = mins[r] = _mm256_setzero_ps();
   for (int64_t i = 0; i < K / 256; ++i) {
-    const uint8_t* o = group + i * 1184;
+    const uint8_t* o = group + i * bytes;
     const __m256 d = halves8(o), dmin = _mm256_sub_ps(_mm256_setzero_ps(), halves8(o + 16));
+#pragma GCC unroll 4
     for (int j = 0; j < 4; ++j)
+#pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {  // chunk 2j in the low nibbles, 2j + 1 in the high
         const int64_t c = 8 * i + 2 * j + h;
-        __m256i sum[R][chains];
-        for (int r = 0; r < R; ++r)
+        const int bit = 2 * j + h;  // the chunk's high bit in Q5_K's qh bytes
+        __m256i sum[R][chains], wide[R];
+        for (int r = 0; r < R; ++r) {
+          wide[r] = _mm256_setzero_si256();
           for (int e = 0; e < chains; ++e) sum[r][e] = _mm256_setzero_si256();
+        }
 #pragma GCC unroll 8
         for (int q = 0; q < 8; ++q) {
-          const __m256i nib = load(o + 160 + 32 * (8 * j + q));
-          const __m256i codes = _mm256_and_si256(h ? _mm256_srli_epi16(nib, 4) : nib, low4);
+          const __m256i nib = load(o + codes_at + 32 * (8 * j + q));
+          __m256i codes = _mm256_and_si256(h ? _mm256_srli_epi16(nib, 4) : nib, low4);
+          if constexpr (Five) {  // bit `bit` of each qh byte to bit 4 (16-bit shifts: the mask keeps the byte's own)
+            const __m256i qh = load(o + 160 + 32 * q);
+            const __m256i high = bit < 4 ? _mm256_sll_epi16(qh, _mm_cvtsi32_si128(4 - bit))
+                                         : _mm256_srl_epi16(qh, _mm_cvtsi32_si128(bit - 4));
+            codes = _mm256_or_si256(codes, _mm256_and_si256(high, bit4));
+          }
           for (int r = 0; r < R; ++r) {
             const __m256i x = quad_of(xq + r * K + 32 * c + 4 * q);
 #ifdef STRATA_VNNI
             sum[r][q % chains] = _mm256_dpbusd_epi32(sum[r][q % chains], codes, x);
-#else  // |pair| <= 2 * 15 * 127: eight quads summed as int16 stay below 2^15
+#else  // |pair| <= 2 * 15 * 127: eight quads summed as int16 stay below 2^15; Q5_K's 2 * 31 * 127: four
             sum[r][0] = _mm256_add_epi16(sum[r][0], _mm256_maddubs_epi16(codes, x));
+            if (Five && q == 3) {
+              wide[r] = _mm256_madd_epi16(sum[r][0], _mm256_set1_epi16(1));
+              sum[r][0] = _mm256_setzero_si256();
+            }
 #endif
           }
         }
@@ -605,7 +622,7 @@ inline void dot_q4_k_r8(const uint8_t* group, const int8_t* xq, const float* dx,
           __m256i total = sum[r][0];
           if constexpr (chains == 2) total = _mm256_add_epi32(total, sum[r][1]);
 #else
-          const __m256i total = _mm256_madd_epi16(sum[r][0], _mm256_set1_epi16(1));
+          const __m256i total = _mm256_add_epi32(wide[r], _mm256_madd_epi16(sum[r][0], _mm256_set1_epi16(1)));
 #endif
           acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(s, _mm256_broadcast_ss(dx + r * C + c)), acc[r]);
           mins[r] = _mm256_fmadd_ps(m, _mm256_broadcast_ss(xs + r * C + c), mins[r]);
@@ -665,7 +682,7 @@ inline void dot_q6_k_r8(const uint8_t* group, const int8_t* xq, const float* dx,
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, _mm256_add_ps(acc[r], offs[r]));
 }
 
-// y's columns [n0, n1) of eight-row blocks (Dot: dot_q4_k_r8 / dot_q6_k_r8): a group cut by the
+// y's columns [n0, n1) of eight-row blocks (Dot: dot_q45_k_r8 / dot_q6_k_r8): a group cut by the
 // range (a thread's share) is computed whole and its share kept, so a column's bits never depend
 // on how the columns were split.
 template <typename Dot>
@@ -946,7 +963,11 @@ __attribute__((noinline)) void fused_rows(int qtype, const uint8_t* src, int64_t
   if (qtype == Q4_K_R8)
     return groups_r8(src, rb, K, n0, n1, M, N, xq, dx, xs, nullptr, y,
                      [K](auto R, const uint8_t* g, const int8_t* x, const float* d, const float* s, const float* x16,
-                         float* out) { dot_q4_k_r8<decltype(R)::value>(g, x, d, s, x16, K, out); });
+                         float* out) { dot_q45_k_r8<decltype(R)::value, false>(g, x, d, s, x16, K, out); });
+  if (qtype == Q5_K_R8)
+    return groups_r8(src, rb, K, n0, n1, M, N, xq, dx, xs, nullptr, y,
+                     [K](auto R, const uint8_t* g, const int8_t* x, const float* d, const float* s, const float* x16,
+                         float* out) { dot_q45_k_r8<decltype(R)::value, true>(g, x, d, s, x16, K, out); });
   const int64_t C = K / 32, G = K / 16;
   float* x16 = nullptr;
   if (qtype == Q6_K || qtype == Q6_K_R8) {  // dx * (each 16's sum of xq), M * K / 16 floats

@@ -1,5 +1,5 @@
 // torch ops over GGUF blocks (CPU): strata_quants::dequantize, ::mm, ::prompt_mm, ::prompt_mm_int8,
-// ::mm_experts, and ::repack / ::restore (Q4_K and Q6_K eight rows at a time for mm: repack.cpp).
+// ::mm_experts, and ::repack / ::restore (the K-quants eight rows at a time for mm: repack.cpp).
 //
 // mm is the decode step's product with a quantized matrix: y = x @ W^T with W kept as the
 // file's blocks, read once per call in its file size, never dense. kernel.cpp does the work:
@@ -32,6 +32,8 @@ extern "C" int strata_code_offset(int qtype);
 extern "C" {  // repack.cpp
 void strata_repack_q4_k(const uint8_t*, int64_t, int64_t, uint8_t*);
 void strata_restore_q4_k(const uint8_t*, int64_t, int64_t, int64_t, int64_t, uint8_t*);
+void strata_repack_q5_k(const uint8_t*, int64_t, int64_t, uint8_t*);
+void strata_restore_q5_k(const uint8_t*, int64_t, int64_t, int64_t, int64_t, uint8_t*);
 void strata_repack_q6_k(const uint8_t*, int64_t, int64_t, uint8_t*);
 void strata_restore_q6_k(const uint8_t*, int64_t, int64_t, int64_t, int64_t, uint8_t*);
 }
@@ -76,14 +78,16 @@ void strata_mm_rows_vnni(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t
 
 namespace {
 
-// layouts.h: Q4_K's and Q6_K's blocks repacked eight rows at a time (repack.cpp), their type + 1000
-constexpr int64_t Q4_K = 12, Q6_K = 14, Q4_K_R8 = 1012, Q6_K_R8 = 1014, EIGHT_ROWS = 1000;
+// layouts.h: the K-quants' blocks repacked eight rows at a time (repack.cpp), their type + 1000
+constexpr int64_t Q4_K = 12, Q5_K = 13, Q6_K = 14, EIGHT_ROWS = 1000;
 
-bool eight_rows(int64_t qtype) { return qtype == Q4_K_R8 || qtype == Q6_K_R8; }
+bool eight_rows(int64_t qtype) { return qtype >= Q4_K + EIGHT_ROWS && qtype <= Q6_K + EIGHT_ROWS; }
 
 using Restore = void (*)(const uint8_t*, int64_t, int64_t, int64_t, int64_t, uint8_t*);
 
-Restore restore_fn(int64_t qtype) { return qtype == Q4_K_R8 ? strata_restore_q4_k : strata_restore_q6_k; }
+Restore restore_fn(int64_t qtype) {
+  return qtype == Q4_K + EIGHT_ROWS ? strata_restore_q4_k : qtype == Q5_K + EIGHT_ROWS ? strata_restore_q5_k : strata_restore_q6_k;
+}
 
 void check(const at::Tensor& blocks, int64_t qtype, int64_t cols) {
   const int bw = strata_block_weights(int(qtype));
@@ -95,7 +99,7 @@ void check(const at::Tensor& blocks, int64_t qtype, int64_t cols) {
   TORCH_CHECK(!eight_rows(qtype) || blocks.size(0) % 8 == 0, "strata_quants: repacked rows come in groups of 8");
 }
 
-// Repacked blocks (Q4_K_R8, Q6_K_R8) as the file's again (exact), for the products that read
+// Repacked blocks (Q4_K_R8, Q5_K_R8, Q6_K_R8) as the file's again (exact), for the products that read
 // weight rows one at a time (the portable build's, float32 activations', the whole matrix's
 // unpacking); other types' blocks as they are. qtype becomes the blocks' type.
 at::Tensor as_file_blocks(const at::Tensor& blocks, int64_t& qtype, int64_t cols) {
@@ -112,10 +116,10 @@ at::Tensor as_file_blocks(const at::Tensor& blocks, int64_t& qtype, int64_t cols
   return out;
 }
 
-// Q4_K or Q6_K blocks [rows, cols] -> the same repacked eight rows at a time (rows a multiple of
-// 8): type + 1000.
+// Q4_K, Q5_K or Q6_K blocks [rows, cols] -> the same repacked eight rows at a time (rows a
+// multiple of 8): type + 1000.
 at::Tensor repack(const at::Tensor& blocks, int64_t qtype, int64_t cols) {
-  TORCH_CHECK(qtype == Q4_K || qtype == Q6_K, "strata_quants::repack: Q4_K or Q6_K, not ", qtype);
+  TORCH_CHECK(qtype >= Q4_K && qtype <= Q6_K, "strata_quants::repack: Q4_K, Q5_K or Q6_K, not ", qtype);
   check(blocks, qtype, cols);
   TORCH_CHECK(blocks.size(0) % 8 == 0, "strata_quants::repack: rows come in groups of 8, not ", blocks.size(0));
   at::Tensor out = at::empty({blocks.size(0), cols / 256 * strata_block_bytes(int(qtype + EIGHT_ROWS))}, blocks.options());
@@ -129,7 +133,7 @@ at::Tensor repack(const at::Tensor& blocks, int64_t qtype, int64_t cols) {
     if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
   }
 #endif
-  const auto fn = qtype == Q4_K ? strata_repack_q4_k : strata_repack_q6_k;
+  const auto fn = qtype == Q4_K ? strata_repack_q4_k : qtype == Q5_K ? strata_repack_q5_k : strata_repack_q6_k;
   const int64_t rb = blocks.size(1), ob = out.size(1);
   at::parallel_for(0, blocks.size(0) / 8, 1, [&](int64_t g0, int64_t g1) {
     fn(src + 8 * g0 * rb, 8 * (g1 - g0), cols, dst + 8 * g0 * ob);
@@ -137,9 +141,9 @@ at::Tensor repack(const at::Tensor& blocks, int64_t qtype, int64_t cols) {
   return out;
 }
 
-// Repacked blocks [rows, cols] (qtype Q4_K_R8 or Q6_K_R8) -> the file's bytes (tests: exact).
+// Repacked blocks [rows, cols] (qtype Q4_K_R8, Q5_K_R8 or Q6_K_R8) -> the file's bytes (tests: exact).
 at::Tensor restore(const at::Tensor& blocks, int64_t qtype, int64_t cols) {
-  TORCH_CHECK(eight_rows(qtype), "strata_quants::restore: Q4_K_R8 or Q6_K_R8, not ", qtype);
+  TORCH_CHECK(eight_rows(qtype), "strata_quants::restore: a repacked type (1012-1014), not ", qtype);
   check(blocks, qtype, cols);
   return as_file_blocks(blocks, qtype, cols).clone();
 }

@@ -1,5 +1,5 @@
-// Q4_K and Q6_K repacked eight weight rows at a time (`Q4_K_R8`, `Q6_K_R8`), so that the decode
-// step's dots (kernel.cpp `dot_q4_k_r8`, `dot_q6_k_r8`) hold one weight row per lane of a
+// The K-quants repacked eight weight rows at a time (`Q4_K_R8`, `Q5_K_R8`, `Q6_K_R8`), so that the
+// decode step's dots (kernel.cpp `dot_q45_k_r8`, `dot_q6_k_r8`) hold one weight row per lane of a
 // register: a chunk's float work (its integer sum converted, times the scales and dx, the
 // minimum or offset times the chunk's sum) is one operation for eight rows, with no horizontal
 // sums, and the scales are bytes ready to widen. Exact repackings: every bit of the file's blocks
@@ -14,6 +14,10 @@
 //   [96, 160)    the minimums likewise
 //   [160, 1184)  the codes: for each 64 weights j (0..3) and quad q (0..7), 32 bytes: row k's
 //                bytes 4q..4q+3 of the file's qs[32j..32j+32) at 4k (low nibbles: chunk 2j, high: 2j+1)
+//
+// Q5_K_R8, 1440 bytes (8 x 180 against 8 x 176): Q4_K_R8's first 160 bytes, then the high bits,
+// for each quad q 32 bytes: row k's qh[4q..4q+4) at 4k (bit c: chunk c's), at 160 + 32q, then
+// Q4_K_R8's codes from 416.
 //
 // Q6_K_R8, 1680 bytes (8 x 210, the file's size):
 //   [0, 16)      the eight rows' d (f16)
@@ -30,7 +34,7 @@
 
 namespace {
 
-constexpr int64_t Q4_GROUP = 1184, Q6_GROUP = 1680;  // bytes of eight rows' super-block
+constexpr int64_t Q4_GROUP = 1184, Q5_GROUP = 1440, Q6_GROUP = 1680;  // bytes of eight rows' super-block
 
 // the file's 12 bytes of 6-bit scales and minimums (llama.cpp's get_scale_min_k4 order) as
 // bytes: sc[0..8), mn[0..8)
@@ -59,9 +63,11 @@ inline void move(uint8_t* b, uint8_t* o, int n) {
   else std::memcpy(o, b, n);
 }
 
-// Row k's Q4_K block b and its places in the group's super-block o (the layout above).
-template <bool Restore>
-inline void q4_k_row(uint8_t* b, uint8_t* o, int k) {
+// Row k's Q4_K (or Q5_K: Five) block b and its places in the group's super-block o (the layouts
+// above).
+template <bool Restore, bool Five = false>
+inline void q45_k_row(uint8_t* b, uint8_t* o, int k) {
+  constexpr int qs = Five ? 48 : 16, codes = Five ? 416 : 160;
   move<Restore>(b, o + 2 * k, 2);
   move<Restore>(b + 2, o + 16 + 2 * k, 2);
   uint8_t sc[8], mn[8];
@@ -72,7 +78,9 @@ inline void q4_k_row(uint8_t* b, uint8_t* o, int k) {
   }
   if constexpr (Restore) pack_scales(sc, mn, b + 4);
   for (int j = 0; j < 4; ++j)
-    for (int q = 0; q < 8; ++q) move<Restore>(b + 16 + 32 * j + 4 * q, o + 160 + 32 * (8 * j + q) + 4 * k, 4);
+    for (int q = 0; q < 8; ++q) move<Restore>(b + qs + 32 * j + 4 * q, o + codes + 32 * (8 * j + q) + 4 * k, 4);
+  if constexpr (Five)
+    for (int q = 0; q < 8; ++q) move<Restore>(b + 16 + 4 * q, o + 160 + 32 * q + 4 * k, 4);
 }
 
 // Row k's Q6_K block b and its places in the group's super-block o.
@@ -106,13 +114,23 @@ extern "C" {
 // rows (a multiple of 8) of Q4_K blocks, K weights each (src rows K/256 * 144 bytes apart) ->
 // dst, the same rows as Q4_K_R8 (K/256 * 148 bytes a row).
 void strata_repack_q4_k(const uint8_t* src, int64_t rows, int64_t K, uint8_t* dst) {
-  each_block<144, Q4_GROUP>(const_cast<uint8_t*>(src), dst, rows, K, 0, K / 256, q4_k_row<false>);
+  each_block<144, Q4_GROUP>(const_cast<uint8_t*>(src), dst, rows, K, 0, K / 256, q45_k_row<false>);
 }
 
 // The inverse: rows (a multiple of 8, from a group's start) of Q4_K_R8, super-blocks [i0, i0 + n)
 // of each -> dst rows of n Q4_K blocks (n * 144 bytes apart), the file's bytes bit for bit.
 void strata_restore_q4_k(const uint8_t* src, int64_t rows, int64_t K, int64_t i0, int64_t n, uint8_t* dst) {
-  each_block<144, Q4_GROUP>(dst, const_cast<uint8_t*>(src), rows, K, i0, n, q4_k_row<true>);
+  each_block<144, Q4_GROUP>(dst, const_cast<uint8_t*>(src), rows, K, i0, n, q45_k_row<true>);
+}
+
+// rows (a multiple of 8) of Q5_K blocks -> Q5_K_R8 (180 bytes a row's 256 weights against 176).
+void strata_repack_q5_k(const uint8_t* src, int64_t rows, int64_t K, uint8_t* dst) {
+  each_block<176, Q5_GROUP>(const_cast<uint8_t*>(src), dst, rows, K, 0, K / 256, q45_k_row<false, true>);
+}
+
+// The inverse, super-blocks [i0, i0 + n) of each row (as strata_restore_q4_k).
+void strata_restore_q5_k(const uint8_t* src, int64_t rows, int64_t K, int64_t i0, int64_t n, uint8_t* dst) {
+  each_block<176, Q5_GROUP>(dst, const_cast<uint8_t*>(src), rows, K, i0, n, q45_k_row<true, true>);
 }
 
 // rows (a multiple of 8) of Q6_K blocks -> Q6_K_R8 (210 bytes a row's 256 weights either way).

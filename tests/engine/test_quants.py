@@ -240,7 +240,7 @@ def test_fused_dots_are_the_codes_paths_sums(qtype):
 
 @pytest.mark.parametrize("qtype", sorted(quants.EIGHT_ROWS), ids=lambda q: q.name)
 def test_repacked_eight_rows_at_a_time_keeps_every_bit_and_the_product(qtype):
-    """Q4_K_R8 and Q6_K_R8 (repack.cpp): the blocks moved so that the decode dots hold one weight
+    """Q4_K_R8, Q5_K_R8 and Q6_K_R8 (repack.cpp): the blocks moved so that the decode dots hold one weight
     row per lane. Restoring gives the file's bytes bit for bit and dequantizing gives gguf's
     values; `mm` with int8 activations runs the type's eight-row dot: the exact weights times the
     int8 activations (float64 on the quantized activations, <= 1e-6), each row alone the same
@@ -253,7 +253,8 @@ def test_repacked_eight_rows_at_a_time_keeps_every_bit_and_the_product(qtype):
     for rows, cols in ((8, 256), (40, 1536)):
         raw = torch.from_numpy(random_blocks(qtype, rows, cols, rng))
         r8 = ops.repack(raw, int(qtype), cols)
-        assert r8.shape == (rows, cols // 256 * (148 if qtype == Q.Q4_K else 210)) and not torch.equal(r8[:, :raw.shape[1]], raw)
+        row_bytes = {Q.Q4_K: 148, Q.Q5_K: 180, Q.Q6_K: 210}[qtype]  # the file's 144, 176, 210
+        assert r8.shape == (rows, cols // 256 * row_bytes) and not torch.equal(r8[:, :raw.shape[1]], raw)
         assert torch.equal(ops.restore(r8, R8, cols), raw)
         dense = quants.dequantize(quants.QuantBlocks(r8, qtype, cols, True))
         assert torch.equal(dense.view(torch.int32), torch.from_numpy(gguf_dequantize(raw.numpy(), qtype)).view(torch.int32))
@@ -283,8 +284,8 @@ def test_repacked_eight_rows_at_a_time_keeps_every_bit_and_the_product(qtype):
 
 
 def test_quant_linear_repacks_for_the_decode_step_alone():
-    """QuantLinear holds a Q4_K or Q6_K part of whole groups of eight rows repacked (Q4_K_R8,
-    Q6_K_R8) where kernel.cpp's AVX2 builds run (`repack_here`), with int8 activations only (not
+    """QuantLinear holds a K-quant part of whole groups of eight rows repacked (Q4_K_R8,
+    Q6_K_R8 here) where kernel.cpp's AVX2 builds run (`repack_here`), with int8 activations only (not
     the head's float32 ones) and not with `repack=False`; its decode form is the file's blocks'
     product within float32 rounding, its prompt form the same bits (the panels restored as they
     are unpacked), and it holds 148 bytes a Q4_K row's 256 weights against the file's 144."""
@@ -563,7 +564,7 @@ def test_a_mix_loads_in_its_file_size_and_decodes_as_the_dequantized_model(tmp_p
     assert not any(m.int8_prompt for m in slabs.modules() if isinstance(m, quants.QuantLinear))
     held = quants.held_bytes(model)
     assert held <= 1.15 * file_bytes, (name, held / file_bytes)
-    if quants.repack_here() and name in ("Q4_K_M", "Q6_K"):  # their Q4_K / Q6_K layers repacked at load
+    if quants.repack_here() and name in ("Q4_K_M", "Q5_K_M", "Q6_K"):  # their K-quant layers repacked at load
         assert any("_R8" in m.extra_repr() for m in on_blocks), name
     loaded.file.drop_pages()  # as load_engine does: the blocks kept as the file's pages fault back in
     weights = loaded.weights()
