@@ -152,19 +152,19 @@ class GGUFFile:
         what was converted at load (int4 groups, dequantized matrices) no longer counts in its
         RSS, and blocks kept as the file's pages (engine/quants) fault back in from the page cache
         at their first use. Nothing is lost: the mapping is read-only and backed by the file."""
-        mapped = getattr(self._mapped, "_mmap", None)
-        if mapped is not None and hasattr(mapped, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
-            mapped.madvise(mmap.MADV_DONTNEED)
+        self._dont_need(0, len(self._mapped))
 
     def drop_tensor_pages(self, name: str) -> None:
         """`drop_pages` for one tensor's whole pages (a page it shares with a neighbour stays), as
         soon as the model holds it in a form of its own (repacked at load): the load's peak then
         holds each such matrix once, not the file's pages and the copy together."""
-        mapped = getattr(self._mapped, "_mmap", None)
-        if mapped is None or not hasattr(mapped, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
-            return
         data = self.tensors[name].data
         start = data.ctypes.data - self._mapped.ctypes.data  # the mapping starts at the file's first byte
         lo, hi = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, (start + data.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
         if hi > lo:
-            mapped.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+            self._dont_need(lo, hi - lo)
+
+    def _dont_need(self, start: int, length: int) -> None:  # start: a multiple of the page size
+        mapped = getattr(self._mapped, "_mmap", None)
+        if mapped is not None and hasattr(mapped, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+            mapped.madvise(mmap.MADV_DONTNEED, start, length)

@@ -307,10 +307,11 @@ class Transformer(nn.Module):
                 if all(q is not None and (int4 or q.qtype not in INT4_TYPES) for q in held):
                     # Q4_K parts on `mm` (its fused dot beat torch's int4 kernel in the engine, Dec 6)
                     module = QuantLinear(held, b, int8_prompt=prompt_int8, repack=repack)  # type: ignore[arg-type]
-                    release = getattr(source, "release", None)  # a GGUF file: the repacked parts' pages
-                    for name, part in zip(parts, module.parts):
-                        if release is not None and isinstance(part, BlocksPart) and part.repacked:
-                            release(name)
+                    if (release := getattr(source, "release", None)) is not None:  # a GGUF file's pages
+                        # (no int4 run here: module.parts are `parts`, one each)
+                        for name, part in zip(parts, module.parts):
+                            if isinstance(part, BlocksPart) and part.repacked:
+                                release(name)
                     return counted("quant", module)
             weight = torch.cat([source.dense(n) for n in parts]).to(dtype)
             if use_packed:

@@ -308,10 +308,8 @@ class QuantLinear(nn.Module):
     def dequantized(self, rows: slice = slice(None)) -> Tensor:
         """float32 rows of the matrix (the exact file weights; a one-part matrix, the head)."""
         (part,) = self.parts
-        assert isinstance(part, BlocksPart)
+        assert isinstance(part, BlocksPart) and not part.repacked  # a head's float32 activations: never repacked
         blocks = self.blocks(part)
-        if blocks.repacked:  # rows of a repacked part are groups' bytes, not a row's
-            return dequantize(blocks)[rows]
         return dequantize(blocks._replace(raw=blocks.raw[rows]))
 
 

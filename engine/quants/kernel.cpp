@@ -334,41 +334,38 @@ inline void min_bias(const float* m, bool mins, const float* xs, int64_t C, floa
   }
 }
 
-// y[r, n] for every activation row r, four at a time, then the rest: dot(R, r, out) computes R
-// rows from row r (std::integral_constant<int, R>, so each R is its own unrolled kernel).
-template <typename Dot>
-inline void in_fours(int64_t M, int64_t N, int64_t n, float* y, Dot dot) {
-  float out[4];
-  for (int64_t r = 0; r < M; r += 4) {
-    const int64_t left = M - r;
-    if (left >= 4) dot(std::integral_constant<int, 4>{}, r, out);
-    else if (left == 3) dot(std::integral_constant<int, 3>{}, r, out);
-    else if (left == 2) dot(std::integral_constant<int, 2>{}, r, out);
-    else dot(std::integral_constant<int, 1>{}, r, out);
-    for (int64_t i = 0; i < (left < 4 ? left : 4); ++i) y[(r + i) * N + n] = out[i];
+// f(R, r) for the activation rows in blocks of Most from row r, then the rest in one call: R as
+// std::integral_constant<int, R> (1..Most), so each R is its own unrolled kernel.
+template <int Most, typename F>
+inline void in_blocks(int64_t M, F f) {
+  static_assert(Most >= 1 && Most <= 8);
+  auto with = [&](auto R, int64_t r) {
+    if constexpr (decltype(R)::value <= Most) f(R, r);
+  };
+  for (int64_t r = 0; r < M; r += Most) {
+    switch (M - r < Most ? M - r : Most) {
+      case 8: with(std::integral_constant<int, 8>{}, r); break;
+      case 7: with(std::integral_constant<int, 7>{}, r); break;
+      case 6: with(std::integral_constant<int, 6>{}, r); break;
+      case 5: with(std::integral_constant<int, 5>{}, r); break;
+      case 4: with(std::integral_constant<int, 4>{}, r); break;
+      case 3: with(std::integral_constant<int, 3>{}, r); break;
+      case 2: with(std::integral_constant<int, 2>{}, r); break;
+      default: with(std::integral_constant<int, 1>{}, r); break;
+    }
   }
 }
 
-// The same eight rows at a time, then the rest in one call (the fused K-quant dots below: their
-// unpacking is a larger share of the work, and 5-8 rows in one pass measured 0-18 % faster than
-// four and the rest).
-template <typename Dot>
-inline void in_eights(int64_t M, int64_t N, int64_t n, float* y, Dot dot) {
-  float out[8];
-  for (int64_t r = 0; r < M; r += 8) {
-    const int64_t left = M - r;
-    switch (left >= 8 ? 8 : left) {
-      case 8: dot(std::integral_constant<int, 8>{}, r, out); break;
-      case 7: dot(std::integral_constant<int, 7>{}, r, out); break;
-      case 6: dot(std::integral_constant<int, 6>{}, r, out); break;
-      case 5: dot(std::integral_constant<int, 5>{}, r, out); break;
-      case 4: dot(std::integral_constant<int, 4>{}, r, out); break;
-      case 3: dot(std::integral_constant<int, 3>{}, r, out); break;
-      case 2: dot(std::integral_constant<int, 2>{}, r, out); break;
-      default: dot(std::integral_constant<int, 1>{}, r, out); break;
-    }
-    for (int64_t i = 0; i < (left < 8 ? left : 8); ++i) y[(r + i) * N + n] = out[i];
-  }
+// y[r, n] for every activation row r, Most at a time, then the rest: dot(R, r, out) computes R
+// rows from row r. Four for the codes path; eight for the fused dots below (their unpacking is a
+// larger share of the work, and 5-8 rows in one pass measured 0-18 % faster than four and the rest).
+template <int Most, typename Dot>
+inline void in_rows(int64_t M, int64_t N, int64_t n, float* y, Dot dot) {
+  float out[Most];
+  in_blocks<Most>(M, [&](auto R, int64_t r) {
+    dot(R, r, out);
+    for (int i = 0; i < R; ++i) y[(r + i) * N + n] = out[i];
+  });
 }
 
 // out[r] = sum over the row of w * x_r for R rows at once (the weights loaded once), int8
@@ -566,8 +563,8 @@ inline __m256i quad_of(const int8_t* x) {  // four activation bytes in every lan
 
 // Five: Q5_K_R8, each code's fifth bit from the high bits' quads (bit c: chunk c's)
 template <int R, bool Five>
-inline void dot_q45_k_r8(const uint8_t* group, const int8_t* xq, const float* dx, const float* xs, const float*,
-                         int64_t K, float* out) {
+inline void dot_q45_k_r8(const uint8_t* group, const int8_t* xq, const float* dx, const float* xs, int64_t K,
+                         float* out) {
   const int64_t C = K / 32;
   constexpr int64_t bytes = Five ? 1440 : 1184, codes_at = Five ? 416 : 160;
 #ifdef STRATA_VNNI
@@ -634,8 +631,8 @@ inline void dot_q45_k_r8(const uint8_t* group, const int8_t* xq, const float* dx
 
 // x16: rows [K/16] of dx * (each 16's sum of xq), for the codes' +32
 template <int R>
-inline void dot_q6_k_r8(const uint8_t* group, const int8_t* xq, const float* dx, const float*, const float* x16,
-                        int64_t K, float* out) {
+inline void dot_q6_k_r8(const uint8_t* group, const int8_t* xq, const float* dx, const float* x16, int64_t K,
+                        float* out) {
   const int64_t C = K / 32, G = K / 16;
   const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
   __m256 acc[R], offs[R];
@@ -682,27 +679,21 @@ inline void dot_q6_k_r8(const uint8_t* group, const int8_t* xq, const float* dx,
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, _mm256_add_ps(acc[r], offs[r]));
 }
 
-// y's columns [n0, n1) of eight-row blocks (Dot: dot_q45_k_r8 / dot_q6_k_r8): a group cut by the
-// range (a thread's share) is computed whole and its share kept, so a column's bits never depend
-// on how the columns were split.
+// y's columns [n0, n1) of eight-row blocks: dot(R, group, r, out) gives out[8 i + k], activation
+// row r + i times the group's weight row k (dot_q45_k_r8 / dot_q6_k_r8). A group cut by the range
+// (a thread's share) is computed whole and its share kept, so a column's bits never depend on
+// how the columns were split.
 template <typename Dot>
-inline void groups_r8(const uint8_t* src, int64_t rb, int64_t K, int64_t n0, int64_t n1, int64_t M, int64_t N,
-                      const int8_t* xq, const float* dx, const float* xs, const float* x16, float* y, Dot dot) {
-  const int64_t C = K / 32, G = K / 16;
+inline void groups_r8(const uint8_t* src, int64_t rb, int64_t n0, int64_t n1, int64_t M, int64_t N, float* y, Dot dot) {
   for (int64_t g = n0 / 8 * 8; g < n1; g += 8) {
     const uint8_t* group = src + g * rb;  // eight rows of rb bytes: the group's
     float out[4 * 8];
-    for (int64_t r = 0; r < M; r += 4) {
-      const int64_t left = M - r;
-      const float* sixteens = x16 ? x16 + r * G : nullptr;
-      if (left >= 4) dot(std::integral_constant<int, 4>{}, group, xq + r * K, dx + r * C, xs + r * C, sixteens, out);
-      else if (left == 3) dot(std::integral_constant<int, 3>{}, group, xq + r * K, dx + r * C, xs + r * C, sixteens, out);
-      else if (left == 2) dot(std::integral_constant<int, 2>{}, group, xq + r * K, dx + r * C, xs + r * C, sixteens, out);
-      else dot(std::integral_constant<int, 1>{}, group, xq + r * K, dx + r * C, xs + r * C, sixteens, out);
-      for (int64_t i = 0; i < (left < 4 ? left : 4); ++i)
+    in_blocks<4>(M, [&](auto R, int64_t r) {
+      dot(R, group, r, out);
+      for (int i = 0; i < R; ++i)
         for (int64_t k = 0; k < 8; ++k)
           if (g + k >= n0 && g + k < n1) y[(r + i) * N + g + k] = out[8 * i + k];
-    }
+    });
   }
 }
 
@@ -944,7 +935,7 @@ __attribute__((noinline)) void fused_float_rows(int qtype, const uint8_t* src, i
   const int64_t C = K / 32;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = src + n * rb;
-    in_fours(M, N, n, y, [&](auto R, int64_t r, float* out) {
+    in_rows<4>(M, N, n, y, [&](auto R, int64_t r, float* out) {
       if (qtype == Q8_0) dot_q8_0_float<R>(row, x + r * K, K, out);
       else if (qtype == Q4_K) dot_q45_k_float<R, false>(row, x + r * K, xs + r * C, K, out);
       else if (qtype == Q5_K) dot_q45_k_float<R, true>(row, x + r * K, xs + r * C, K, out);
@@ -960,15 +951,12 @@ inline bool fused(int qtype) { return qtype != IQ4_XS && qtype != IQ3_S; }  // a
 __attribute__((noinline)) void fused_rows(int qtype, const uint8_t* src, int64_t rb, int64_t K, int64_t n0, int64_t n1,
                                           int64_t M, int64_t N, const int8_t* xq, const float* dx, const float* xs,
                                           float* y) {
-  if (qtype == Q4_K_R8)
-    return groups_r8(src, rb, K, n0, n1, M, N, xq, dx, xs, nullptr, y,
-                     [K](auto R, const uint8_t* g, const int8_t* x, const float* d, const float* s, const float* x16,
-                         float* out) { dot_q45_k_r8<decltype(R)::value, false>(g, x, d, s, x16, K, out); });
-  if (qtype == Q5_K_R8)
-    return groups_r8(src, rb, K, n0, n1, M, N, xq, dx, xs, nullptr, y,
-                     [K](auto R, const uint8_t* g, const int8_t* x, const float* d, const float* s, const float* x16,
-                         float* out) { dot_q45_k_r8<decltype(R)::value, true>(g, x, d, s, x16, K, out); });
   const int64_t C = K / 32, G = K / 16;
+  if (qtype == Q4_K_R8 || qtype == Q5_K_R8)
+    return groups_r8(src, rb, n0, n1, M, N, y, [&](auto R, const uint8_t* g, int64_t r, float* out) {
+      if (qtype == Q5_K_R8) dot_q45_k_r8<R, true>(g, xq + r * K, dx + r * C, xs + r * C, K, out);
+      else dot_q45_k_r8<R, false>(g, xq + r * K, dx + r * C, xs + r * C, K, out);
+    });
   float* x16 = nullptr;
   if (qtype == Q6_K || qtype == Q6_K_R8) {  // dx * (each 16's sum of xq), M * K / 16 floats
     x16 = static_cast<float*>(std::malloc(sizeof(float) * (M * G > 0 ? M * G : 1)));
@@ -979,16 +967,16 @@ __attribute__((noinline)) void fused_rows(int qtype, const uint8_t* src, int64_t
     }
   }
   if (qtype == Q6_K_R8) {
-    groups_r8(src, rb, K, n0, n1, M, N, xq, dx, xs, x16, y,
-              [K](auto R, const uint8_t* g, const int8_t* x, const float* d, const float* s, const float* sixteens,
-                  float* out) { dot_q6_k_r8<decltype(R)::value>(g, x, d, s, sixteens, K, out); });
+    groups_r8(src, rb, n0, n1, M, N, y, [&](auto R, const uint8_t* g, int64_t r, float* out) {
+      dot_q6_k_r8<R>(g, xq + r * K, dx + r * C, x16 + r * G, K, out);
+    });
     std::free(x16);
     return;
   }
   float* xs8 = is_32(qtype) && qtype != Q8_0 ? eights_by_chunk(xs, M, C) : nullptr;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = src + n * rb;
-    in_eights(M, N, n, y, [&](auto R, int64_t r, float* out) {
+    in_rows<8>(M, N, n, y, [&](auto R, int64_t r, float* out) {
       const int8_t* x = xq + r * K;
       const float* sums8 = xs8 ? xs8 + r * C : nullptr;  // r is a multiple of 8: its group's [C, 8]
       if (qtype == Q4_0) dot_q32<R, Q4_0>(row, x, dx + r * C, sums8, K, out);
@@ -1200,11 +1188,11 @@ void ENTRY(strata_mm_rows)(int qtype, const uint8_t* src, int64_t rb, int64_t K,
     }
     const int64_t C = K / 32;
     if (!xq)
-      in_fours(M, N, n, y, [&](auto R, int64_t r, float* out) {
+      in_rows<4>(M, N, n, y, [&](auto R, int64_t r, float* out) {
         dot_float<R>(q, s, m, mins, x + r * K, xs + r * C, K, out);
       });
     else
-      in_fours(M, N, n, y, [&](auto R, int64_t r, float* out) {
+      in_rows<4>(M, N, n, y, [&](auto R, int64_t r, float* out) {
         dot_int8<R>(q, s, m, mins, xq + r * K, dx + r * C, xs + r * C, K, out);
       });
   }

@@ -312,6 +312,10 @@ struct Activations {
     }
   }
 
+  // The repacked types' eight-row dots are kernel.cpp's AVX2 builds' with int8 activations;
+  // any other product reads their rows restored to the file's (as_file_blocks).
+  bool reads_repacked() const { return int8_x && rows_fn != strata_mm_rows_portable; }
+
   // weight rows [n0, n1) of `src` (rows rb bytes apart) times activation rows [m0, m0 + M) into
   // y's rows m0.. (y [*, N], row stride N)
   void rows(int64_t qtype, const uint8_t* src, int64_t rb, int64_t n0, int64_t n1, int64_t m0, int64_t M,
@@ -331,9 +335,8 @@ at::Tensor mm(const at::Tensor& x_in, const at::Tensor& blocks, int64_t qtype, c
   const int64_t M = x_in.size(0), N = blocks.size(0);
   at::Tensor y = at::empty({M, N}, x_in.options().dtype(at::kFloat));
   if (M == 0 || N == 0) return y;
-  // repacked blocks' own dots are the AVX2 builds' with int8 activations; elsewhere their rows as the file's
-  const at::Tensor file = int8_x && !portable && use_avx2() ? blocks : as_file_blocks(blocks, qtype, x_in.size(1));
   const Activations a(x_in, qtype, table, int8_x, portable);
+  const at::Tensor file = a.reads_repacked() ? blocks : as_file_blocks(blocks, qtype, x_in.size(1));
   const uint8_t* src = file.data_ptr<uint8_t>();
   float* ys = y.data_ptr<float>();
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
