@@ -30,6 +30,7 @@ import argparse
 import os
 import tempfile
 import time
+from types import SimpleNamespace
 from pathlib import Path
 
 import torch
@@ -68,7 +69,8 @@ def kernels(size: int, batches: list[int], rounds: int = 7, rows: int | None = N
     from gguf import GGMLQuantizationType as Q
 
     from engine.quants import blocks as quants
-    from engine.weights import Int4Linear
+    from engine.gguf_loader import unpack_q4
+    from engine.weights import Int4Blocks, Int4Linear
     from tests.helpers.quant_models import random_blocks
 
     torch.set_num_threads(threads)
@@ -82,6 +84,10 @@ def kernels(size: int, batches: list[int], rounds: int = 7, rows: int | None = N
     raws = {q: torch.from_numpy(random_blocks(q, rows, size, rng)) for q in types}
     int4 = (Int4Linear(quants.unpack_q4_k(quants.QuantBlocks(raws[Q.Q4_K], Q.Q4_K, size)))
             if Q.Q4_K in raws else None)
+    # Q4_0 / Q4_1 as the loader holds them where oneDNN prepacks bf16: torch's int4 kernel
+    file_int4 = {q: Int4Linear(Int4Blocks(*(torch.from_numpy(np.ascontiguousarray(a)) for a in unpack_q4(
+                     SimpleNamespace(qtype=q, shape=(rows, size), data=raws[q].numpy())))))
+                 for q in (Q.Q4_0, Q.Q4_1) if q in raws}
     r8 = {q: ops.repack(raws[q], int(q), size) for q in quants.EIGHT_ROWS
           if q in raws and rows % 8 == 0 and quants.repack_here()}  # the loader's forms for the decode step
     calls: dict[tuple[str, str], object] = {}
@@ -91,6 +97,8 @@ def kernels(size: int, batches: list[int], rounds: int = 7, rows: int | None = N
         if int4 is not None and not forms:
             calls[("torch int4 (Q4_K repacked)", f"B={batch}")] = lambda xb=xb: int4(xb)
         for q in types:
+            if q in file_int4 and (not forms or "torch int4" in forms):
+                calls[(f"{q.name} torch int4", f"B={batch}")] = lambda xb=xb, q=q: file_int4[q](xb)
             for form, args in (("int8 x", (True, False)), ("float32 x", (False, False)), ("portable int8 x", (True, True))):
                 if forms and form not in forms:
                     continue

@@ -62,9 +62,8 @@ def int8_prompt_here() -> bool:
     return available() and slab_dtype() == torch.bfloat16 and bool(ops().int8_prompt())
 
 
-# layouts.h: the K-quants' blocks repacked eight weight rows at a time (repack.cpp): not GGUF types
-Q4_K_R8, Q5_K_R8, Q6_K_R8 = 1012, 1013, 1014
-EIGHT_ROWS = {Q.Q4_K: Q4_K_R8, Q.Q5_K: Q5_K_R8, Q.Q6_K: Q6_K_R8}
+# layouts.h: blocks repacked eight weight rows at a time (repack.cpp), the type + 1000: not GGUF types
+EIGHT_ROWS = {q: int(q) + 1000 for q in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K)}
 
 
 class QuantBlocks(NamedTuple):

@@ -154,6 +154,7 @@ INLINE void iq3_s(const uint8_t* b, float* y, const float* grid) {
 extern "C" int strata_block_weights(int qtype) {
   switch (qtype) {
     case Q4_0: case Q4_1: case Q5_0: case Q5_1: case Q8_0: return 32;
+    case Q4_0_R8: case Q4_1_R8: case Q5_0_R8: case Q5_1_R8: case Q8_0_R8: return 32;
     case Q4_K: case Q5_K: case Q6_K: case IQ3_S: case IQ4_XS: case Q4_K_R8: case Q5_K_R8: case Q6_K_R8: return 256;
     default: return 0;
   }
@@ -164,6 +165,8 @@ extern "C" int strata_block_bytes(int qtype) {
     case Q4_0: return 18; case Q4_1: return 20; case Q5_0: return 22; case Q5_1: return 24;
     case Q8_0: return 34; case Q4_K: return 144; case Q5_K: return 176; case Q6_K: return 210;
     case IQ3_S: return 110; case IQ4_XS: return 136;
+    case Q4_0_R8: return 18; case Q4_1_R8: return 20; case Q5_0_R8: return 22; case Q5_1_R8: return 24;
+    case Q8_0_R8: return 34;  // the 32-weight types' groups: the file's bytes, moved (repack.cpp)
     case Q4_K_R8: return 148;  // a row's share of its group's 1184 (repack.cpp)
     case Q5_K_R8: return 180;  // of 1440: Q4_K_R8's and the high bits
     case Q6_K_R8: return 210;

@@ -679,6 +679,92 @@ inline void dot_q6_k_r8(const uint8_t* group, const int8_t* xq, const float* dx,
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, _mm256_add_ps(acc[r], offs[r]));
 }
 
+// Q4_0_R8, Q4_1_R8, Q5_0_R8, Q5_1_R8 and Q8_0_R8 (T: the file's type), as dot_q45_k_r8: per block
+// (32 weights) the exact integer sum of (q - offset) * xq for eight weight rows (Q4_0's offset 8,
+// Q5_0's 16 taken back as offset * sum(xq), an integer; Q8_0's signed bytes: |q| times xq with
+// q's sign on AVX2, q + 128 as unsigned bytes and 128 * sum(xq) taken back on VNNI), converted
+// once, acc = fma(isum, d * dx, acc), and Q4_1 / Q5_1's minimum part = fma(m, dx * sum(xq), part).
+// sums: rows [K/32] of each block's sum(xq).
+template <int R, int T>
+inline void dot_q32_r8(const uint8_t* group, const int8_t* xq, const float* dx, const float* xs, const int32_t* sums,
+                       int64_t K, float* out) {
+  constexpr bool mins = T == Q4_1 || T == Q5_1, five = T == Q5_0 || T == Q5_1, eight = T == Q8_0;
+  constexpr int high_at = mins ? 32 : 16, codes_at = high_at + (five ? 32 : 0), bytes = codes_at + (eight ? 256 : 128);
+#ifdef STRATA_VNNI
+  constexpr int offset = T == Q4_0 ? 8 : T == Q5_0 ? 16 : eight ? 128 : 0;
+  constexpr int chains = R <= 2 ? 2 : 1;  // one or two rows: two chains of vpdpbusd, not one long one
+#else
+  constexpr int offset = T == Q4_0 ? 8 : T == Q5_0 ? 16 : 0;  // Q8_0: signs, no offset
+#endif
+  const int64_t C = K / 32;
+  const __m256i low4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10), ones = _mm256_set1_epi16(1);
+  __m256 acc[R], part[R];
+  for (int r = 0; r < R; ++r) acc[r] = part[r] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < C; ++c) {
+    const uint8_t* o = group + c * bytes;
+#ifdef STRATA_VNNI
+    __m256i sum[R][chains];
+    for (int r = 0; r < R; ++r) {
+      sum[r][0] = _mm256_set1_epi32(-offset * sums[r * C + c]);
+      if constexpr (chains == 2) sum[r][1] = _mm256_setzero_si256();
+    }
+#else
+    __m256i sum[R], wide[R];  // int16 pairs' sums (|pair| <= 2 * 15 * 127: eight quads; Q5's 2 * 31 * 127:
+                              // four; Q8_0's 2 * 128 * 127: one), widened into int32
+    for (int r = 0; r < R; ++r) sum[r] = wide[r] = _mm256_setzero_si256();
+#endif
+    const __m256i high = five ? load(o + high_at) : _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int q = 0; q < 8; ++q) {  // lane k's byte b: weight 4q + b of row k
+      __m256i codes;
+      if constexpr (eight) {
+        codes = load(o + codes_at + 32 * q);
+      } else {  // quads 0-3 the low nibbles, 4-7 the high; the fifth bits at bit q of each byte
+        const __m256i nib = load(o + codes_at + 32 * (q % 4));
+        codes = _mm256_and_si256(q < 4 ? nib : _mm256_srli_epi16(nib, 4), low4);
+        if constexpr (five)  // 16-bit shifts: the mask keeps the byte's own bit
+          codes = _mm256_or_si256(codes, _mm256_and_si256(q < 4 ? _mm256_slli_epi16(high, 4 - q)
+                                                                 : _mm256_srli_epi16(high, q - 4), bit4));
+      }
+#ifdef STRATA_VNNI
+      const __m256i u = eight ? _mm256_xor_si256(codes, _mm256_set1_epi8(char(0x80))) : codes;
+#else
+      const __m256i u = eight ? _mm256_sign_epi8(codes, codes) : codes;  // |q| as unsigned: -128 too
+#endif
+      for (int r = 0; r < R; ++r) {
+        const __m256i x = quad_of(xq + r * K + 32 * c + 4 * q);
+#ifdef STRATA_VNNI
+        sum[r][q % chains] = _mm256_dpbusd_epi32(sum[r][q % chains], u, x);
+#else
+        const __m256i pairs = _mm256_maddubs_epi16(u, eight ? _mm256_sign_epi8(x, codes) : x);
+        if constexpr (eight) {
+          wide[r] = _mm256_add_epi32(wide[r], _mm256_madd_epi16(pairs, ones));
+        } else {
+          sum[r] = _mm256_add_epi16(sum[r], pairs);
+          if (five && q == 3) {
+            wide[r] = _mm256_madd_epi16(sum[r], ones);
+            sum[r] = _mm256_setzero_si256();
+          }
+        }
+#endif
+      }
+    }
+    const __m256 d = halves8(o);
+    for (int r = 0; r < R; ++r) {
+#ifdef STRATA_VNNI
+      __m256i total = sum[r][0];
+      if constexpr (chains == 2) total = _mm256_add_epi32(total, sum[r][1]);
+#else
+      __m256i total = eight ? wide[r] : _mm256_add_epi32(wide[r], _mm256_madd_epi16(sum[r], ones));
+      if constexpr (offset != 0) total = _mm256_sub_epi32(total, _mm256_set1_epi32(offset * sums[r * C + c]));
+#endif
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_broadcast_ss(dx + r * C + c)), acc[r]);
+      if constexpr (mins) part[r] = _mm256_fmadd_ps(halves8(o + 16), _mm256_broadcast_ss(xs + r * C + c), part[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, _mm256_add_ps(acc[r], part[r]));
+}
+
 // y's columns [n0, n1) of eight-row blocks: dot(R, group, r, out) gives out[8 i + k], activation
 // row r + i times the group's weight row k (dot_q45_k_r8 / dot_q6_k_r8). A group cut by the range
 // (a thread's share) is computed whole and its share kept, so a column's bits never depend on
@@ -952,6 +1038,26 @@ __attribute__((noinline)) void fused_rows(int qtype, const uint8_t* src, int64_t
                                           int64_t M, int64_t N, const int8_t* xq, const float* dx, const float* xs,
                                           float* y) {
   const int64_t C = K / 32, G = K / 16;
+  if (is_32(qtype - EIGHT_ROWS)) {  // Q4_0_R8 .. Q8_0_R8: each block's sum(xq) as an integer
+    int32_t* sums = static_cast<int32_t*>(std::malloc(sizeof(int32_t) * (M * C > 0 ? M * C : 1)));
+    for (int64_t b = 0; b < M * C; ++b) {
+      int32_t sum = 0;
+      for (int e = 0; e < 32; ++e) sum += xq[32 * b + e];
+      sums[b] = sum;
+    }
+    groups_r8(src, rb, n0, n1, M, N, y, [&](auto R, const uint8_t* g, int64_t r, float* out) {
+      const int8_t* x = xq + r * K;
+      switch (qtype - EIGHT_ROWS) {
+        case Q4_0: dot_q32_r8<R, Q4_0>(g, x, dx + r * C, xs + r * C, sums + r * C, K, out); break;
+        case Q4_1: dot_q32_r8<R, Q4_1>(g, x, dx + r * C, xs + r * C, sums + r * C, K, out); break;
+        case Q5_0: dot_q32_r8<R, Q5_0>(g, x, dx + r * C, xs + r * C, sums + r * C, K, out); break;
+        case Q5_1: dot_q32_r8<R, Q5_1>(g, x, dx + r * C, xs + r * C, sums + r * C, K, out); break;
+        default: dot_q32_r8<R, Q8_0>(g, x, dx + r * C, xs + r * C, sums + r * C, K, out); break;
+      }
+    });
+    std::free(sums);
+    return;
+  }
   if (qtype == Q4_K_R8 || qtype == Q5_K_R8)
     return groups_r8(src, rb, n0, n1, M, N, y, [&](auto R, const uint8_t* g, int64_t r, float* out) {
       if (qtype == Q5_K_R8) dot_q45_k_r8<R, true>(g, xq + r * K, dx + r * C, xs + r * C, K, out);

@@ -28,7 +28,10 @@ namespace {
 enum QType : int {  // GGMLQuantizationType values
   Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14,
   IQ3_S = 21, IQ4_XS = 23,
-  Q4_K_R8 = 1012, Q5_K_R8 = 1013, Q6_K_R8 = 1014,  // not GGUF types: K-quants eight rows at a time (repack.cpp)
+  // not GGUF types: the same blocks eight rows at a time (repack.cpp), the type + EIGHT_ROWS
+  Q4_0_R8 = 1002, Q4_1_R8 = 1003, Q5_0_R8 = 1006, Q5_1_R8 = 1007, Q8_0_R8 = 1008,
+  Q4_K_R8 = 1012, Q5_K_R8 = 1013, Q6_K_R8 = 1014,
+  EIGHT_ROWS = 1000,
 };
 
 inline float f16(const uint8_t* p) {  // IEEE half (little-endian) -> float, exactly

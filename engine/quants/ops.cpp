@@ -30,12 +30,8 @@ extern "C" int strata_block_weights(int qtype);
 extern "C" int strata_block_bytes(int qtype);
 extern "C" int strata_code_offset(int qtype);
 extern "C" {  // repack.cpp
-void strata_repack_q4_k(const uint8_t*, int64_t, int64_t, uint8_t*);
-void strata_restore_q4_k(const uint8_t*, int64_t, int64_t, int64_t, int64_t, uint8_t*);
-void strata_repack_q5_k(const uint8_t*, int64_t, int64_t, uint8_t*);
-void strata_restore_q5_k(const uint8_t*, int64_t, int64_t, int64_t, int64_t, uint8_t*);
-void strata_repack_q6_k(const uint8_t*, int64_t, int64_t, uint8_t*);
-void strata_restore_q6_k(const uint8_t*, int64_t, int64_t, int64_t, int64_t, uint8_t*);
+bool strata_repack(int, const uint8_t*, int64_t, int64_t, uint8_t*);
+bool strata_restore(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t, uint8_t*);
 }
 extern "C" {  // kernel.cpp, its two builds
 void strata_quantize_x_portable(const float*, int64_t, int64_t, int8_t*, float*, float*);
@@ -78,16 +74,14 @@ void strata_mm_rows_vnni(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t
 
 namespace {
 
-// layouts.h: the K-quants' blocks repacked eight rows at a time (repack.cpp), their type + 1000
-constexpr int64_t Q4_K = 12, Q5_K = 13, Q6_K = 14, EIGHT_ROWS = 1000;
+// layouts.h: blocks repacked eight rows at a time (repack.cpp), their type + 1000
+constexpr int64_t Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, EIGHT_ROWS = 1000;
 
-bool eight_rows(int64_t qtype) { return qtype >= Q4_K + EIGHT_ROWS && qtype <= Q6_K + EIGHT_ROWS; }
-
-using Restore = void (*)(const uint8_t*, int64_t, int64_t, int64_t, int64_t, uint8_t*);
-
-Restore restore_fn(int64_t qtype) {
-  return qtype == Q4_K + EIGHT_ROWS ? strata_restore_q4_k : qtype == Q5_K + EIGHT_ROWS ? strata_restore_q5_k : strata_restore_q6_k;
+bool repackable(int64_t qtype) {
+  return qtype == Q4_0 || qtype == Q4_1 || qtype == Q5_0 || qtype == Q5_1 || qtype == Q8_0 || (qtype >= Q4_K && qtype <= Q6_K);
 }
+
+bool eight_rows(int64_t qtype) { return qtype > EIGHT_ROWS && repackable(qtype - EIGHT_ROWS); }
 
 void check(const at::Tensor& blocks, int64_t qtype, int64_t cols) {
   const int bw = strata_block_weights(int(qtype));
@@ -99,30 +93,31 @@ void check(const at::Tensor& blocks, int64_t qtype, int64_t cols) {
   TORCH_CHECK(!eight_rows(qtype) || blocks.size(0) % 8 == 0, "strata_quants: repacked rows come in groups of 8");
 }
 
-// Repacked blocks (Q4_K_R8, Q5_K_R8, Q6_K_R8) as the file's again (exact), for the products that read
+// Repacked blocks (Q4_0_R8, ..., Q6_K_R8) as the file's again (exact), for the products that read
 // weight rows one at a time (the portable build's, float32 activations', the whole matrix's
 // unpacking); other types' blocks as they are. qtype becomes the blocks' type.
 at::Tensor as_file_blocks(const at::Tensor& blocks, int64_t& qtype, int64_t cols) {
   if (!eight_rows(qtype)) return blocks;
-  const Restore restore = restore_fn(qtype);
   qtype -= EIGHT_ROWS;
-  at::Tensor out = at::empty({blocks.size(0), cols / 256 * strata_block_bytes(int(qtype))}, blocks.options());
+  const int64_t n = cols / strata_block_weights(int(qtype)), file_type = qtype;
+  at::Tensor out = at::empty({blocks.size(0), n * strata_block_bytes(int(qtype))}, blocks.options());
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
   const int64_t rb = blocks.size(1), ob = out.size(1);
   at::parallel_for(0, blocks.size(0) / 8, 1, [&](int64_t g0, int64_t g1) {
-    restore(src + 8 * g0 * rb, 8 * (g1 - g0), cols, 0, cols / 256, dst + 8 * g0 * ob);
+    strata_restore(int(file_type), src + 8 * g0 * rb, 8 * (g1 - g0), cols, 0, n, dst + 8 * g0 * ob);
   });
   return out;
 }
 
-// Q4_K, Q5_K or Q6_K blocks [rows, cols] -> the same repacked eight rows at a time (rows a
-// multiple of 8): type + 1000.
+// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K blocks [rows, cols] -> the same repacked eight
+// rows at a time (rows a multiple of 8): type + 1000.
 at::Tensor repack(const at::Tensor& blocks, int64_t qtype, int64_t cols) {
-  TORCH_CHECK(qtype >= Q4_K && qtype <= Q6_K, "strata_quants::repack: Q4_K, Q5_K or Q6_K, not ", qtype);
+  TORCH_CHECK(repackable(qtype), "strata_quants::repack: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K, not ", qtype);
   check(blocks, qtype, cols);
   TORCH_CHECK(blocks.size(0) % 8 == 0, "strata_quants::repack: rows come in groups of 8, not ", blocks.size(0));
-  at::Tensor out = at::empty({blocks.size(0), cols / 256 * strata_block_bytes(int(qtype + EIGHT_ROWS))}, blocks.options());
+  at::Tensor out = at::empty({blocks.size(0), cols / strata_block_weights(int(qtype)) * strata_block_bytes(int(qtype + EIGHT_ROWS))},
+                             blocks.options());
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
@@ -133,24 +128,23 @@ at::Tensor repack(const at::Tensor& blocks, int64_t qtype, int64_t cols) {
     if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
   }
 #endif
-  const auto fn = qtype == Q4_K ? strata_repack_q4_k : qtype == Q5_K ? strata_repack_q5_k : strata_repack_q6_k;
   const int64_t rb = blocks.size(1), ob = out.size(1);
   at::parallel_for(0, blocks.size(0) / 8, 1, [&](int64_t g0, int64_t g1) {
-    fn(src + 8 * g0 * rb, 8 * (g1 - g0), cols, dst + 8 * g0 * ob);
+    strata_repack(int(qtype), src + 8 * g0 * rb, 8 * (g1 - g0), cols, dst + 8 * g0 * ob);
   });
   return out;
 }
 
-// Repacked blocks [rows, cols] (qtype Q4_K_R8, Q5_K_R8 or Q6_K_R8) -> the file's bytes (tests: exact).
+// Repacked blocks [rows, cols] (qtype Q4_0_R8, ..., Q6_K_R8) -> the file's bytes (tests: exact).
 at::Tensor restore(const at::Tensor& blocks, int64_t qtype, int64_t cols) {
-  TORCH_CHECK(eight_rows(qtype), "strata_quants::restore: a repacked type (1012-1014), not ", qtype);
+  TORCH_CHECK(eight_rows(qtype), "strata_quants::restore: a repacked type (a GGUF type + 1000), not ", qtype);
   check(blocks, qtype, cols);
   return as_file_blocks(blocks, qtype, cols).clone();
 }
 
 // A prompt panel's weight rows as the kernels' unpacking reads them: from src with the panel's
-// k0, or for repacked blocks its rows' super-blocks [k0, k0 + kc) restored to the file's into
-// `file` (16 rows x one super-block: in L1) and k0 0 there.
+// k0, or for repacked blocks its rows' weights [k0, k0 + kc) restored to the file's blocks into
+// `file` (16 rows x 256 weights: in L1) and k0 0 there.
 struct PanelRows {
   const uint8_t* src;
   int64_t rb, k0;
@@ -160,10 +154,11 @@ struct PanelRows {
 PanelRows panel_rows(const uint8_t* src, int64_t rb, int64_t qtype, int rows, int64_t K, int64_t k0, int64_t kc,
                      std::vector<uint8_t>& file) {
   if (!eight_rows(qtype)) return {src, rb, k0, int(qtype)};
-  const int64_t bytes = strata_block_bytes(int(qtype - EIGHT_ROWS));
-  file.resize(rows * kc / 256 * bytes);
-  restore_fn(qtype)(src, rows, K, k0 / 256, kc / 256, file.data());
-  return {file.data(), kc / 256 * bytes, 0, int(qtype - EIGHT_ROWS)};
+  const int file_type = int(qtype - EIGHT_ROWS);
+  const int64_t bw = strata_block_weights(file_type), bytes = strata_block_bytes(file_type);
+  file.resize(rows * kc / bw * bytes);
+  strata_restore(file_type, src, rows, K, k0 / bw, kc / bw, file.data());
+  return {file.data(), kc / bw * bytes, 0, file_type};
 }
 
 const float* table_ptr(const at::Tensor& table) {

@@ -1,10 +1,21 @@
-// The K-quants repacked eight weight rows at a time (`Q4_K_R8`, `Q5_K_R8`, `Q6_K_R8`), so that the
-// decode step's dots (kernel.cpp `dot_q45_k_r8`, `dot_q6_k_r8`) hold one weight row per lane of a
-// register: a chunk's float work (its integer sum converted, times the scales and dx, the
-// minimum or offset times the chunk's sum) is one operation for eight rows, with no horizontal
-// sums, and the scales are bytes ready to widen. Exact repackings: every bit of the file's blocks
-// is kept, moved. A group is 8 consecutive "rows" of a [rows, K/256 * row bytes] uint8 tensor:
-// rows stay a multiple of 8 and a panel of rows that starts on a multiple of 8 starts on a group.
+// A GGUF matrix's blocks repacked eight weight rows at a time (`Q4_K_R8`, ..., `Q8_0_R8`: the
+// type + 1000), so that the decode step's dots (kernel.cpp `dot_q45_k_r8`, `dot_q6_k_r8`,
+// `dot_q32_r8`) hold one weight row per lane of a register: a chunk's float work (its integer
+// sum converted, times the scales and dx, the minimum or offset times the chunk's sum) is one
+// operation for eight rows, with no horizontal sums, and the scales are ready to widen. Exact
+// repackings: every bit of the file's blocks is kept, moved. A group is 8 consecutive "rows" of
+// a [rows, K/block * row bytes] uint8 tensor: rows stay a multiple of 8 and a panel of rows that
+// starts on a multiple of 8 starts on a group.
+//
+// The 32-weight types, per group of eight rows and block (32 weights), the file's bytes (8 x 18,
+// 20, 22, 24, 34), in the order the dot reads them:
+//   [0, 16)      the eight rows' d (f16), row k at 2k
+//   [16, 32)     Q4_1, Q5_1: their m (f16)
+//   then Q5_0, Q5_1: the fifth bits, 32 bytes: row k's at 4k, byte b's bit s = the file's qh bit
+//                4s + b (the code of weight 4s + b: lane k's byte b of the dot's s-th quad)
+//   then the codes: Q4_0 .. Q5_1, for each quad q (0..3) 32 bytes: row k's qs[4q..4q+4) at 4k
+//                (low nibbles: weights 4q.., high: 16 + 4q..); Q8_0, for each quad q (0..7) 32
+//                bytes: row k's qs[4q..4q+4) at 4k
 //
 // Q4_K_R8, per group of eight rows and super-block (256 weights), 1184 bytes (8 x 148 against the
 // file's 8 x 144), in the order the dot reads them:
@@ -32,9 +43,12 @@
 //                + 256 + 32 * (8t + q)
 #include "layouts.h"
 
+#include <array>
+
+extern "C" int strata_block_weights(int qtype);  // dequant.cpp
+
 namespace {
 
-constexpr int64_t Q4_GROUP = 1184, Q5_GROUP = 1440, Q6_GROUP = 1680;  // bytes of eight rows' super-block
 
 // the file's 12 bytes of 6-bit scales and minimums (llama.cpp's get_scale_min_k4 order) as
 // bytes: sc[0..8), mn[0..8)
@@ -96,51 +110,80 @@ inline void q6_k_row(uint8_t* b, uint8_t* o, int k) {
     }
 }
 
-// row(b, o, k) for every row k of every group of `rows` and super-block i in [i0, i0 + n): b the
-// row's block in file-layout rows of n blocks (FileBytes each), o the group's super-block i.
-template <int64_t FileBytes, int64_t GroupBytes, typename Row>
+// A byte's bit s at bit 4s of a word, for every byte.
+constexpr std::array<uint32_t, 256> FOURTHS = [] {
+  std::array<uint32_t, 256> t{};
+  for (int v = 0; v < 256; ++v)
+    for (int s = 0; s < 8; ++s) t[v] |= uint32_t((v >> s) & 1) << (4 * s);
+  return t;
+}();
+
+// Row k's 32-weight block b and its places in the group's block o (the layout above).
+template <bool Restore, int T>
+inline void q32_row(uint8_t* b, uint8_t* o, int k) {
+  constexpr int scales = T == Q4_1 || T == Q5_1 ? 2 : 1;  // d, and m
+  constexpr bool five = T == Q5_0 || T == Q5_1;
+  constexpr int qs = 2 * scales + (five ? 4 : 0), codes = 16 * scales + (five ? 32 : 0), quads = T == Q8_0 ? 8 : 4;
+  for (int e = 0; e < scales; ++e) move<Restore>(b + 2 * e, o + 16 * e + 2 * k, 2);
+  if constexpr (five) {  // qh's 32 bits, bit 4s + b to byte b's bit s (and back)
+    uint8_t* spread = o + 16 * scales + 4 * k;
+    uint32_t bits = 0;
+    if constexpr (Restore) {  // a prompt panel's every block: by table
+      for (int c = 0; c < 4; ++c) bits |= FOURTHS[spread[c]] << c;
+      std::memcpy(b + 2 * scales, &bits, 4);
+    } else {
+      std::memcpy(&bits, b + 2 * scales, 4);
+      for (int c = 0; c < 4; ++c) spread[c] = 0;
+      for (int e = 0; e < 32; ++e) spread[e % 4] |= uint8_t(((bits >> e) & 1) << (e / 4));
+    }
+  }
+  for (int q = 0; q < quads; ++q) move<Restore>(b + qs + 4 * q, o + codes + 32 * q + 4 * k, 4);
+}
+
+// row(b, o, k) for every row k of every group of `rows` and block i in [i0, i0 + n): b the
+// row's block in file-layout rows of n blocks (FileBytes each), o the group's block i
+// (Weights each).
+template <int64_t Weights, int64_t FileBytes, int64_t GroupBytes, typename Row>
 void each_block(uint8_t* file, uint8_t* groups, int64_t rows, int64_t K, int64_t i0, int64_t n, Row row) {
-  const int64_t nb = K / 256;
+  const int64_t nb = K / Weights;
   for (int64_t g = 0; g < rows / 8; ++g)
     for (int64_t i = i0; i < i0 + n; ++i)
       for (int k = 0; k < 8; ++k)
         row(file + ((8 * g + k) * n + (i - i0)) * FileBytes, groups + (g * nb + i) * GroupBytes, k);
 }
 
+// Between file-layout rows and groups (Restore: back), blocks [i0, i0 + n) of each row: false
+// for a type with no repacked form.
+template <bool Restore>
+bool each_row_of(int qtype, uint8_t* file, uint8_t* groups, int64_t rows, int64_t K, int64_t i0, int64_t n) {
+  switch (qtype) {  // the file's bytes of a row's block, the group's of a block
+    case Q4_0: each_block<32, 18, 144>(file, groups, rows, K, i0, n, q32_row<Restore, Q4_0>); return true;
+    case Q4_1: each_block<32, 20, 160>(file, groups, rows, K, i0, n, q32_row<Restore, Q4_1>); return true;
+    case Q5_0: each_block<32, 22, 176>(file, groups, rows, K, i0, n, q32_row<Restore, Q5_0>); return true;
+    case Q5_1: each_block<32, 24, 192>(file, groups, rows, K, i0, n, q32_row<Restore, Q5_1>); return true;
+    case Q8_0: each_block<32, 34, 272>(file, groups, rows, K, i0, n, q32_row<Restore, Q8_0>); return true;
+    case Q4_K: each_block<256, 144, 1184>(file, groups, rows, K, i0, n, q45_k_row<Restore>); return true;
+    case Q5_K: each_block<256, 176, 1440>(file, groups, rows, K, i0, n, q45_k_row<Restore, true>); return true;
+    case Q6_K: each_block<256, 210, 1680>(file, groups, rows, K, i0, n, q6_k_row<Restore>); return true;
+    default: return false;
+  }
+}
+
 }  // namespace
 
 extern "C" {
 
-// rows (a multiple of 8) of Q4_K blocks, K weights each (src rows K/256 * 144 bytes apart) ->
-// dst, the same rows as Q4_K_R8 (K/256 * 148 bytes a row).
-void strata_repack_q4_k(const uint8_t* src, int64_t rows, int64_t K, uint8_t* dst) {
-  each_block<144, Q4_GROUP>(const_cast<uint8_t*>(src), dst, rows, K, 0, K / 256, q45_k_row<false>);
+// rows (a multiple of 8) of a type's blocks, K weights each (src rows K / block * its bytes apart)
+// -> dst, the same rows repacked (its type + 1000: dequant.cpp's bytes a row). False for a type
+// with no repacked form.
+bool strata_repack(int qtype, const uint8_t* src, int64_t rows, int64_t K, uint8_t* dst) {
+  return each_row_of<false>(qtype, const_cast<uint8_t*>(src), dst, rows, K, 0, K / strata_block_weights(qtype));
 }
 
-// The inverse: rows (a multiple of 8, from a group's start) of Q4_K_R8, super-blocks [i0, i0 + n)
-// of each -> dst rows of n Q4_K blocks (n * 144 bytes apart), the file's bytes bit for bit.
-void strata_restore_q4_k(const uint8_t* src, int64_t rows, int64_t K, int64_t i0, int64_t n, uint8_t* dst) {
-  each_block<144, Q4_GROUP>(dst, const_cast<uint8_t*>(src), rows, K, i0, n, q45_k_row<true>);
-}
-
-// rows (a multiple of 8) of Q5_K blocks -> Q5_K_R8 (180 bytes a row's 256 weights against 176).
-void strata_repack_q5_k(const uint8_t* src, int64_t rows, int64_t K, uint8_t* dst) {
-  each_block<176, Q5_GROUP>(const_cast<uint8_t*>(src), dst, rows, K, 0, K / 256, q45_k_row<false, true>);
-}
-
-// The inverse, super-blocks [i0, i0 + n) of each row (as strata_restore_q4_k).
-void strata_restore_q5_k(const uint8_t* src, int64_t rows, int64_t K, int64_t i0, int64_t n, uint8_t* dst) {
-  each_block<176, Q5_GROUP>(dst, const_cast<uint8_t*>(src), rows, K, i0, n, q45_k_row<true, true>);
-}
-
-// rows (a multiple of 8) of Q6_K blocks -> Q6_K_R8 (210 bytes a row's 256 weights either way).
-void strata_repack_q6_k(const uint8_t* src, int64_t rows, int64_t K, uint8_t* dst) {
-  each_block<210, Q6_GROUP>(const_cast<uint8_t*>(src), dst, rows, K, 0, K / 256, q6_k_row<false>);
-}
-
-// The inverse, super-blocks [i0, i0 + n) of each row (as strata_restore_q4_k).
-void strata_restore_q6_k(const uint8_t* src, int64_t rows, int64_t K, int64_t i0, int64_t n, uint8_t* dst) {
-  each_block<210, Q6_GROUP>(dst, const_cast<uint8_t*>(src), rows, K, i0, n, q6_k_row<true>);
+// The inverse: rows (a multiple of 8, from a group's start) repacked from type qtype, blocks [i0,
+// i0 + n) of each -> dst rows of n of the file's blocks, the file's bytes bit for bit.
+bool strata_restore(int qtype, const uint8_t* src, int64_t rows, int64_t K, int64_t i0, int64_t n, uint8_t* dst) {
+  return each_row_of<true>(qtype, dst, const_cast<uint8_t*>(src), rows, K, i0, n);
 }
 
 }  // extern "C"
