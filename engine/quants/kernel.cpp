@@ -14,10 +14,10 @@
 //     sum_e w_e x_e ~ dx * (s0 * sum_{e<16} q_e xq_e + s1 * sum_{e>=16} q_e xq_e) + m * dx * sum xq
 //     the integer sums exact (int16 pair sums, at most 2 * 128 * 127), one float rounding each;
 //   float32 activations: the same with x itself, q_e * x_e in float32.
-// Except on AVX2 with int8 activations for every type but IQ4_XS and IQ3_S: their dots read the
-// packed bytes directly (dot_q45_k, dot_q6_k, dot_q32 below), the same integers per 32 and an
-// exact float per chunk; ~3x the codes path's speed at one row for Q4_K, Q5_K, Q6_K, ~2x for the
-// 32-weight types.
+// Except on AVX2 with int8 activations: every type's dots read the packed bytes directly
+// (dot_q45_k, dot_q6_k, dot_q32, dot_iq below; the repacked forms' dot_*_r8), the same integers
+// per 32 and an exact float per chunk; ~3x the codes path's speed at one row for Q4_K, Q5_K,
+// Q6_K, ~2x for the 32-weight types and the codebook types (IQ4_XS, IQ3_S: the codes path's bits).
 // Built a third time on x86 (STRATA_VNNI: AVX-512 VNNI, AMD Zen 4 and Intel since Ice Lake /
 // Sapphire Rapids): the 32-weight types' four-byte sums in one instruction, the same integers,
 // so the same bits; ops.cpp picks it where the CPU has it.
@@ -206,6 +206,39 @@ inline __m256i codes_q32_of(int qtype, const uint8_t* b) {
   }
 }
 
+// IQ4_XS and IQ3_S: chunk k's (32 weights) integer scale and signed codes, from a super-block b
+// (the codes path's and the fused dots' own).
+inline int iq4_xs_scale(const uint8_t* b, int k) {
+  return (((b[4 + k / 2] >> (4 * (k % 2))) & 0x0F) | (((b[2 + k / 4] >> (2 * (k % 4))) & 3) << 4)) - 32;
+}
+
+inline __m256i iq4_xs_codes(const uint8_t* b, int k, const int8_t* kvalues) {
+  const __m256i values = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kvalues)));
+  return _mm256_shuffle_epi8(values, nibbles_16(b + 8 + 16 * k));
+}
+
+inline int iq3_s_scale(const uint8_t* b, int k) { return 1 + 2 * ((b[106 + k / 2] >> (4 * (k % 2))) & 0x0F); }
+
+// IQ3_S's magnitudes (its grid's values are 1..15) and signs (0xFF where a weight is negative)
+inline __m256i iq3_s_grid(const uint8_t* b, int k, const uint8_t* grid) {
+  // the eight grid entries' indices: qs's bytes, the ninth bit from qh's byte
+  const __m256i low = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * k)));
+  const __m256i ninth = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b[66 + k]), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+                                         _mm256_set1_epi32(1));
+  return _mm256_i32gather_epi32(reinterpret_cast<const int*>(grid), _mm256_or_si256(low, _mm256_slli_epi32(ninth, 8)), 4);
+}
+
+inline __m256i iq3_s_negative(const uint8_t* b, int k) {
+  uint32_t bits;
+  std::memcpy(&bits, b + 74 + 4 * k, 4);
+  return bytes_from_bits(bits);
+}
+
+inline __m256i iq3_s_codes(const uint8_t* b, int k, const uint8_t* grid) {
+  const __m256i negative = iq3_s_negative(b, k);
+  return _mm256_sub_epi8(_mm256_xor_si256(iq3_s_grid(b, k, grid), negative), negative);
+}
+
 inline void codes_avx2(int qtype, const uint8_t* b, Codes c, const int8_t* kvalues, const uint8_t* grid) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   switch (qtype) {
@@ -263,38 +296,13 @@ inline void codes_avx2(int qtype, const uint8_t* b, Codes c, const int8_t* kvalu
       }
       return;
     }
-    case IQ4_XS: {
-      const float d = f16(b);
-      uint16_t sh;
-      std::memcpy(&sh, b + 2, 2);
-      const uint8_t* sl = b + 4;
-      const __m256i values = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kvalues)));
-      for (int s = 0; s < 8; ++s) {
-        const int scale = (((sl[s / 2] >> (4 * (s % 2))) & 0x0F) | (((sh >> (2 * s)) & 3) << 4)) - 32;
-        c.s[2 * s] = c.s[2 * s + 1] = d * float(scale);
-        c.m[s] = 0.0f;
-        store(c.q + 32 * s, _mm256_shuffle_epi8(values, nibbles_16(b + 8 + 16 * s)));
-      }
-      return;
-    }
+    case IQ4_XS:
     case IQ3_S: {
       const float d = f16(b);
-      const uint8_t* qs = b + 2;
-      const uint8_t* qh = b + 66;
-      const uint8_t* signs = b + 74;
-      const uint8_t* scales = b + 106;
-      for (int s = 0; s < 8; ++s) {
-        c.s[2 * s] = c.s[2 * s + 1] = d * float(1 + 2 * ((scales[s / 2] >> (4 * (s % 2))) & 0x0F));
-        c.m[s] = 0.0f;
-        const uint8_t* q = qs + 8 * s;
-        const int high = qh[s];
-        int32_t g[8];
-        for (int i = 0; i < 8; ++i) std::memcpy(&g[i], grid + 4 * (int(q[i]) | (((high >> i) & 1) << 8)), 4);
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g));
-        uint32_t bits;
-        std::memcpy(&bits, signs + 4 * s, 4);
-        const __m256i negative = bytes_from_bits(bits);
-        store(c.q + 32 * s, _mm256_sub_epi8(_mm256_xor_si256(v, negative), negative));
+      for (int k = 0; k < 8; ++k) {
+        c.s[2 * k] = c.s[2 * k + 1] = d * float(qtype == IQ4_XS ? iq4_xs_scale(b, k) : iq3_s_scale(b, k));
+        c.m[k] = 0.0f;
+        store(c.q + 32 * k, qtype == IQ4_XS ? iq4_xs_codes(b, k, kvalues) : iq3_s_codes(b, k, grid));
       }
       return;
     }
@@ -894,6 +902,43 @@ inline void dot_q32(const uint8_t* row, const int8_t* xq, const float* dx, const
   for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + sums[r];
 }
 
+// Fused IQ4_XS and IQ3_S dots (AVX2, int8 activations): each chunk's signed codes made in a
+// register (iq4_xs_codes, iq3_s_codes: the codes path's integers) and then dot_int8's own
+// operations in its order (|q| times xq with q's sign, one conversion, one fma by the chunk's
+// d * scale * dx; no minimum): the codes path's bits, without its row of codes written and read
+// again. Up to eight rows share each chunk's codes.
+template <int R, int T>
+inline void dot_iq(const uint8_t* row, const int8_t* xq, const float* dx, int64_t K, const int8_t* kvalues,
+                   const uint8_t* grid, float* out) {
+  constexpr int bytes = T == IQ4_XS ? 136 : 110;
+  const int64_t C = K / 32;
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < K / 256; ++i) {
+    const uint8_t* b = row + i * bytes;
+    const float d = f16(b);
+    for (int k = 0; k < 8; ++k) {
+      const int64_t c = 8 * i + k;
+      // |q| and q's sign (IQ3_S: its grid's value and its sign bit as +-1)
+      __m256i magnitude, sign;
+      if constexpr (T == IQ4_XS) {
+        sign = iq4_xs_codes(b, k, kvalues);
+        magnitude = _mm256_sign_epi8(sign, sign);
+      } else {
+        magnitude = iq3_s_grid(b, k, grid);
+        sign = _mm256_or_si256(iq3_s_negative(b, k), _mm256_set1_epi8(1));
+      }
+      const __m256 scale = _mm256_set1_ps(d * float(T == IQ4_XS ? iq4_xs_scale(b, k) : iq3_s_scale(b, k)));
+      for (int r = 0; r < R; ++r) {
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * K + 32 * c));
+        const __m256 sums = _mm256_cvtepi32_ps(sums_of_four(magnitude, _mm256_sign_epi8(x, sign)));
+        acc[r] = _mm256_fmadd_ps(sums, _mm256_mul_ps(scale, _mm256_broadcast_ss(dx + r * C + c)), acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + 0.0f;  // dot_int8's + bias (0: no minimum)
+}
+
 // xs [M, C] -> [ceil(M / 8), C, 8]: eight rows' sums of each chunk side by side (rows past M 0).
 inline float* eights_by_chunk(const float* xs, int64_t M, int64_t C) {
   const int64_t groups = (M + 7) / 8;
@@ -1030,13 +1075,11 @@ __attribute__((noinline)) void fused_float_rows(int qtype, const uint8_t* src, i
   }
 }
 
-inline bool fused(int qtype) { return qtype != IQ4_XS && qtype != IQ3_S; }  // all but the codebook types
-
 // strata_mm_rows for those (int8 activations): its own function, so that the codes path's loop
 // keeps its inlining (codes_avx2 out of line costs the 32-weight types 3-4x)
 __attribute__((noinline)) void fused_rows(int qtype, const uint8_t* src, int64_t rb, int64_t K, int64_t n0, int64_t n1,
                                           int64_t M, int64_t N, const int8_t* xq, const float* dx, const float* xs,
-                                          float* y) {
+                                          const int8_t* kvalues, const uint8_t* grid, float* y) {
   const int64_t C = K / 32, G = K / 16;
   if (is_32(qtype - EIGHT_ROWS)) {  // Q4_0_R8 .. Q8_0_R8: each block's sum(xq) as an integer
     int32_t* sums = static_cast<int32_t*>(std::malloc(sizeof(int32_t) * (M * C > 0 ? M * C : 1)));
@@ -1092,6 +1135,8 @@ __attribute__((noinline)) void fused_rows(int qtype, const uint8_t* src, int64_t
       else if (qtype == Q8_0) dot_q32<R, Q8_0>(row, x, dx + r * C, nullptr, K, out);
       else if (qtype == Q4_K) dot_q45_k<R, false>(row, xq + r * K, dx + r * C, xs + r * C, K, out);
       else if (qtype == Q5_K) dot_q45_k<R, true>(row, xq + r * K, dx + r * C, xs + r * C, K, out);
+      else if (qtype == IQ4_XS) dot_iq<R, IQ4_XS>(row, x, dx + r * C, K, kvalues, grid, out);
+      else if (qtype == IQ3_S) dot_iq<R, IQ3_S>(row, x, dx + r * C, K, kvalues, grid, out);
       else dot_q6_k<R>(row, xq + r * K, dx + r * C, x16 + r * G, K, out);
     });
   }
@@ -1276,7 +1321,7 @@ void ENTRY(strata_mm_rows)(int qtype, const uint8_t* src, int64_t rb, int64_t K,
   const bool small = is_32(qtype), mins = has_min(qtype);
   const int bw = strata_block_weights(qtype), bb = strata_block_bytes(qtype);
 #ifdef STRATA_AVX2
-  if (xq && fused(qtype)) return fused_rows(qtype, src, rb, K, n0, n1, M, N, xq, dx, xs, y);
+  if (xq) return fused_rows(qtype, src, rb, K, n0, n1, M, N, xq, dx, xs, kvalues, grid, y);
   if (!xq && fused_float(qtype)) return fused_float_rows(qtype, src, rb, K, n0, n1, M, N, x, xs, y);
 #endif
   for (int64_t n = n0; n < n1; ++n) {

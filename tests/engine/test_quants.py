@@ -210,11 +210,12 @@ def test_mm_is_the_exact_weights_times_the_activations(qtype):
         assert error(results[int8_x, True], results[int8_x, False].double()) <= 1e-6
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_XS, Q.IQ3_S],
+                         ids=lambda q: q.name)
 def test_fused_dots_are_the_codes_paths_sums(qtype):
-    """Every type but the codebook ones (IQ4_XS, IQ3_S) with int8 activations on AVX2 takes its
-    dots straight from the packed bytes (kernel.cpp's fused dots), not through the codes the
-    codebook types and the portable build unpack to: at every batch size of 1 to 10 (eight rows at
+    """Every type with int8 activations on AVX2 takes its dots straight from the packed bytes
+    (kernel.cpp's fused dots), not through the row of codes the portable build unpacks to (the
+    codebook types' codes looked up per chunk in registers): at every batch size of 1 to 10 (eight rows at
     a time, then the rest in one pass) and on a row of one super-block or several, the same
     integers summed (within float32 rounding of the portable codes path and of float64 on the
     quantized activations), each row alone the same bits. Random blocks: every bit of the codes,
