@@ -29,7 +29,8 @@ from engine.layers import Attention, Block, GatedFFN, gather_index
 from engine.exact_head import exact_logits
 from engine.memory import ensure_kv_fits
 from engine.moe import Experts
-from engine.quants.blocks import INT4_TYPES, BlocksPart, QuantExperts, QuantLinear, QuantRows, available as quants_available
+from engine.quants.blocks import (INT4_TYPES, BlocksPart, QuantExperts, QuantLinear, QuantRows, available as quants_available,
+                                  repack_here)
 from engine.rope import RopeScaling, tables
 from engine.step import Body, HeadOut, StepInputs, run_layers, step_body
 from engine.weights import (
@@ -258,11 +259,12 @@ class Transformer(nn.Module):
               int4: bool = False, prepack: bool = True, prefill_bf16: bool = False,
               prompt_int8: bool = True, repack: bool = True) -> "Transformer":
         """One copy of each weight in the form the step uses:
-        - linears: int4 from the file's Q4_0/Q4_1 blocks when `int4` (CPU, bf16 only, where oneDNN
-          prepacks bf16; on AVX2 alone engine/quants' `mm` on the same blocks), other quantized
-          types as the file's blocks (`QuantLinear`), else dense
-          `dtype`, prepacked by oneDNN for CPU bf16; with `prefill_bf16` an int4 matrix also keeps
-          a bf16 prepacked copy for prefill chunks (`TwoFormLinear`: the one exception to one copy);
+        - linears: quantized types as the file's blocks (`QuantLinear`; Q4_0/Q4_1 repacked with
+          16-bit activations where engine/quants' AVX2 builds run); Q4_0/Q4_1 with `int4` on
+          torch's int4 kernel instead where those do not (`repack_here`) and oneDNN prepacks bf16;
+          else dense `dtype`, prepacked by oneDNN for CPU bf16; with `prefill_bf16` a Q4_0/Q4_1
+          matrix also keeps a bf16 prepacked copy for prefill chunks where oneDNN prepacks bf16
+          (`TwoFormLinear`: the one exception to one copy);
           a `QuantLinear`'s prompt tokens in int8 with `prompt_int8` where the CPU runs that
           faster (`int8_prompt_here`), else through bf16 slabs; its K-quant parts repacked
           eight rows at a time for the decode step with `repack` (engine/quants/blocks.py
@@ -282,10 +284,12 @@ class Transformer(nn.Module):
         cpu_bf16 = device.type == "cpu" and dtype == torch.bfloat16
         use_packed = prepack and cpu_bf16 and can_prepack()
         use_quant = cpu_bf16  # the file's blocks through engine/quants' kernels, where the source has them
-        # Q4_0/Q4_1 on torch's int4 kernel only where oneDNN prepacks their bf16 prompt copy: where it
-        # cannot (AVX2 alone) the fused dots of `mm` read the same blocks faster, decode and prompt
-        # (docs/bench-log.md, Dec 6)
-        use_int4 = int4 and cpu_bf16 and int4_available() and (can_prepack() or not quants_available())
+        # Q4_0/Q4_1 on torch's int4 kernel only where engine/quants' eight-row dots do not run and
+        # oneDNN prepacks their bf16 prompt copy: those dots (16-bit activations, finer than the int4
+        # kernel's bf16) beat it 2.6x at one row, 1.2x at four, and on AVX2 alone even the one-row
+        # dots do (docs/bench-log.md, Dec 6 and Dec 7 fourth session)
+        use_int4 = int4 and cpu_bf16 and int4_available() and (
+            not quants_available() or (can_prepack() and not repack_here()))
         names = source.names()
 
         def vector(name: str) -> Tensor:
@@ -307,11 +311,16 @@ class Transformer(nn.Module):
                 if all(q is not None and (int4 or q.qtype not in INT4_TYPES) for q in held):
                     # Q4_K parts on `mm` (its fused dot beat torch's int4 kernel in the engine, Dec 6)
                     module = QuantLinear(held, b, int8_prompt=prompt_int8, repack=repack)  # type: ignore[arg-type]
+                    copy = None  # Q4_0/Q4_1's bf16 prompt copy, as int4's (their prompts' precision)
+                    if prefill_bf16 and use_packed and any(q.qtype in INT4_TYPES for q in held):  # type: ignore[union-attr]
+                        copy = PackedLinear(torch.cat([source.dense(n) for n in parts]).to(torch.bfloat16), b)
                     if (release := getattr(source, "release", None)) is not None:  # a GGUF file's pages
                         # (no int4 run here: module.parts are `parts`, one each)
                         for name, part in zip(parts, module.parts):
                             if isinstance(part, BlocksPart) and part.repacked:
                                 release(name)
+                    if copy is not None:
+                        return counted("quant+bf16-packed", TwoFormLinear(module, copy))
                     return counted("quant", module)
             weight = torch.cat([source.dense(n) for n in parts]).to(dtype)
             if use_packed:

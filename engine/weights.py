@@ -8,7 +8,7 @@ copy of each matrix, in one of the forms below, chosen at load:
 - `DenseLinear`: `F.linear` on a plain weight (float32 anywhere; bf16 on CUDA).
 - `PackedLinear`: bf16 reordered once into oneDNN's blocked layout (CPU).
 - `Int4Linear`: the file's Q4_0/Q4_1 blocks as int4 (CPU), bf16 activations.
-- `TwoFormLinear`: int4 for decode, bf16 prepacked for prefill chunks (CPU).
+- `TwoFormLinear`: int4 (or a QuantLinear) for decode, bf16 prepacked for prefill chunks (CPU).
 - `Int8Linear`: int8 per output row (CPU), bf16 activations: the vocabulary head when the file
   does not quantize it (an HF folder's, an F16 file's).
 - `engine.quants.blocks.QuantLinear`: the file's Q8_0 / Q5_x / K-quant / IQ blocks as they are
@@ -165,22 +165,23 @@ class Int4Linear(nn.Module):
 
 
 class TwoFormLinear(nn.Module):
-    """One matrix kept twice: int4 (`Int4Linear`), the decode step's form (calling the module),
-    and bf16 prepacked (`PackedLinear`, the exact weights rounded to bf16) for prompt tokens
-    (`prompt_form`), where the int4 kernel was 2.3x slower than oneDNN's bf16 one at 256-token
-    chunks. Chosen by what the tokens are, not by how many: every prompt token goes through the
-    bf16 copy, a 1-token chunk too, and every generated token through int4, so a token's result
-    does not depend on its chunk's length or its batch (both kernels work row by row)."""
+    """One matrix kept twice: the decode step's form (calling the module: `Int4Linear`, or a
+    Q4_0/Q4_1 `QuantLinear`) and bf16 prepacked (`PackedLinear`, the exact weights rounded to
+    bf16) for prompt tokens (`prompt_form`), where the int4 kernel was 2.3x slower than oneDNN's
+    bf16 one at 256-token chunks. Chosen by what the tokens are, not by how many: every prompt
+    token goes through the bf16 copy, a 1-token chunk too, and every generated token through the
+    decode form, so a token's result does not depend on its chunk's length or its batch (both
+    kernels work row by row)."""
 
-    def __init__(self, int4: Int4Linear, packed: PackedLinear) -> None:
+    def __init__(self, decode: nn.Module, packed: PackedLinear) -> None:
         super().__init__()
-        self.int4, self.packed = int4, packed
+        self.decode, self.packed = decode, packed
         self.prompt_form = packed
-        self.out_features = int4.out_features
+        self.out_features = packed.out_features
 
     def forward(self, x: Tensor) -> Tensor:
-        # x: [..., in] -> [..., out] bf16
-        return self.int4(x)
+        # x: [..., in] -> [..., out]
+        return self.decode(x)
 
 
 def prompt_form(linear: nn.Module) -> nn.Module:

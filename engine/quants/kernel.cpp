@@ -35,6 +35,10 @@ inline bool is_32(int qtype) {
   return qtype == Q4_0 || qtype == Q4_1 || qtype == Q5_0 || qtype == Q5_1 || qtype == Q8_0;
 }
 
+// The repacked types whose products take 16-bit activations (dot_q32_r8: x16's high and low
+// bytes, ops.cpp `quantize_x16`)
+inline bool fine_x(int qtype) { return qtype == Q4_0_R8 || qtype == Q4_1_R8; }
+
 inline bool has_min(int qtype) {
   return qtype == Q4_1 || qtype == Q5_1 || qtype == Q4_K || qtype == Q5_K;
 }
@@ -693,10 +697,19 @@ inline void dot_q6_k_r8(const uint8_t* group, const int8_t* xq, const float* dx,
 // q's sign on AVX2, q + 128 as unsigned bytes and 128 * sum(xq) taken back on VNNI), converted
 // once, acc = fma(isum, d * dx, acc), and Q4_1 / Q5_1's minimum part = fma(m, dx * sum(xq), part).
 // sums: rows [K/32] of each block's sum(xq).
+// Q4_0 and Q4_1 (FINE_X: the types whose files ran on torch's int4 kernel with bf16 activations,
+// the default file's) take 16-bit activations: x quantized per 32 to x16 in [-32767, 32767]
+// (ops.cpp `quantize_x16`), each chunk's 64 bytes its high bytes xh (signed) then its low ones xl
+// (unsigned), x16 = 256 xh + xl; the block's sum is 256 * sum(q * xh) + sum(xl * q), each part
+// four bytes at a time as above (xl the unsigned operand, the codes 0..15 the signed one), exact
+// (|sum(q * x16)| <= 32 * 15 * 32767 < 2^24). Twice the integer work, and activations as fine
+// as 2^-15 of their chunk's largest rather than 2^-7: closer to float32 than bf16.
 template <int R, int T>
 inline void dot_q32_r8(const uint8_t* group, const int8_t* xq, const float* dx, const float* xs, const int32_t* sums,
                        int64_t K, float* out) {
   constexpr bool mins = T == Q4_1 || T == Q5_1, five = T == Q5_0 || T == Q5_1, eight = T == Q8_0;
+  constexpr bool fine = T == Q4_0 || T == Q4_1;
+  constexpr int64_t row = fine ? 2 : 1, chunk = fine ? 64 : 32;  // xq's bytes a weight, a chunk
   constexpr int high_at = mins ? 32 : 16, codes_at = high_at + (five ? 32 : 0), bytes = codes_at + (eight ? 256 : 128);
 #ifdef STRATA_VNNI
   constexpr int offset = T == Q4_0 ? 8 : T == Q5_0 ? 16 : eight ? 128 : 0;
@@ -711,15 +724,17 @@ inline void dot_q32_r8(const uint8_t* group, const int8_t* xq, const float* dx, 
   for (int64_t c = 0; c < C; ++c) {
     const uint8_t* o = group + c * bytes;
 #ifdef STRATA_VNNI
-    __m256i sum[R][chains];
+    __m256i sum[R][chains], low[R];  // low: fine x's low bytes' sums
     for (int r = 0; r < R; ++r) {
-      sum[r][0] = _mm256_set1_epi32(-offset * sums[r * C + c]);
+      sum[r][0] = _mm256_set1_epi32(fine ? 0 : -offset * sums[r * C + c]);
       if constexpr (chains == 2) sum[r][1] = _mm256_setzero_si256();
+      low[r] = _mm256_setzero_si256();
     }
 #else
-    __m256i sum[R], wide[R];  // int16 pairs' sums (|pair| <= 2 * 15 * 127: eight quads; Q5's 2 * 31 * 127:
-                              // four; Q8_0's 2 * 128 * 127: one), widened into int32
-    for (int r = 0; r < R; ++r) sum[r] = wide[r] = _mm256_setzero_si256();
+    __m256i sum[R], wide[R], low[R], low_wide[R];  // int16 pairs' sums (|pair| <= 2 * 15 * 128: eight
+    // quads; Q5's 2 * 31 * 127 and fine x's low bytes' 2 * 255 * 15: four; Q8_0's 2 * 128 * 127:
+    // one), widened into int32
+    for (int r = 0; r < R; ++r) sum[r] = wide[r] = low[r] = low_wide[r] = _mm256_setzero_si256();
 #endif
     const __m256i high = five ? load(o + high_at) : _mm256_setzero_si256();
 #pragma GCC unroll 8
@@ -740,9 +755,11 @@ inline void dot_q32_r8(const uint8_t* group, const int8_t* xq, const float* dx, 
       const __m256i u = eight ? _mm256_sign_epi8(codes, codes) : codes;  // |q| as unsigned: -128 too
 #endif
       for (int r = 0; r < R; ++r) {
-        const __m256i x = quad_of(xq + r * K + 32 * c + 4 * q);
+        const int8_t* at = xq + r * row * K + chunk * c + 4 * q;
+        const __m256i x = quad_of(at);
 #ifdef STRATA_VNNI
         sum[r][q % chains] = _mm256_dpbusd_epi32(sum[r][q % chains], u, x);
+        if constexpr (fine) low[r] = _mm256_dpbusd_epi32(low[r], quad_of(at + 32), codes);
 #else
         const __m256i pairs = _mm256_maddubs_epi16(u, eight ? _mm256_sign_epi8(x, codes) : x);
         if constexpr (eight) {
@@ -754,6 +771,13 @@ inline void dot_q32_r8(const uint8_t* group, const int8_t* xq, const float* dx, 
             sum[r] = _mm256_setzero_si256();
           }
         }
+        if constexpr (fine) {
+          low[r] = _mm256_add_epi16(low[r], _mm256_maddubs_epi16(quad_of(at + 32), codes));
+          if (q == 3) {
+            low_wide[r] = _mm256_madd_epi16(low[r], ones);
+            low[r] = _mm256_setzero_si256();
+          }
+        }
 #endif
       }
     }
@@ -762,10 +786,19 @@ inline void dot_q32_r8(const uint8_t* group, const int8_t* xq, const float* dx, 
 #ifdef STRATA_VNNI
       __m256i total = sum[r][0];
       if constexpr (chains == 2) total = _mm256_add_epi32(total, sum[r][1]);
+      const __m256i lows = low[r];
 #else
       __m256i total = eight ? wide[r] : _mm256_add_epi32(wide[r], _mm256_madd_epi16(sum[r], ones));
-      if constexpr (offset != 0) total = _mm256_sub_epi32(total, _mm256_set1_epi32(offset * sums[r * C + c]));
+      const __m256i lows = _mm256_add_epi32(low_wide[r], _mm256_madd_epi16(low[r], ones));
 #endif
+      if constexpr (fine) {  // 256 * sum(q * xh) + sum(xl * q) - offset * sum(x16)
+        total = _mm256_add_epi32(_mm256_slli_epi32(total, 8), lows);
+        if constexpr (T == Q4_0) total = _mm256_sub_epi32(total, _mm256_set1_epi32(8 * sums[r * C + c]));
+      } else {
+#ifndef STRATA_VNNI
+        if constexpr (offset != 0) total = _mm256_sub_epi32(total, _mm256_set1_epi32(offset * sums[r * C + c]));
+#endif
+      }
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_broadcast_ss(dx + r * C + c)), acc[r]);
       if constexpr (mins) part[r] = _mm256_fmadd_ps(halves8(o + 16), _mm256_broadcast_ss(xs + r * C + c), part[r]);
     }
@@ -1082,14 +1115,18 @@ __attribute__((noinline)) void fused_rows(int qtype, const uint8_t* src, int64_t
                                           const int8_t* kvalues, const uint8_t* grid, float* y) {
   const int64_t C = K / 32, G = K / 16;
   if (is_32(qtype - EIGHT_ROWS)) {  // Q4_0_R8 .. Q8_0_R8: each block's sum(xq) as an integer
+    const bool fine = fine_x(qtype);   // Q4_0_R8, Q4_1_R8: x16's, from its high and low bytes
     int32_t* sums = static_cast<int32_t*>(std::malloc(sizeof(int32_t) * (M * C > 0 ? M * C : 1)));
     for (int64_t b = 0; b < M * C; ++b) {
       int32_t sum = 0;
-      for (int e = 0; e < 32; ++e) sum += xq[32 * b + e];
+      if (fine)
+        for (int e = 0; e < 32; ++e) sum += 256 * xq[64 * b + e] + int32_t(uint8_t(xq[64 * b + 32 + e]));
+      else
+        for (int e = 0; e < 32; ++e) sum += xq[32 * b + e];
       sums[b] = sum;
     }
     groups_r8(src, rb, n0, n1, M, N, y, [&](auto R, const uint8_t* g, int64_t r, float* out) {
-      const int8_t* x = xq + r * K;
+      const int8_t* x = xq + r * (fine ? 2 : 1) * K;
       switch (qtype - EIGHT_ROWS) {
         case Q4_0: dot_q32_r8<R, Q4_0>(g, x, dx + r * C, xs + r * C, sums + r * C, K, out); break;
         case Q4_1: dot_q32_r8<R, Q4_1>(g, x, dx + r * C, xs + r * C, sums + r * C, K, out); break;

@@ -14,6 +14,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -274,9 +275,33 @@ at::Tensor dequantize(const at::Tensor& blocks, int64_t qtype, int64_t cols, con
   return out;
 }
 
+// x [M, K] quantized per 32 to 16 bits, x16 = round(x / dx) in [-32767, 32767] with dx = the
+// chunk's largest |x| / 32767, for the repacked Q4_0 / Q4_1 dots (kernel.cpp dot_q32_r8): each
+// chunk's 64 bytes of xq its high bytes (x16 >> 8, signed) then its low ones (x16 & 255), dx
+// and xs = dx * sum(x16) per chunk.
+void quantize_x16(const float* x, int64_t M, int64_t K, int8_t* xq, float* dx, float* xs) {
+  for (int64_t c = 0; c < M * K / 32; ++c) {
+    const float* v = x + 32 * c;
+    float amax = 0.0f;
+    for (int e = 0; e < 32; ++e) amax = std::max(amax, std::fabs(v[e]));
+    const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+    int32_t sum = 0;
+    for (int e = 0; e < 32; ++e) {
+      const int32_t q = int32_t(std::nearbyint(v[e] * inv));
+      xq[64 * c + e] = int8_t(q >> 8);
+      xq[64 * c + 32 + e] = int8_t(uint8_t(q & 255));
+      sum += q;
+    }
+    dx[c] = amax / 32767.0f;
+    xs[c] = dx[c] * float(sum);
+  }
+}
+
+constexpr int64_t Q4_0_R8 = Q4_0 + EIGHT_ROWS, Q4_1_R8 = Q4_1 + EIGHT_ROWS;
+
 // What a product needs besides the blocks: the kernel build, the type's codebook and the
-// activation rows in the kernel's form (int8 codes per 32 with their scales, or float32 x with
-// each chunk's sum).
+// activation rows in the kernel's form (int8 codes per 32 with their scales, 16-bit ones for the
+// repacked Q4_0 / Q4_1 dots, or float32 x with each chunk's sum).
 struct Activations {
   MmRows rows_fn = strata_mm_rows_portable;
   Codebook book;
@@ -284,6 +309,7 @@ struct Activations {
   std::vector<int8_t> xq;
   std::vector<float> dx, sums;
   bool int8_x = false;
+  int64_t width = 1;  // xq's bytes a weight: 2 for 16-bit activations
 
   Activations(at::Tensor x_in, int64_t qtype, const at::Tensor& table, bool int8, bool portable)
       : book(qtype, table), x(x_in.to(at::kFloat).contiguous()), int8_x(int8) {
@@ -292,11 +318,12 @@ struct Activations {
     if (!portable && use_avx2()) rows_fn = strata_mm_rows_avx2, quantize_fn = strata_quantize_x_avx2;
     if (!portable && use_vnni()) rows_fn = strata_mm_rows_vnni, quantize_fn = strata_quantize_x_vnni;
 #endif
+    if (reads_repacked() && (qtype == Q4_0_R8 || qtype == Q4_1_R8)) quantize_fn = quantize_x16, width = 2;
     const int64_t M = x.size(0), K = x.size(1), chunks = M * (K / 32);
     const float* xs = x.data_ptr<float>();
     sums.resize(chunks);
     if (int8_x) {
-      xq.resize(M * K), dx.resize(chunks);
+      xq.resize(width * M * K), dx.resize(chunks);
       quantize_fn(xs, M, K, xq.data(), dx.data(), sums.data());
     } else {
       for (int64_t c = 0; c < chunks; ++c) {
@@ -318,7 +345,7 @@ struct Activations {
     const int64_t K = x.size(1), C = K / 32;
     work.resize(K / 4 + K / 16 + K / 32 + 8);  // K int8 codes, then the scales, the minimums
     rows_fn(int(qtype), src, rb, K, n0, n1, M, N, x.data_ptr<float>() + m0 * K,
-            int8_x ? xq.data() + m0 * K : nullptr, int8_x ? dx.data() + m0 * C : nullptr, sums.data() + m0 * C,
+            int8_x ? xq.data() + width * m0 * K : nullptr, int8_x ? dx.data() + m0 * C : nullptr, sums.data() + m0 * C,
             book.kvalues, book.grid.data(), y + m0 * N, work.data());
   }
 };

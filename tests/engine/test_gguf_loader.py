@@ -12,6 +12,7 @@ from gguf.quants import dequantize
 from engine.gguf_loader import GGUFModel, unpermute_rope_rows
 from engine.model import Transformer
 from engine.weights import can_prepack
+from tests.engine.conftest import q4_forms
 from tests.engine.conftest import prefill_logits
 from tests.helpers.gguf_llama import N_HEADS, N_KV, gguf_tensors, write_gguf
 
@@ -93,8 +94,8 @@ def test_quantized_file_matches_gguf_dequantize(hf_model, tmp_path):
         if dtype == torch.float32:
             reference = logits
         else:
-            # AVX2 alone: oneDNN cannot pack; the Q4 blocks on `mm` (tests/engine/conftest.py q4_forms)
-            other, q4 = ("bf16-packed", "int4") if can_prepack() else ("bfloat16-dense", "quant")
+            # AVX2 alone: oneDNN cannot pack; the Q4 blocks' form: tests/engine/conftest.py q4_forms
+            other, q4 = "bf16-packed" if can_prepack() else "bfloat16-dense", next(iter(q4_forms(1, prompt_copy=False)))
             assert model.forms.get(q4, 0) > 0 and model.forms.get(other, 0) > 0, model.forms
             assert float((logits - reference).abs().max()) < 0.05 * float(reference.abs().max())
 

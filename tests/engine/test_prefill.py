@@ -80,13 +80,13 @@ def test_two_form_linear_prompt_tokens_take_the_bf16_copy_generated_ones_int4(tm
 
 
 @needs_prepack
-def test_prompt_reads_of_any_length_use_the_bf16_copy_and_decode_the_int4_kernel(tmp_path):
+def test_prompt_reads_of_any_length_use_the_bf16_copy_and_decode_the_decode_form(tmp_path):
     # A model with both forms reads a prompt, a long chunk or a 1-token one, exactly as the
     # all-bf16 model does, and decodes exactly as the int4-only model does.
     from gguf import GGMLQuantizationType as Q
 
     from engine.model import Transformer
-    from tests.engine.conftest import decode_logits, prefill_logits
+    from tests.engine.conftest import decode_logits, prefill_logits, q4_forms
     from tests.helpers.gguf_llama import tiny_llama_file
 
     loaded = tiny_llama_file(tmp_path, Q.Q4_0)
@@ -97,12 +97,13 @@ def test_prompt_reads_of_any_length_use_the_bf16_copy_and_decode_the_int4_kernel
         dtype = torch.float32 if name == "f32" else torch.bfloat16
         models[name] = Transformer.build(loaded.config, loaded, dtype=dtype, device=cpu, **kwargs)
         models[name].allocate_cache(2, 128)
-    assert models["both"].forms == {"int4+bf16-packed": 8} and models["int4"].forms == {"int4": 8}
+    assert models["both"].forms == q4_forms(8) and models["int4"].forms == q4_forms(8, prompt_copy=False)
     for ids in (list(range(3, 39)), [40], list(range(40, 48))):
         got = {name: prefill_logits(m, 0, ids) for name, m in models.items()}
         assert torch.equal(got["both"], got["bf16"]), len(ids)
         torch.testing.assert_close(got["both"], got["f32"], atol=3e-2, rtol=0)
-    # Decode: the int4 kernel. Given the same cache entries, "both" steps as the int4-only model.
+    # Decode: the decode form (engine/quants' dots, or torch's int4 kernel). Given the same cache
+    # entries, "both" steps as the model without the copy.
     for mine, theirs in zip(models["both"].layers, models["int4"].layers):
         theirs.mixer.k_cache.copy_(mine.mixer.k_cache)
         theirs.mixer.v_cache.copy_(mine.mixer.v_cache)

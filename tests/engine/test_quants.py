@@ -159,15 +159,16 @@ def test_q4_k_on_torchs_int4_kernel_is_within_bf16_of_float32():
         assert float((linear(x).double() - reference).norm() / reference.norm()) <= 1e-2
 
 
-def int8_per_32(x: torch.Tensor) -> torch.Tensor:
+def int8_per_32(x: torch.Tensor, top: float = 127.0) -> torch.Tensor:
     """x as `strata_quants::mm` takes it with int8_x: per 32, xq = round(x * (127 / max|x|)) to
-    nearest even, in float32, times max|x| / 127; float64 out."""
+    nearest even, in float32, times max|x| / 127; float64 out. top=32767: the 16-bit activations
+    of the repacked Q4_0 / Q4_1 dots."""
     chunks = x.reshape(x.shape[0], -1, 32)
     amax = chunks.abs().amax(-1, keepdim=True)
     # 127 / max|x| divided in float32 as the kernel does (torch's `127.0 / amax` is
     # 127 * (1 / amax), an ulp off at times: then an xq rounds the other way, ~1e-4 of the output)
-    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
-    return (torch.round(chunks * inv).double() * (amax / 127.0).double()).reshape(x.shape)
+    inv = torch.where(amax > 0, torch.full_like(amax, top) / amax, torch.zeros_like(amax))
+    return (torch.round(chunks * inv).double() * (amax / top).double()).reshape(x.shape)
 
 
 @pytest.mark.parametrize("qtype", sorted(quants.TYPES), ids=lambda q: q.name)
@@ -241,10 +242,10 @@ def test_fused_dots_are_the_codes_paths_sums(qtype):
 
 @pytest.mark.parametrize("qtype", sorted(quants.EIGHT_ROWS), ids=lambda q: q.name)
 def test_repacked_eight_rows_at_a_time_keeps_every_bit_and_the_product(qtype):
-    """Q4_K_R8, Q5_K_R8 and Q6_K_R8 (repack.cpp): the blocks moved so that the decode dots hold one weight
+    """Q4_0_R8 .. Q6_K_R8 (repack.cpp): the blocks moved so that the decode dots hold one weight
     row per lane. Restoring gives the file's bytes bit for bit and dequantizing gives gguf's
     values; `mm` with int8 activations runs the type's eight-row dot: the exact weights times the
-    int8 activations (float64 on the quantized activations, <= 1e-6), each row alone the same
+    int8 activations (Q4_0 and Q4_1: 16-bit ones; float64 on the quantized activations, <= 1e-6), each row alone the same
     bits, the same bits on one thread as on two (a group of eight cut by the threads' split is
     computed whole); every product that reads rows one at a time (float32 activations, the
     portable build, the prompt's) reads them restored: the file's blocks' bits."""
@@ -264,7 +265,7 @@ def test_repacked_eight_rows_at_a_time_keeps_every_bit_and_the_product(qtype):
             x = torch.randn(batch, cols) * torch.rand(batch, 1) * 4
             x[0, 32:64] = 0  # a chunk of zeros (its int8 scale 0)
             y = ops.mm(x, r8, R8, table, True, False)
-            reference = int8_per_32(x) @ exact.T
+            reference = int8_per_32(x, 32767.0 if qtype in (Q.Q4_0, Q.Q4_1) else 127.0) @ exact.T
             assert float((y.double() - reference).norm() / reference.norm()) <= 1e-6, (rows, cols, batch)
             for i in range(batch):
                 assert torch.equal(ops.mm(x[i:i + 1], r8, R8, table, True, False), y[i:i + 1]), (rows, batch, i)
