@@ -150,6 +150,9 @@ INLINE void iq3_s(const uint8_t* b, float* y, const float* grid) {
 
 }  // namespace
 
+// layouts.h `takes_x16`, for ops.cpp
+extern "C" bool strata_takes_x16(int qtype) { return takes_x16(qtype); }
+
 // Block size (weights) and bytes of each type this file knows; 0 for any other.
 extern "C" int strata_block_weights(int qtype) {
   switch (qtype) {

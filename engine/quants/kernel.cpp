@@ -35,10 +35,6 @@ inline bool is_32(int qtype) {
   return qtype == Q4_0 || qtype == Q4_1 || qtype == Q5_0 || qtype == Q5_1 || qtype == Q8_0;
 }
 
-// The repacked types whose products take 16-bit activations (dot_q32_r8: x16's high and low
-// bytes, ops.cpp `quantize_x16`)
-inline bool fine_x(int qtype) { return qtype == Q4_0_R8 || qtype == Q4_1_R8; }
-
 inline bool has_min(int qtype) {
   return qtype == Q4_1 || qtype == Q5_1 || qtype == Q4_K || qtype == Q5_K;
 }
@@ -697,8 +693,8 @@ inline void dot_q6_k_r8(const uint8_t* group, const int8_t* xq, const float* dx,
 // q's sign on AVX2, q + 128 as unsigned bytes and 128 * sum(xq) taken back on VNNI), converted
 // once, acc = fma(isum, d * dx, acc), and Q4_1 / Q5_1's minimum part = fma(m, dx * sum(xq), part).
 // sums: rows [K/32] of each block's sum(xq).
-// Q4_0 and Q4_1 (FINE_X: the types whose files ran on torch's int4 kernel with bf16 activations,
-// the default file's) take 16-bit activations: x quantized per 32 to x16 in [-32767, 32767]
+// Q4_0 and Q4_1 (layouts.h `takes_x16`: the types whose files ran on torch's int4 kernel with
+// bf16 activations, the default file's) take 16-bit activations: x quantized per 32 to x16 in [-32767, 32767]
 // (ops.cpp `quantize_x16`), each chunk's 64 bytes its high bytes xh (signed) then its low ones xl
 // (unsigned), x16 = 256 xh + xl; the block's sum is 256 * sum(q * xh) + sum(xl * q), each part
 // four bytes at a time as above (xl the unsigned operand, the codes 0..15 the signed one), exact
@@ -708,7 +704,7 @@ template <int R, int T>
 inline void dot_q32_r8(const uint8_t* group, const int8_t* xq, const float* dx, const float* xs, const int32_t* sums,
                        int64_t K, float* out) {
   constexpr bool mins = T == Q4_1 || T == Q5_1, five = T == Q5_0 || T == Q5_1, eight = T == Q8_0;
-  constexpr bool fine = T == Q4_0 || T == Q4_1;
+  constexpr bool fine = takes_x16(T + EIGHT_ROWS);
   constexpr int64_t row = fine ? 2 : 1, chunk = fine ? 64 : 32;  // xq's bytes a weight, a chunk
   constexpr int high_at = mins ? 32 : 16, codes_at = high_at + (five ? 32 : 0), bytes = codes_at + (eight ? 256 : 128);
 #ifdef STRATA_VNNI
@@ -1115,7 +1111,7 @@ __attribute__((noinline)) void fused_rows(int qtype, const uint8_t* src, int64_t
                                           const int8_t* kvalues, const uint8_t* grid, float* y) {
   const int64_t C = K / 32, G = K / 16;
   if (is_32(qtype - EIGHT_ROWS)) {  // Q4_0_R8 .. Q8_0_R8: each block's sum(xq) as an integer
-    const bool fine = fine_x(qtype);   // Q4_0_R8, Q4_1_R8: x16's, from its high and low bytes
+    const bool fine = takes_x16(qtype);  // Q4_0_R8, Q4_1_R8: x16's, from its high and low bytes
     int32_t* sums = static_cast<int32_t*>(std::malloc(sizeof(int32_t) * (M * C > 0 ? M * C : 1)));
     for (int64_t b = 0; b < M * C; ++b) {
       int32_t sum = 0;

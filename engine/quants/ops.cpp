@@ -28,6 +28,7 @@
 #include <vector>
 
 extern "C" int strata_block_weights(int qtype);
+extern "C" bool strata_takes_x16(int qtype);  // dequant.cpp
 extern "C" int strata_block_bytes(int qtype);
 extern "C" int strata_code_offset(int qtype);
 extern "C" {  // repack.cpp
@@ -297,8 +298,6 @@ void quantize_x16(const float* x, int64_t M, int64_t K, int8_t* xq, float* dx, f
   }
 }
 
-constexpr int64_t Q4_0_R8 = Q4_0 + EIGHT_ROWS, Q4_1_R8 = Q4_1 + EIGHT_ROWS;
-
 // What a product needs besides the blocks: the kernel build, the type's codebook and the
 // activation rows in the kernel's form (int8 codes per 32 with their scales, 16-bit ones for the
 // repacked Q4_0 / Q4_1 dots, or float32 x with each chunk's sum).
@@ -318,7 +317,7 @@ struct Activations {
     if (!portable && use_avx2()) rows_fn = strata_mm_rows_avx2, quantize_fn = strata_quantize_x_avx2;
     if (!portable && use_vnni()) rows_fn = strata_mm_rows_vnni, quantize_fn = strata_quantize_x_vnni;
 #endif
-    if (reads_repacked() && (qtype == Q4_0_R8 || qtype == Q4_1_R8)) quantize_fn = quantize_x16, width = 2;
+    if (reads_repacked() && strata_takes_x16(int(qtype))) quantize_fn = quantize_x16, width = 2;
     const int64_t M = x.size(0), K = x.size(1), chunks = M * (K / 32);
     const float* xs = x.data_ptr<float>();
     sums.resize(chunks);
