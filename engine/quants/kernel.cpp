@@ -695,7 +695,7 @@ inline void dot_q6_k_r8(const uint8_t* group, const int8_t* xq, const float* dx,
 // sums: rows [K/32] of each block's sum(xq).
 // Q4_0 and Q4_1 (layouts.h `takes_x16`: the types whose files ran on torch's int4 kernel with
 // bf16 activations, the default file's) take 16-bit activations: x quantized per 32 to x16 in [-32767, 32767]
-// (ops.cpp `quantize_x16`), each chunk's 64 bytes its high bytes xh (signed) then its low ones xl
+// (strata_quantize_x16), each chunk's 64 bytes its high bytes xh (signed) then its low ones xl
 // (unsigned), x16 = 256 xh + xl; the block's sum is 256 * sum(q * xh) + sum(xl * q), each part
 // four bytes at a time as above (xl the unsigned operand, the codes 0..15 the signed one), exact
 // (|sum(q * x16)| <= 32 * 15 * 32767 < 2^24). Twice the integer work, and activations as fine
@@ -1187,24 +1187,46 @@ void strata_dequant_row(int qtype, const uint8_t* src, float* y, int64_t cols, c
 
 extern "C" {
 
-// x rows [M, K] float32 -> xq [M, K] int8, dx [M, K/32] (x ~ dx * xq), xs [M, K/32] (dx * sum xq):
-// per 32, dx = max|x| / 127 and xq = x * (127 / max|x|) rounded to nearest (even), the same
-// arithmetic in both builds.
-void ENTRY(strata_quantize_x)(const float* x, int64_t M, int64_t K, int8_t* xq, float* dx, float* xs) {
+}  // extern "C"
+
+namespace {
+
+// Per 32 of x rows [M, K] float32: dx = max|x| / Top, q = x * (Top / max|x|) rounded to nearest
+// (even), put(chunk, e, q), xs = dx * sum(q); the same arithmetic in every build.
+template <int Top, typename Put>
+inline void quantize_per_32(const float* x, int64_t M, int64_t K, float* dx, float* xs, Put put) {
   for (int64_t r = 0; r < M * K / 32; ++r) {
     const float* v = x + 32 * r;
     float amax = 0.0f;
     for (int e = 0; e < 32; ++e) amax = amax > __builtin_fabsf(v[e]) ? amax : __builtin_fabsf(v[e]);
-    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const float inv = amax > 0.0f ? float(Top) / amax : 0.0f;
     int32_t sum = 0;
     for (int e = 0; e < 32; ++e) {
       const int32_t q = int32_t(__builtin_nearbyintf(v[e] * inv));
-      xq[32 * r + e] = int8_t(q);
+      put(r, e, q);
       sum += q;
     }
-    dx[r] = amax / 127.0f;
+    dx[r] = amax / float(Top);
     xs[r] = dx[r] * float(sum);
   }
+}
+
+}  // namespace
+
+extern "C" {
+
+// x rows [M, K] float32 -> xq [M, K] int8, dx [M, K/32] (x ~ dx * xq), xs [M, K/32] (dx * sum xq).
+void ENTRY(strata_quantize_x)(const float* x, int64_t M, int64_t K, int8_t* xq, float* dx, float* xs) {
+  quantize_per_32<127>(x, M, K, dx, xs, [&](int64_t r, int e, int32_t q) { xq[32 * r + e] = int8_t(q); });
+}
+
+// The same to 16 bits, x16 in [-32767, 32767], for the repacked Q4_0 / Q4_1 dots (dot_q32_r8):
+// xq [M, 2K], each chunk's 64 bytes its high bytes (x16 >> 8, signed) then its low ones (x16 & 255).
+void ENTRY(strata_quantize_x16)(const float* x, int64_t M, int64_t K, int8_t* xq, float* dx, float* xs) {
+  quantize_per_32<32767>(x, M, K, dx, xs, [&](int64_t r, int e, int32_t q) {
+    xq[64 * r + e] = int8_t(q >> 8);
+    xq[64 * r + 32 + e] = int8_t(uint8_t(q & 255));
+  });
 }
 
 }  // extern "C"

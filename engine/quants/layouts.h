@@ -34,8 +34,8 @@ enum QType : int {  // GGMLQuantizationType values
   EIGHT_ROWS = 1000,
 };
 
-// The repacked types whose products take 16-bit activations (kernel.cpp dot_q32_r8, ops.cpp
-// `quantize_x16`): Q4_0 and Q4_1, whose files ran on torch's int4 kernel with bf16 activations.
+// The repacked types whose products take 16-bit activations (kernel.cpp dot_q32_r8 and
+// strata_quantize_x16): Q4_0 and Q4_1, whose files ran on torch's int4 kernel with bf16 activations.
 constexpr bool takes_x16(int qtype) { return qtype == Q4_0_R8 || qtype == Q4_1_R8; }
 
 inline float f16(const uint8_t* p) {  // IEEE half (little-endian) -> float, exactly

@@ -14,7 +14,6 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdlib>
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -37,6 +36,7 @@ bool strata_restore(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t, uin
 }
 extern "C" {  // kernel.cpp, its two builds
 void strata_quantize_x_portable(const float*, int64_t, int64_t, int8_t*, float*, float*);
+void strata_quantize_x16_portable(const float*, int64_t, int64_t, int8_t*, float*, float*);
 void strata_mm_rows_portable(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                              const float*, const int8_t*, const float*, const float*, const int8_t*,
                              const uint8_t*, float*, void*);
@@ -58,10 +58,12 @@ void strata_pack_w_avx2(const float*, int, int64_t, float*);
 void strata_prompt_panel_avx2(const float*, int64_t, int64_t, int64_t, int64_t, const float*, float*, int64_t, int,
                               float*);
 void strata_quantize_x_avx2(const float*, int64_t, int64_t, int8_t*, float*, float*);
+void strata_quantize_x16_avx2(const float*, int64_t, int64_t, int8_t*, float*, float*);
 void strata_mm_rows_avx2(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                          const float*, const int8_t*, const float*, const float*, const int8_t*,
                          const uint8_t*, float*, void*);
 void strata_quantize_x_vnni(const float*, int64_t, int64_t, int8_t*, float*, float*);
+void strata_quantize_x16_vnni(const float*, int64_t, int64_t, int8_t*, float*, float*);
 void strata_pack_codes_vnni(int, const uint8_t*, int64_t, int, int64_t, int64_t, const int8_t*, const uint8_t*,
                             uint8_t*, float*, float*);
 void strata_group_sums_vnni(const int8_t*, int64_t, int64_t, int, int, int32_t*);  // prompt_int8.cpp
@@ -276,28 +278,6 @@ at::Tensor dequantize(const at::Tensor& blocks, int64_t qtype, int64_t cols, con
   return out;
 }
 
-// x [M, K] quantized per 32 to 16 bits, x16 = round(x / dx) in [-32767, 32767] with dx = the
-// chunk's largest |x| / 32767, for the repacked Q4_0 / Q4_1 dots (kernel.cpp dot_q32_r8): each
-// chunk's 64 bytes of xq its high bytes (x16 >> 8, signed) then its low ones (x16 & 255), dx
-// and xs = dx * sum(x16) per chunk.
-void quantize_x16(const float* x, int64_t M, int64_t K, int8_t* xq, float* dx, float* xs) {
-  for (int64_t c = 0; c < M * K / 32; ++c) {
-    const float* v = x + 32 * c;
-    float amax = 0.0f;
-    for (int e = 0; e < 32; ++e) amax = std::max(amax, std::fabs(v[e]));
-    const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
-    int32_t sum = 0;
-    for (int e = 0; e < 32; ++e) {
-      const int32_t q = int32_t(std::nearbyint(v[e] * inv));
-      xq[64 * c + e] = int8_t(q >> 8);
-      xq[64 * c + 32 + e] = int8_t(uint8_t(q & 255));
-      sum += q;
-    }
-    dx[c] = amax / 32767.0f;
-    xs[c] = dx[c] * float(sum);
-  }
-}
-
 // What a product needs besides the blocks: the kernel build, the type's codebook and the
 // activation rows in the kernel's form (int8 codes per 32 with their scales, 16-bit ones for the
 // repacked Q4_0 / Q4_1 dots, or float32 x with each chunk's sum).
@@ -312,12 +292,15 @@ struct Activations {
 
   Activations(at::Tensor x_in, int64_t qtype, const at::Tensor& table, bool int8, bool portable)
       : book(qtype, table), x(x_in.to(at::kFloat).contiguous()), int8_x(int8) {
-    QuantizeX quantize_fn = strata_quantize_x_portable;
+    QuantizeX quantize_fn = strata_quantize_x_portable, quantize16_fn = strata_quantize_x16_portable;
 #if defined(__x86_64__) && defined(STRATA_HAVE_AVX2)
-    if (!portable && use_avx2()) rows_fn = strata_mm_rows_avx2, quantize_fn = strata_quantize_x_avx2;
-    if (!portable && use_vnni()) rows_fn = strata_mm_rows_vnni, quantize_fn = strata_quantize_x_vnni;
+    if (!portable && use_avx2())
+      rows_fn = strata_mm_rows_avx2, quantize_fn = strata_quantize_x_avx2, quantize16_fn = strata_quantize_x16_avx2;
+    if (!portable && use_vnni())
+      rows_fn = strata_mm_rows_vnni, quantize_fn = strata_quantize_x_vnni, quantize16_fn = strata_quantize_x16_vnni;
 #endif
-    if (reads_repacked() && strata_takes_x16(int(qtype))) quantize_fn = quantize_x16, width = 2;
+    // the repacked Q4_0 / Q4_1 dots: 16-bit activations (kernel.cpp strata_quantize_x16)
+    if (reads_repacked() && strata_takes_x16(int(qtype))) quantize_fn = quantize16_fn, width = 2;
     const int64_t M = x.size(0), K = x.size(1), chunks = M * (K / 32);
     const float* xs = x.data_ptr<float>();
     sums.resize(chunks);
