@@ -64,9 +64,9 @@ def load_engine(
     prompt_int8: a quantized file's K-quant / Q5 / Q8_0 / IQ matrices multiply prompt tokens in
     int8 where the CPU does that faster than bf16 (AVX-512 VNNI without AMX: engine/quants/blocks.py
     `int8_prompt_here`); off: bf16 slabs, closer to float32.
-    repack: its Q4_K, Q5_K and Q6_K matrices held repacked eight rows at a time for the decode step's
-    dots where the CPU has AVX2 (engine/quants/blocks.py `repacked`: exact, Q4_K 1.03x the bytes);
-    off: the file's pages.
+    repack: its Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K matrices held repacked eight rows
+    at a time for the decode step's dots where the CPU has AVX2 (engine/quants/blocks.py
+    `repacked`: exact, Q4_K 1.03x the bytes, the rest 1.00x); off: the file's pages.
     cache_dir: where the converted tokenizer is kept so a restart does not convert it again
     (seconds for a GGUF), and inductor's generated code.
     compile: decode compiled (engine/compiled.py; on the CPU the layers ahead of time, engine/aot.py),

@@ -266,7 +266,7 @@ class Transformer(nn.Module):
           matrix also keeps a bf16 prepacked copy for prefill chunks where oneDNN prepacks bf16
           (`TwoFormLinear`: the one exception to one copy);
           a `QuantLinear`'s prompt tokens in int8 with `prompt_int8` where the CPU runs that
-          faster (`int8_prompt_here`), else through bf16 slabs; its K-quant parts repacked
+          faster (`int8_prompt_here`), else through bf16 slabs; its parts repacked
           eight rows at a time for the decode step with `repack` (engine/quants/blocks.py
           `repacked`), their file pages dropped from the process as soon as they are;
         - embedding: a row table (a quantized file's own blocks, looked up and dequantized per

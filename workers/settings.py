@@ -60,7 +60,7 @@ class WorkerSettings(RedisSettings, ModelSettings):
                                                 "in int8, the activations quantized per 32 as for generated tokens "
                                                 "(llama.cpp's arithmetic): ~1.2x faster prompt reading; off: bfloat16 "
                                                 "slabs, closer to float32 (docs/engine.md)")
-    repack: bool = Field(True, description="CPU with AVX2: a quantized file's K-quant (Q4_K, Q5_K, Q6_K) matrices repacked at load, eight "
+    repack: bool = Field(True, description="CPU with AVX2: a quantized file's Q4_0 .. Q8_0 and K-quant matrices repacked at load, eight "
                                            "rows at a time (exact; Q4_K 148 bytes a row's 256 weights against 144), so the "
                                            "decode step multiplies eight rows per register (1.2-1.4x its decode on a Q4_K_M "
                                            "file); off: the file's own pages, shared with other workers on the same file "

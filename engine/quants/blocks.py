@@ -82,7 +82,7 @@ class BlocksPart(NamedTuple):
 
 
 def code(blocks: QuantBlocks | BlocksPart) -> int:
-    """The type number the ops take: the GGUF type's, or its repacked form's (Q4_K_R8, Q6_K_R8)."""
+    """The type number the ops take: the GGUF type's, or its repacked form's (Q4_K_R8: 1012)."""
     return EIGHT_ROWS[blocks.qtype] if blocks.repacked else int(blocks.qtype)
 
 
@@ -92,18 +92,19 @@ def kind(blocks: QuantBlocks | BlocksPart) -> str:
 
 @cache
 def repack_here() -> bool:
-    """Whether K-quant matrices are repacked for the decode step: where kernel.cpp's AVX2 or
+    """Whether quantized matrices are repacked for the decode step: where kernel.cpp's AVX2 or
     VNNI build runs (the repacked forms' own dots are theirs; the portable build would read them
     restored)."""
     return available() and ops().mm_build() != "portable"
 
 
 def repacked(blocks: QuantBlocks) -> QuantBlocks:
-    """Q4_K, Q5_K and Q6_K as Q4_K_R8, Q5_K_R8, Q6_K_R8 (repack.cpp: exact repackings, eight
-    weight rows at a time; 148, 180 and 210 bytes a row's 256 weights against the file's 144, 176
-    and 210) where `repack_here` and the rows are whole groups of eight; anything else as it is.
-    The decode step's dots then work on eight weight rows per register (kernel.cpp
-    `dot_q45_k_r8`, `dot_q6_k_r8`); the prompt's products restore each panel's rows to the file's
+    """Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K as their repacked forms (`EIGHT_ROWS`;
+    repack.cpp: exact repackings, eight weight rows at a time; Q4_K 148 and Q5_K 180 bytes a row's
+    256 weights against the file's 144 and 176, the rest the file's bytes) where `repack_here` and
+    the rows are whole groups of eight; anything else as it is. The decode step's dots then work
+    on eight weight rows per register (kernel.cpp `dot_q45_k_r8`, `dot_q6_k_r8`, `dot_q32_r8`;
+    Q4_0 and Q4_1 with 16-bit activations); the prompt's products restore each panel's rows to the file's
     bytes as they unpack them. The file's pages are then no longer read: a copy in the worker's
     memory instead of the page cache's (not shared by two workers on one file)."""
     if (blocks.qtype not in EIGHT_ROWS or blocks.repacked or blocks.raw.dim() != 2 or blocks.raw.shape[0] % 8
@@ -196,7 +197,7 @@ class QuantLinear(nn.Module):
         int8_x: `mm` quantizes the activations to int8 per 32 (llama.cpp's arithmetic, ~5e-3
         relative error on the output; ~9e-3 on real layer inputs); False keeps them float32 (the
         head: its logits are then the exact rows' product).
-        repack: with int8_x, Q4_K, Q5_K and Q6_K parts held eight rows at a time (`repacked`: the decode
+        repack: with int8_x, parts of the types `repacked` takes held eight rows at a time (the decode
         step's dot on eight weight rows at once); False keeps the file's blocks."""
         super().__init__()
         self.slabs, self.int8_x = slabs, int8_x
