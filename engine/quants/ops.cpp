@@ -68,7 +68,7 @@ void strata_pack_codes_vnni(int, const uint8_t*, int64_t, int, int64_t, int64_t,
                             uint8_t*, float*, float*);
 void strata_group_sums_vnni(const int8_t*, int64_t, int64_t, int, int, int32_t*);  // prompt_int8.cpp
 void strata_prompt_panel_int8_vnni(const int8_t*, const float*, const float*, const int32_t*, int64_t, int64_t,
-                                   int64_t, int64_t, const uint8_t*, const float*, const float*, bool, bool, float*,
+                                   int64_t, int64_t, const uint8_t*, const float*, const float*, bool, bool, bool, float*,
                                    int64_t, int, float*);
 void strata_mm_rows_vnni(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                          const float*, const int8_t*, const float*, const float*, const int8_t*,
@@ -423,14 +423,26 @@ at::Tensor prompt_mm_int8(const at::Tensor& x_in, const at::Tensor& blocks, int6
   const int64_t file_type = eight_rows(qtype) ? qtype - EIGHT_ROWS : qtype;
   const int offset = strata_code_offset(int(file_type));
   const bool fine = file_type == Q6_K, mins = offset == 0;
-  const int G = fine ? 16 : 32;
-  std::vector<int8_t> xq(Mp * K, 0);
+  // Q4_0 / Q4_1: 16-bit activations, as their decode products (layouts.h takes_x16)
+  const bool wide = strata_takes_x16(int(file_type + EIGHT_ROWS));
+  const int G = fine ? 16 : 32, width = wide ? 2 : 1;
+  std::vector<int8_t> xq(width * Mp * K, 0);
   std::vector<float> dx(Mp * C, 0.0f), xs(Mp * C, 0.0f);
   std::vector<int32_t> corr(Mp * K / G, 0);
   at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
-    strata_quantize_x_vnni(x.data_ptr<float>() + r0 * K, r1 - r0, K, xq.data() + r0 * K, dx.data() + r0 * C,
-                           xs.data() + r0 * C);
-    if (!mins) strata_group_sums_vnni(xq.data() + r0 * K, r1 - r0, K, G, offset, corr.data() + r0 * K / G);
+    const float* rows = x.data_ptr<float>() + r0 * K;
+    if (wide) {
+      strata_quantize_x16_vnni(rows, r1 - r0, K, xq.data() + 2 * r0 * K, dx.data() + r0 * C, xs.data() + r0 * C);
+      if (!mins)  // offset * each 32's sum of x16 (G is 32)
+        for (int64_t c = r0 * C; c < r1 * C; ++c) {
+          int32_t sum = 0;
+          for (int e = 0; e < 32; ++e) sum += 256 * xq[64 * c + e] + int32_t(uint8_t(xq[64 * c + 32 + e]));
+          corr[c] = offset * sum;
+        }
+    } else {
+      strata_quantize_x_vnni(rows, r1 - r0, K, xq.data() + r0 * K, dx.data() + r0 * C, xs.data() + r0 * C);
+      if (!mins) strata_group_sums_vnni(xq.data() + r0 * K, r1 - r0, K, G, offset, corr.data() + r0 * K / G);
+    }
   });
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   const Codebook book(qtype, table);
@@ -445,7 +457,7 @@ at::Tensor prompt_mm_int8(const at::Tensor& x_in, const at::Tensor& blocks, int6
     strata_pack_codes_vnni(w.qtype, w.src, w.rb, rows, w.k0, kc, book.kvalues, book.grid.data(), t.codes.data(),
                            t.s.data(), t.m.data());
     strata_prompt_panel_int8_vnni(xq.data(), dx.data(), xs.data(), corr.data(), M, K, k0, kc, t.codes.data(),
-                                  t.s.data(), t.m.data(), mins, fine, ys + 16 * p, N, rows, t.tmp.data());
+                                  t.s.data(), t.m.data(), mins, fine, wide, ys + 16 * p, N, rows, t.tmp.data());
   });
 #else
   TORCH_CHECK(false, "strata_quants::prompt_mm_int8 needs AVX-512 VNNI");

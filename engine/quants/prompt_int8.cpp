@@ -18,6 +18,10 @@
 // The shape is prompt.cpp's: a panel of 16 output columns, 256 weights deep ([64][16][4] code
 // bytes, 4 KB, and its scales: in L1), passed over by every 4-row micro-panel of x, a 4 x 16 tile
 // of y in eight registers (two of 8 columns per row), eight int32 registers for the group's sums.
+// Wide (Q4_0, Q4_1: layouts.h `takes_x16`, as their decode products): x quantized per 32 to 16
+// bits (kernel.cpp strata_quantize_x16: each chunk's 64 bytes its high bytes xh, then its low ones
+// xl), each group's sum 256 * sum(u * xh) + sum(xl * u), the codes the signed operand of the
+// second (0..15), exact; twice the instructions, activations finer than bf16's.
 // Only the VNNI build exists (build.py); ops.cpp calls it only where use_vnni().
 #include "layouts.h"
 
@@ -30,28 +34,36 @@ enum Kind { Offset, Minimum, Fine };  // coarse groups with an offset; coarse wi
 // c[MR][NR] (ldc apart) = (accumulate ? c : 0) + the tile's share of k in [k0, k0 + kc): x rows
 // (K apart) from column k0, dx / xs rows (K / 32 apart) and corr rows (offset * each group's sum
 // of xq, K / G apart) from k0's chunk and group; w, s, m the panel's codes, scales, minimums.
-template <Kind kind>
+template <Kind kind, bool Wide>
 inline void tile(const int8_t* x, int64_t K, const float* dx, const float* xs, const int32_t* corr, const uint8_t* w,
                  const float* s, const float* m, int64_t kc, float* c, int64_t ldc, bool accumulate) {
   constexpr int G = kind == Fine ? 16 : 32;
   const int64_t C = K / 32, CG = K / G;
+  static_assert(!Wide || G == 32);
   __m256 y[MR][2];
   for (int r = 0; r < MR; ++r)
     for (int j = 0; j < 2; ++j) y[r][j] = accumulate ? _mm256_loadu_ps(c + r * ldc + 8 * j) : _mm256_setzero_ps();
   for (int64_t g = 0; g < kc / G; ++g) {
-    __m256i a[MR][2];
-    for (int r = 0; r < MR; ++r) a[r][0] = a[r][1] = _mm256_setzero_si256();
+    __m256i a[MR][2], lo[MR][2];  // lo: Wide's low bytes' sums
+    for (int r = 0; r < MR; ++r) a[r][0] = a[r][1] = lo[r][0] = lo[r][1] = _mm256_setzero_si256();
 #pragma GCC unroll 8
     for (int q = 0; q < G / 4; ++q) {
       const int64_t quad = g * (G / 4) + q;
       const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * quad));
       const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * quad + 32));
       for (int r = 0; r < MR; ++r) {
+        const int8_t* at = Wide ? x + r * 2 * K + 64 * g + 4 * q : x + r * K + 4 * quad;
         int32_t four;
-        std::memcpy(&four, x + r * K + 4 * quad, 4);
+        std::memcpy(&four, at, 4);
         const __m256i xb = _mm256_set1_epi32(four);
         a[r][0] = _mm256_dpbusd_epi32(a[r][0], w0, xb);
         a[r][1] = _mm256_dpbusd_epi32(a[r][1], w1, xb);
+        if constexpr (Wide) {
+          std::memcpy(&four, at + 32, 4);
+          const __m256i xl = _mm256_set1_epi32(four);
+          lo[r][0] = _mm256_dpbusd_epi32(lo[r][0], xl, w0);
+          lo[r][1] = _mm256_dpbusd_epi32(lo[r][1], xl, w1);
+        }
       }
     }
     const int64_t chunk = g * G / 32;
@@ -59,6 +71,10 @@ inline void tile(const int8_t* x, int64_t K, const float* dx, const float* xs, c
     for (int r = 0; r < MR; ++r) {
       const __m256 d = _mm256_set1_ps(dx[r * C + chunk]);
       __m256i a0 = a[r][0], a1 = a[r][1];
+      if constexpr (Wide) {
+        a0 = _mm256_add_epi32(_mm256_slli_epi32(a0, 8), lo[r][0]);
+        a1 = _mm256_add_epi32(_mm256_slli_epi32(a1, 8), lo[r][1]);
+      }
       if constexpr (kind != Minimum) {
         const __m256i off = _mm256_set1_epi32(corr[r * CG + g]);
         a0 = _mm256_sub_epi32(a0, off), a1 = _mm256_sub_epi32(a1, off);
@@ -79,7 +95,7 @@ inline void tile(const int8_t* x, int64_t K, const float* dx, const float* xs, c
     for (int j = 0; j < 2; ++j) _mm256_storeu_ps(c + r * ldc + 8 * j, y[r][j]);
 }
 
-template <Kind kind>
+template <Kind kind, bool Wide>
 void panel(const int8_t* xq, const float* dx, const float* xs, const int32_t* corr, int64_t M, int64_t K,
            int64_t k0, int64_t kc, const uint8_t* w, const float* s, const float* m, float* y, int64_t ldy,
            int cols, float* tmp) {
@@ -87,14 +103,14 @@ void panel(const int8_t* xq, const float* dx, const float* xs, const int32_t* co
   const int64_t C = K / 32, CG = K / G;
   const bool accumulate = k0 > 0;
   for (int64_t r0 = 0; r0 < M; r0 += MR) {  // x's rows are padded to a multiple of MR (zeros)
-    const int8_t* x = xq + r0 * K + k0;
+    const int8_t* x = xq + (Wide ? 2 : 1) * (r0 * K + k0);
     const float* d = dx + r0 * C + k0 / 32;
     const float* sums = xs + r0 * C + k0 / 32;
     const int32_t* off = corr + r0 * CG + k0 / G;
     float* c = y + r0 * ldy;
     const int rows = int(M - r0 < MR ? M - r0 : MR);
     tile_at_edge<MR, NR>(c, ldy, rows, cols, accumulate, tmp, [&](float* out, int64_t ldc) {
-      tile<kind>(x, K, d, sums, off, w, s, m, kc, out, ldc, accumulate);
+      tile<kind, Wide>(x, K, d, sums, off, w, s, m, kc, out, ldc, accumulate);
     });
   }
 }
@@ -117,17 +133,22 @@ void ENTRY(strata_group_sums)(const int8_t* xq, int64_t Mp, int64_t K, int G, in
 // of the panel (w [kc/4][16][4] codes, s [kc/16][16] scales, m [kc/32][16] minimums:
 // strata_pack_codes) for every row of x: xq [Mp, K] (Mp = M rounded up to 4, zero rows), dx and
 // xs [Mp, K/32], corr [Mp, K/G] (strata_group_sums; G 16 where fine, else 32). mins: the type has
-// minimums (then its offset is 0); fine: its scales are per 16 (Q6_K). tmp: 64 floats.
+// minimums (then its offset is 0); fine: its scales are per 16 (Q6_K); wide: xq is 16-bit
+// (kernel.cpp strata_quantize_x16, [Mp, 2K]; corr then offset * each group's sum of x16). tmp: 64 floats.
 void ENTRY(strata_prompt_panel_int8)(const int8_t* xq, const float* dx, const float* xs, const int32_t* corr,
                                      int64_t M, int64_t K, int64_t k0, int64_t kc, const uint8_t* w, const float* s,
-                                     const float* m, bool mins, bool fine, float* y, int64_t ldy, int cols,
+                                     const float* m, bool mins, bool fine, bool wide, float* y, int64_t ldy, int cols,
                                      float* tmp) {
   if (fine)
-    panel<Fine>(xq, dx, xs, corr, M, K, k0, kc, w, s, m, y, ldy, cols, tmp);
+    panel<Fine, false>(xq, dx, xs, corr, M, K, k0, kc, w, s, m, y, ldy, cols, tmp);
+  else if (mins && wide)
+    panel<Minimum, true>(xq, dx, xs, corr, M, K, k0, kc, w, s, m, y, ldy, cols, tmp);
   else if (mins)
-    panel<Minimum>(xq, dx, xs, corr, M, K, k0, kc, w, s, m, y, ldy, cols, tmp);
+    panel<Minimum, false>(xq, dx, xs, corr, M, K, k0, kc, w, s, m, y, ldy, cols, tmp);
+  else if (wide)
+    panel<Offset, true>(xq, dx, xs, corr, M, K, k0, kc, w, s, m, y, ldy, cols, tmp);
   else
-    panel<Offset>(xq, dx, xs, corr, M, K, k0, kc, w, s, m, y, ldy, cols, tmp);
+    panel<Offset, false>(xq, dx, xs, corr, M, K, k0, kc, w, s, m, y, ldy, cols, tmp);
 }
 
 }  // extern "C"

@@ -104,7 +104,8 @@ VNNI = quants.available() and quants.ops().mm_build() == "vnni"
 @pytest.mark.parametrize("qtype", sorted(quants.TYPES), ids=lambda q: q.name)
 def test_integer_prompt_product_is_the_decode_steps_arithmetic_in_one_chain(qtype):
     """`prompt_mm_int8` (the prompt's product on AVX-512 VNNI without AMX): the exact weights times
-    x quantized per 32 as `mm` quantizes it, within float32 rounding (<= 1e-5 of float64 on those
+    x quantized per 32 as `mm` quantizes it (Q4_0, Q4_1: to 16 bits, as their repacked decode
+    products), within float32 rounding (<= 1e-5 of float64 on those
     activations; `mm` with int8 activations within 1e-6), every row the same bits alone, beside
     any rows and at any position in a tile (edge tiles: rows not a multiple of 4, outputs not of
     16; a width of several 256-weight panels, the 32-weight types at 544). Every byte random
@@ -119,10 +120,16 @@ def test_integer_prompt_product_is_the_decode_steps_arithmetic_in_one_chain(qtyp
 
     y = product(x)
     assert y.shape == (23, 37) and y.dtype == torch.float32
-    reference = int8_per_32(x) @ exact.T
+    wide = qtype in (Q.Q4_0, Q.Q4_1)  # 16-bit activations, as their (repacked) decode products
+    reference = int8_per_32(x, 32767.0 if wide else 127.0) @ exact.T
     assert float((y.double() - reference).norm() / reference.norm()) <= 1e-5, qtype.name
-    decode = quants.ops().mm(x, raw, int(qtype), quants.table(qtype), True).double()
-    assert float((y.double() - decode).norm() / decode.norm()) <= 1e-6, qtype.name
+    if wide:  # the repacked decode form of the first 32 rows
+        decode = quants.ops().mm(x, quants.ops().repack(raw[:32].contiguous(), int(qtype), exact.shape[1]),
+                                 quants.EIGHT_ROWS[qtype], quants.table(qtype), True).double()
+        assert float((y[:, :32].double() - decode).norm() / decode.norm()) <= 1e-6, qtype.name
+    else:
+        decode = quants.ops().mm(x, raw, int(qtype), quants.table(qtype), True).double()
+        assert float((y.double() - decode).norm() / decode.norm()) <= 1e-6, qtype.name
     assert_rows_alone(product, x, y, qtype.name)
     broken = torch.from_numpy(np.random.default_rng(int(qtype)).integers(0, 256, raw.shape, dtype=np.uint8))
     with np.errstate(all="ignore"):
