@@ -722,8 +722,7 @@ inline void dot_q32_r8(const uint8_t* group, const int8_t* xq, const float* dx, 
 #ifdef STRATA_VNNI
     __m256i sum[R][chains], low[R];  // low: fine x's low bytes' sums
     for (int r = 0; r < R; ++r) {
-      sum[r][0] = _mm256_set1_epi32(fine ? 0 : -offset * sums[r * C + c]);
-      if constexpr (chains == 2) sum[r][1] = _mm256_setzero_si256();
+      for (int e = 0; e < chains; ++e) sum[r][e] = _mm256_setzero_si256();
       low[r] = _mm256_setzero_si256();
     }
 #else
@@ -787,14 +786,8 @@ inline void dot_q32_r8(const uint8_t* group, const int8_t* xq, const float* dx, 
       __m256i total = eight ? wide[r] : _mm256_add_epi32(wide[r], _mm256_madd_epi16(sum[r], ones));
       const __m256i lows = _mm256_add_epi32(low_wide[r], _mm256_madd_epi16(low[r], ones));
 #endif
-      if constexpr (fine) {  // 256 * sum(q * xh) + sum(xl * q) - offset * sum(x16)
-        total = _mm256_add_epi32(_mm256_slli_epi32(total, 8), lows);
-        if constexpr (T == Q4_0) total = _mm256_sub_epi32(total, _mm256_set1_epi32(8 * sums[r * C + c]));
-      } else {
-#ifndef STRATA_VNNI
-        if constexpr (offset != 0) total = _mm256_sub_epi32(total, _mm256_set1_epi32(offset * sums[r * C + c]));
-#endif
-      }
+      if constexpr (fine) total = _mm256_add_epi32(_mm256_slli_epi32(total, 8), lows);  // 256 sum(q xh) + sum(xl q)
+      if constexpr (offset != 0) total = _mm256_sub_epi32(total, _mm256_set1_epi32(offset * sums[r * C + c]));
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_broadcast_ss(dx + r * C + c)), acc[r]);
       if constexpr (mins) part[r] = _mm256_fmadd_ps(halves8(o + 16), _mm256_broadcast_ss(xs + r * C + c), part[r]);
     }
@@ -803,7 +796,7 @@ inline void dot_q32_r8(const uint8_t* group, const int8_t* xq, const float* dx, 
 }
 
 // y's columns [n0, n1) of eight-row blocks: dot(R, group, r, out) gives out[8 i + k], activation
-// row r + i times the group's weight row k (dot_q45_k_r8 / dot_q6_k_r8). A group cut by the range
+// row r + i times the group's weight row k (dot_q45_k_r8, dot_q6_k_r8, dot_q32_r8). A group cut by the range
 // (a thread's share) is computed whole and its share kept, so a column's bits never depend on
 // how the columns were split.
 template <typename Dot>
@@ -1113,14 +1106,7 @@ __attribute__((noinline)) void fused_rows(int qtype, const uint8_t* src, int64_t
   if (is_32(qtype - EIGHT_ROWS)) {  // Q4_0_R8 .. Q8_0_R8: each block's sum(xq) as an integer
     const bool fine = takes_x16(qtype);  // Q4_0_R8, Q4_1_R8: x16's, from its high and low bytes
     int32_t* sums = static_cast<int32_t*>(std::malloc(sizeof(int32_t) * (M * C > 0 ? M * C : 1)));
-    for (int64_t b = 0; b < M * C; ++b) {
-      int32_t sum = 0;
-      if (fine)
-        for (int e = 0; e < 32; ++e) sum += 256 * xq[64 * b + e] + int32_t(uint8_t(xq[64 * b + 32 + e]));
-      else
-        for (int e = 0; e < 32; ++e) sum += xq[32 * b + e];
-      sums[b] = sum;
-    }
+    for (int64_t b = 0; b < M * C; ++b) sums[b] = group_sum(xq, b, 32, fine);
     groups_r8(src, rb, n0, n1, M, N, y, [&](auto R, const uint8_t* g, int64_t r, float* out) {
       const int8_t* x = xq + r * (fine ? 2 : 1) * K;
       switch (qtype - EIGHT_ROWS) {
@@ -1142,11 +1128,7 @@ __attribute__((noinline)) void fused_rows(int qtype, const uint8_t* src, int64_t
   float* x16 = nullptr;
   if (qtype == Q6_K || qtype == Q6_K_R8) {  // dx * (each 16's sum of xq), M * K / 16 floats
     x16 = static_cast<float*>(std::malloc(sizeof(float) * (M * G > 0 ? M * G : 1)));
-    for (int64_t g = 0; g < M * G; ++g) {
-      int32_t sum = 0;
-      for (int e = 0; e < 16; ++e) sum += xq[16 * g + e];
-      x16[g] = dx[g / 2] * float(sum);
-    }
+    for (int64_t g = 0; g < M * G; ++g) x16[g] = dx[g / 2] * float(group_sum(xq, g, 16, false));
   }
   if (qtype == Q6_K_R8) {
     groups_r8(src, rb, n0, n1, M, N, y, [&](auto R, const uint8_t* g, int64_t r, float* out) {

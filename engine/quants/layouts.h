@@ -38,6 +38,17 @@ enum QType : int {  // GGMLQuantizationType values
 // strata_quantize_x16): Q4_0 and Q4_1, whose files ran on torch's int4 kernel with bf16 activations.
 constexpr bool takes_x16(int qtype) { return qtype == Q4_0_R8 || qtype == Q4_1_R8; }
 
+// The integer sum of group g (G weights) of quantized activations xq: int8 codes, or (wide, G
+// 32) kernel.cpp strata_quantize_x16's x16, each chunk's 64 bytes its high bytes then its low ones.
+inline int32_t group_sum(const int8_t* xq, int64_t g, int G, bool wide) {
+  int32_t sum = 0;
+  if (wide)
+    for (int e = 0; e < 32; ++e) sum += 256 * xq[64 * g + e] + int32_t(uint8_t(xq[64 * g + 32 + e]));
+  else
+    for (int e = 0; e < G; ++e) sum += xq[G * g + e];
+  return sum;
+}
+
 inline float f16(const uint8_t* p) {  // IEEE half (little-endian) -> float, exactly
   uint16_t h;
   std::memcpy(&h, p, 2);

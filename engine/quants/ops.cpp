@@ -66,7 +66,7 @@ void strata_quantize_x_vnni(const float*, int64_t, int64_t, int8_t*, float*, flo
 void strata_quantize_x16_vnni(const float*, int64_t, int64_t, int8_t*, float*, float*);
 void strata_pack_codes_vnni(int, const uint8_t*, int64_t, int, int64_t, int64_t, const int8_t*, const uint8_t*,
                             uint8_t*, float*, float*);
-void strata_group_sums_vnni(const int8_t*, int64_t, int64_t, int, int, int32_t*);  // prompt_int8.cpp
+void strata_group_sums_vnni(const int8_t*, int64_t, int64_t, int, int, bool, int32_t*);  // prompt_int8.cpp
 void strata_prompt_panel_int8_vnni(const int8_t*, const float*, const float*, const int32_t*, int64_t, int64_t,
                                    int64_t, int64_t, const uint8_t*, const float*, const float*, bool, bool, bool, float*,
                                    int64_t, int, float*);
@@ -78,14 +78,13 @@ void strata_mm_rows_vnni(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t
 
 namespace {
 
-// layouts.h: blocks repacked eight rows at a time (repack.cpp), their type + 1000
-constexpr int64_t Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, EIGHT_ROWS = 1000;
+// layouts.h: blocks repacked eight rows at a time (repack.cpp), their type + 1000; the types that
+// have such a form are those dequant.cpp knows the size of
+constexpr int64_t Q6_K = 14, EIGHT_ROWS = 1000;
 
-bool repackable(int64_t qtype) {
-  return qtype == Q4_0 || qtype == Q4_1 || qtype == Q5_0 || qtype == Q5_1 || qtype == Q8_0 || (qtype >= Q4_K && qtype <= Q6_K);
-}
+bool eight_rows(int64_t qtype) { return qtype > EIGHT_ROWS && strata_block_weights(int(qtype)) > 0; }
 
-bool eight_rows(int64_t qtype) { return qtype > EIGHT_ROWS && repackable(qtype - EIGHT_ROWS); }
+bool repackable(int64_t qtype) { return qtype > 0 && qtype < EIGHT_ROWS && eight_rows(qtype + EIGHT_ROWS); }
 
 void check(const at::Tensor& blocks, int64_t qtype, int64_t cols) {
   const int bw = strata_block_weights(int(qtype));
@@ -430,19 +429,10 @@ at::Tensor prompt_mm_int8(const at::Tensor& x_in, const at::Tensor& blocks, int6
   std::vector<float> dx(Mp * C, 0.0f), xs(Mp * C, 0.0f);
   std::vector<int32_t> corr(Mp * K / G, 0);
   at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
-    const float* rows = x.data_ptr<float>() + r0 * K;
-    if (wide) {
-      strata_quantize_x16_vnni(rows, r1 - r0, K, xq.data() + 2 * r0 * K, dx.data() + r0 * C, xs.data() + r0 * C);
-      if (!mins)  // offset * each 32's sum of x16 (G is 32)
-        for (int64_t c = r0 * C; c < r1 * C; ++c) {
-          int32_t sum = 0;
-          for (int e = 0; e < 32; ++e) sum += 256 * xq[64 * c + e] + int32_t(uint8_t(xq[64 * c + 32 + e]));
-          corr[c] = offset * sum;
-        }
-    } else {
-      strata_quantize_x_vnni(rows, r1 - r0, K, xq.data() + r0 * K, dx.data() + r0 * C, xs.data() + r0 * C);
-      if (!mins) strata_group_sums_vnni(xq.data() + r0 * K, r1 - r0, K, G, offset, corr.data() + r0 * K / G);
-    }
+    int8_t* rows = xq.data() + width * r0 * K;
+    (wide ? strata_quantize_x16_vnni : strata_quantize_x_vnni)(x.data_ptr<float>() + r0 * K, r1 - r0, K, rows,
+                                                               dx.data() + r0 * C, xs.data() + r0 * C);
+    if (!mins) strata_group_sums_vnni(rows, r1 - r0, K, G, offset, wide, corr.data() + r0 * K / G);
   });
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   const Codebook book(qtype, table);

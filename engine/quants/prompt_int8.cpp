@@ -120,13 +120,9 @@ void panel(const int8_t* xq, const float* dx, const float* xs, const int32_t* co
 extern "C" {
 
 // corr [Mp, K / G] = offset * the sum of xq over each group of G weights (G 16 or 32), rows of
-// xq [Mp, K].
-void ENTRY(strata_group_sums)(const int8_t* xq, int64_t Mp, int64_t K, int G, int offset, int32_t* corr) {
-  for (int64_t i = 0; i < Mp * K / G; ++i) {
-    int32_t sum = 0;
-    for (int e = 0; e < G; ++e) sum += xq[G * i + e];
-    corr[i] = offset * sum;
-  }
+// xq [Mp, K] (wide: 16-bit, [Mp, 2K], G 32).
+void ENTRY(strata_group_sums)(const int8_t* xq, int64_t Mp, int64_t K, int G, int offset, bool wide, int32_t* corr) {
+  for (int64_t i = 0; i < Mp * K / G; ++i) corr[i] = offset * group_sum(xq, i, G, wide);
 }
 
 // y[:, 0:cols] (rows ldy apart, cols <= 16) = (k0 > 0 ? y : 0) + the share of weights [k0, k0 + kc)
