@@ -30,7 +30,7 @@ from engine.exact_head import exact_logits
 from engine.memory import ensure_kv_fits
 from engine.moe import Experts
 from engine.quants.blocks import (INT4_TYPES, BlocksPart, QuantExperts, QuantLinear, QuantRows, available as quants_available,
-                                  repack_here)
+                                  bf16_prompt_here, repack_here)
 from engine.rope import RopeScaling, tables
 from engine.step import Body, HeadOut, StepInputs, run_layers, step_body
 from engine.weights import (
@@ -264,7 +264,8 @@ class Transformer(nn.Module):
           torch's int4 kernel instead where those do not (`repack_here`) and oneDNN prepacks bf16;
           else dense `dtype`, prepacked by oneDNN for CPU bf16; with `prefill_bf16` a Q4_0/Q4_1
           matrix also keeps a bf16 prepacked copy for prefill chunks where oneDNN prepacks bf16
-          (`TwoFormLinear`: the one exception to one copy);
+          and no bf16 tile reads their prompts from the blocks (`bf16_prompt_here`, with
+          `prompt_int8`: AVX-512 BF16 without AMX) (`TwoFormLinear`: the one exception to one copy);
           a `QuantLinear`'s prompt tokens in int8 with `prompt_int8` where the CPU runs that
           faster (`int8_prompt_here`), else through bf16 slabs; its parts repacked
           eight rows at a time for the decode step with `repack` (engine/quants/blocks.py
@@ -290,6 +291,10 @@ class Transformer(nn.Module):
         # dots do (docs/bench-log.md, Dec 6 and Dec 7 fourth session)
         use_int4 = int4 and cpu_bf16 and int4_available() and (
             not quants_available() or (can_prepack() and not repack_here()))
+        # where the blocks' own bf16 tile reads Q4_0/Q4_1 prompts, their bf16 copy is not made:
+        # 0.92x the copy's prompt rate on a 1.7B Q4_0 for 3.1 GB less (docs/bench-log.md, Dec 7
+        # fifth session)
+        prompt_copy = prefill_bf16 and use_packed and not (prompt_int8 and not use_int4 and bf16_prompt_here())
         names = source.names()
 
         def vector(name: str) -> Tensor:
@@ -312,7 +317,7 @@ class Transformer(nn.Module):
                     # Q4_K parts on `mm` (its fused dot beat torch's int4 kernel in the engine, Dec 6)
                     module = QuantLinear(held, b, int8_prompt=prompt_int8, repack=repack)  # type: ignore[arg-type]
                     copy = None  # Q4_0/Q4_1's bf16 prompt copy, as int4's (their prompts' precision)
-                    if prefill_bf16 and use_packed and any(q.qtype in INT4_TYPES for q in held):  # type: ignore[union-attr]
+                    if prompt_copy and any(q.qtype in INT4_TYPES for q in held):  # type: ignore[union-attr]
                         copy = PackedLinear(torch.cat([source.dense(n) for n in parts]).to(torch.bfloat16), b)
                     if (release := getattr(source, "release", None)) is not None:  # a GGUF file's pages
                         # (no int4 run here: module.parts are `parts`, one each)

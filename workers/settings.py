@@ -52,10 +52,12 @@ class WorkerSettings(RedisSettings, ModelSettings):
     int4: bool = Field(True, description="CPU + bfloat16: linears stored as Q4_0/Q4_1 run from the file's own blocks "
                                          "(engine/quants' repacked dots with 16-bit activations where the CPU has AVX2, "
                                          "else torch's int4 kernel); off: dequantized to bfloat16 (more memory)")
-    prefill_bf16: bool = Field(True, description="with --int4, where oneDNN prepacks bfloat16: each Q4_0/Q4_1 matrix also "
-                                                 "keeps a bfloat16 prepacked copy that every prompt token goes through (faster "
-                                                 "prompt reading, +2 bytes a weight); off: the file's blocks only (prompts in "
-                                                 "integers with 16-bit activations with --prompt-int8, else bfloat16 slabs)")
+    prefill_bf16: bool = Field(True, description="with --int4, where oneDNN prepacks bfloat16 and no bfloat16 tile reads "
+                                                 "prompts from the blocks (that tile: --prompt-int8 on AVX-512 BF16 without "
+                                                 "AMX, AMD Zen 4/5): each Q4_0/Q4_1 matrix also keeps a bfloat16 prepacked "
+                                                 "copy that every prompt token goes through (faster prompt reading, +2 bytes "
+                                                 "a weight); off: the file's blocks only (prompts in integers with 16-bit "
+                                                 "activations with --prompt-int8, else bfloat16 slabs)")
     prompt_int8: bool = Field(True, description="CPU with AVX-512 VNNI and no AMX (AMD Zen 4/5, Intel Ice Lake): prompt "
                                                 "tokens of a quantized file's K-quant / Q5 / Q8_0 / IQ matrices multiplied "
                                                 "in int8, the activations quantized per 32 as for generated tokens "

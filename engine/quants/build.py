@@ -27,13 +27,13 @@ import torch
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("layouts.h", "dequant.cpp", "repack.cpp", "kernel.cpp", "prompt.cpp", "prompt_int8.cpp", "ops.cpp")  # all hashed into the library's name
+SOURCES = ("layouts.h", "dequant.cpp", "repack.cpp", "kernel.cpp", "prompt.cpp", "prompt_int8.cpp", "prompt_bf16.cpp", "ops.cpp")  # all hashed into the library's name
 X86 = platform.machine() in ("x86_64", "AMD64")
 # (object, source, flags). dequant.cpp must not fuse a product and a sum (numpy rounds each):
 # bit-exact unpacking. kernel.cpp and prompt.cpp twice: AVX2 + FMA (picked at run time where the
 # CPU has them, AMD and Intel alike) and the baseline; kernel.cpp a third time with AVX-512 VNNI
-# (the same bits, picked where the CPU has it); prompt_int8.cpp with VNNI alone (its only use);
-# ops.cpp must know whether the AVX2 ones exist.
+# (the same bits, picked where the CPU has it); prompt_int8.cpp with VNNI alone and prompt_bf16.cpp
+# with AVX-512 BF16 alone (their only uses); ops.cpp must know whether the AVX2 ones exist.
 UNITS = [("dequant", "dequant.cpp", ["-ffp-contract=off"]),
          ("repack", "repack.cpp", []),
          ("kernel", "kernel.cpp", []),
@@ -44,6 +44,8 @@ UNITS = [("dequant", "dequant.cpp", ["-ffp-contract=off"]),
          *([("prompt_avx2", "prompt.cpp", ["-DSTRATA_AVX2", "-mavx2", "-mfma", "-mf16c"])] if X86 else []),
          *([("prompt_int8", "prompt_int8.cpp", ["-DSTRATA_AVX2", "-DSTRATA_VNNI", "-mavx2", "-mfma", "-mf16c",
                                                 "-mavx512vl", "-mavx512vnni"])] if X86 else []),
+         *([("prompt_bf16", "prompt_bf16.cpp", ["-DSTRATA_AVX2", "-DSTRATA_BF16", "-mavx2", "-mfma", "-mf16c",
+                                                "-mavx512f", "-mavx512vl", "-mavx512bw", "-mavx512bf16"])] if X86 else []),
          ("ops", "ops.cpp", ["-fopenmp", *(["-DSTRATA_HAVE_AVX2"] if X86 else [])])]
 COMMON = ["-O3", "-std=c++20", "-fPIC", "-fno-math-errno"]
 BUILD_DIR = HERE / "_build"

@@ -13,9 +13,11 @@
 #endif
 
 // The name of an entry point of a file built more than once (kernel.cpp, prompt.cpp): its AVX-512
-// VNNI build's (kernel.cpp only), its AVX2 build's or its baseline build's, so ops.cpp can link
-// them all and pick one at run time.
-#if defined(STRATA_VNNI)
+// BF16 build's (prompt_bf16.cpp alone), its AVX-512 VNNI build's (kernel.cpp, prompt_int8.cpp), its
+// AVX2 build's or its baseline build's, so ops.cpp can link them all and pick one at run time.
+#if defined(STRATA_BF16)
+#define ENTRY(name) name##_bf16
+#elif defined(STRATA_VNNI)
 #define ENTRY(name) name##_vnni
 #elif defined(STRATA_AVX2)
 #define ENTRY(name) name##_avx2

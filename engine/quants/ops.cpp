@@ -73,6 +73,11 @@ void strata_prompt_panel_int8_vnni(const int8_t*, const float*, const float*, co
 void strata_mm_rows_vnni(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                          const float*, const int8_t*, const float*, const float*, const int8_t*,
                          const uint8_t*, float*, void*);
+void strata_codes_bf16_bf16(const uint8_t*, const float*, bool, int64_t, uint16_t*, float*, float*);  // prompt_bf16.cpp
+void strata_pack_q4_r8_bf16_bf16(int, const uint8_t*, int64_t, int, int64_t, int64_t, uint16_t*, float*, float*);
+void strata_pack_x_bf16_bf16(const float*, int64_t, int64_t, int64_t, uint16_t*);
+void strata_prompt_panel_bf16_bf16(const uint16_t*, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, const uint16_t*,
+                                   const float*, const float*, bool, float*, int64_t, int, float*);
 #endif
 }
 
@@ -199,16 +204,32 @@ bool use_vnni() {
 #endif
 }
 
+bool has_amx() {
+#if defined(__x86_64__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1);  // AMX-TILE
+#else
+  return false;
+#endif
+}
+
 // The prompt's product in integers (prompt_int8.cpp) where the VNNI build runs and the CPU has
 // no AMX: there oneDNN's bf16 tiles multiply several times faster than any vector instruction,
 // so the bf16 slabs stay (engine/quants/blocks.py `int8_prompt_here`).
 bool int8_prompt() {
+  static const bool yes = use_vnni() && !has_amx();
+  return yes;
+}
+
+// Q4_0 / Q4_1 prompts in bf16 from their codes (prompt_bf16.cpp) where the integer prompts run and
+// the CPU has AVX-512 BF16 (AMD Zen 4 and 5): `vdpbf16ps` multiplies as many weights an instruction
+// as prompt_int8.cpp's 16-bit activations take two `vpdpbusd` for, with less float work per block
+// (engine/quants/blocks.py `bf16_prompt_here`). STRATA_QUANTS_ISA=vnni keeps the 16-bit integers.
+bool bf16_prompt() {
 #if defined(__x86_64__) && defined(STRATA_HAVE_AVX2)
-  static const bool yes = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    const bool amx = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1);  // AMX-TILE
-    return use_vnni() && !amx;
-  }();
+  static const bool yes = int8_prompt() && __builtin_cpu_supports("avx512bf16") &&
+                          __builtin_cpu_supports("avx512bw") &&
+                          std::string_view(std::getenv("STRATA_QUANTS_ISA") ? std::getenv("STRATA_QUANTS_ISA") : "") != "vnni";
   return yes;
 #else
   return false;
@@ -402,6 +423,56 @@ at::Tensor prompt_mm(const at::Tensor& x_in, const at::Tensor& blocks, int64_t q
   return y;
 }
 
+#if defined(__x86_64__) && defined(STRATA_HAVE_AVX2)
+// Q4_0 / Q4_1's prompt product where `bf16_prompt()` (prompt_int8's shape: panels of 16 output
+// columns by 256 weights, each multiplied by every row of x): x rounded to bf16 once, each
+// panel's codes unpacked as prompt_int8's then turned to bf16 words (prompt_bf16.cpp), y [M, N].
+at::Tensor prompt_bf16(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype, const at::Tensor& table,
+                       at::Tensor y) {
+  const int64_t M = x.size(0), K = x.size(1), N = blocks.size(0), rb = blocks.size(1);
+  const int64_t Mp = (M + 7) / 8 * 8, C = K / 32;  // rows padded to the 8-row micro-panels
+  const int64_t file_type = eight_rows(qtype) ? qtype - EIGHT_ROWS : qtype;
+  const int offset = strata_code_offset(int(file_type));
+  const bool mins = offset == 0;
+  std::vector<uint16_t> xb((K + KC - 1) / KC * Mp * KC);
+  strata_pack_x_bf16_bf16(x.data_ptr<float>(), M, Mp, K, xb.data());  // as oneDNN's bf16 products round x
+  std::vector<float> xs(Mp * C, 0.0f);
+  if (mins) {
+    const float* xf = x.data_ptr<float>();
+    at::parallel_for(0, M * C, 256, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        float sum = 0.0f;
+        for (int e = 0; e < 32; ++e) sum += xf[32 * c + e];
+        xs[c] = sum;
+      }
+    });
+  }
+  const uint8_t* src = blocks.data_ptr<uint8_t>();
+  const Codebook book(qtype, table);
+  float* ys = y.data_ptr<float>();
+  struct Scratch {
+    std::vector<uint8_t> codes = std::vector<uint8_t>(16 * KC);
+    std::vector<uint16_t> w = std::vector<uint16_t>(16 * KC);
+    std::vector<float> s = std::vector<float>(KC), d = std::vector<float>(KC / 2), m = std::vector<float>(KC / 2),
+                       tmp = std::vector<float>(128);
+    std::vector<uint8_t> file;
+  };
+  in_panels<Scratch>(N, K, [&](Scratch& t, int64_t p, int rows, int64_t k0, int64_t kc) {
+    if (eight_rows(qtype)) {  // straight from the repacked rows (whole groups of eight)
+      strata_pack_q4_r8_bf16_bf16(int(file_type), src + 16 * p * rb, rb, rows, k0, kc, t.w.data(), t.d.data(),
+                                  t.m.data());
+    } else {
+      strata_pack_codes_vnni(int(qtype), src + 16 * p * rb, rb, rows, k0, kc, book.kvalues, book.grid.data(),
+                             t.codes.data(), t.s.data(), t.m.data());
+      strata_codes_bf16_bf16(t.codes.data(), t.s.data(), mins, kc, t.w.data(), t.d.data(), t.m.data());
+    }
+    strata_prompt_panel_bf16_bf16(xb.data(), xs.data(), M, Mp, K, k0, kc, t.w.data(), t.d.data(), t.m.data(), mins,
+                                  ys + 16 * p, N, rows, t.tmp.data());
+  });
+  return y;
+}
+#endif
+
 // The prompt's product in integers where `int8_prompt()`: x quantized per 32 as `mm` quantizes
 // it, W's codes unpacked 16 rows by 256 weights at a time into panels of unsigned bytes and
 // their scales, each multiplied by every row of x (prompt_int8.cpp). As prompt_mm, every output
@@ -424,6 +495,7 @@ at::Tensor prompt_mm_int8(const at::Tensor& x_in, const at::Tensor& blocks, int6
   const bool fine = file_type == Q6_K, mins = offset == 0;
   // Q4_0 / Q4_1: 16-bit activations, as their decode products (layouts.h takes_x16)
   const bool wide = strata_takes_x16(int(file_type + EIGHT_ROWS));
+  if (wide && bf16_prompt()) return prompt_bf16(x, blocks, qtype, table, y);
   const int G = fine ? 16 : 32, width = wide ? 2 : 1;
   std::vector<int8_t> xq(width * Mp * K, 0);
   std::vector<float> dx(Mp * C, 0.0f), xs(Mp * C, 0.0f);
@@ -520,6 +592,7 @@ TORCH_LIBRARY(strata_quants, m) {
   m.def("restore(Tensor blocks, int qtype, int cols) -> Tensor");
   m.def("mm_build() -> str", &mm_build);
   m.def("int8_prompt() -> bool", &int8_prompt);
+  m.def("bf16_prompt() -> bool", &bf16_prompt);
 }
 
 TORCH_LIBRARY_IMPL(strata_quants, CPU, m) {

@@ -94,12 +94,13 @@ def q4_forms(linears: int, prompt_copy: bool = True) -> dict[str, int]:
     """The forms a Q4_0/Q4_1 file's `linears` get in bf16 on this CPU (Transformer.build): the
     file's blocks on `strata_quants::mm` (repacked eight rows at a time where its AVX2 builds run)
     with, where oneDNN prepacks bf16, a prepacked bf16 copy for prompts (`prompt_copy`, the
-    engine's default); torch's int4 kernel instead where oneDNN prepacks bf16 but kernel.cpp runs
-    its portable build."""
-    from engine.quants.blocks import repack_here
+    engine's default) unless the blocks' bf16 tile reads them (`bf16_prompt_here`); torch's int4
+    kernel instead where oneDNN prepacks bf16 but kernel.cpp runs its portable build."""
+    from engine.quants.blocks import bf16_prompt_here, repack_here
     from engine.weights import can_prepack
 
     if not can_prepack():
         return {"quant": linears}
     form = "quant" if repack_here() else "int4"
-    return {f"{form}+bf16-packed": linears} if prompt_copy else {form: linears}
+    copy = prompt_copy and not (form == "quant" and bf16_prompt_here())
+    return {f"{form}+bf16-packed": linears} if copy else {form: linears}

@@ -105,7 +105,8 @@ VNNI = quants.available() and quants.ops().mm_build() == "vnni"
 def test_integer_prompt_product_is_the_decode_steps_arithmetic_in_one_chain(qtype):
     """`prompt_mm_int8` (the prompt's product on AVX-512 VNNI without AMX): the exact weights times
     x quantized per 32 as `mm` quantizes it (Q4_0, Q4_1: to 16 bits, as their repacked decode
-    products), within float32 rounding (<= 1e-5 of float64 on those
+    products; with AVX-512 BF16, `bf16_prompt_here`, x rounded to bf16 instead, Q4_1's codes
+    centred and the rest on float32 x: prompt_bf16.cpp), within float32 rounding (<= 1e-5 of float64 on those
     activations; `mm` with int8 activations within 1e-6), every row the same bits alone, beside
     any rows and at any position in a tile (edge tiles: rows not a multiple of 4, outputs not of
     16; a width of several 256-weight panels, the 32-weight types at 544). Every byte random
@@ -121,13 +122,18 @@ def test_integer_prompt_product_is_the_decode_steps_arithmetic_in_one_chain(qtyp
     y = product(x)
     assert y.shape == (23, 37) and y.dtype == torch.float32
     wide = qtype in (Q.Q4_0, Q.Q4_1)  # 16-bit activations, as their (repacked) decode products
-    reference = int8_per_32(x, 32767.0 if wide else 127.0) @ exact.T
-    assert float((y.double() - reference).norm() / reference.norm()) <= 1e-5, qtype.name
-    if wide:  # the repacked decode form of the first 32 rows
+    bf16 = wide and quants.bf16_prompt_here()
+    if bf16:
+        part = q4_float_part(raw, qtype)
+        reference = x.to(torch.bfloat16).double() @ (exact - part).T + x.double() @ part.T
+    else:
+        reference = int8_per_32(x, 32767.0 if wide else 127.0) @ exact.T
+    assert float((y.double() - reference).norm() / reference.norm()) <= (1e-6 if bf16 else 1e-5), qtype.name
+    if wide and not bf16:  # the repacked decode form of the first 32 rows (bf16: another rounding of x)
         decode = quants.ops().mm(x, quants.ops().repack(raw[:32].contiguous(), int(qtype), exact.shape[1]),
                                  quants.EIGHT_ROWS[qtype], quants.table(qtype), True).double()
         assert float((y[:, :32].double() - decode).norm() / decode.norm()) <= 1e-6, qtype.name
-    else:
+    elif not wide:
         decode = quants.ops().mm(x, raw, int(qtype), quants.table(qtype), True).double()
         assert float((y.double() - decode).norm() / decode.norm()) <= 1e-6, qtype.name
     assert_rows_alone(product, x, y, qtype.name)
@@ -135,6 +141,52 @@ def test_integer_prompt_product_is_the_decode_steps_arithmetic_in_one_chain(qtyp
     with np.errstate(all="ignore"):
         nan = ~torch.isfinite(quants.ops().mm(x[:4], broken, int(qtype), quants.table(qtype), True))
     assert torch.equal(~torch.isfinite(product(x[:4], broken)), nan), qtype.name
+
+
+def q4_float_part(raw: torch.Tensor, qtype: Q) -> torch.Tensor:
+    """The part of each weight prompt_bf16.cpp multiplies by float32 x, float64 [N, K]: Q4_1's
+    m + 8 d (its codes go centred, u - 8, on bf16 x), Q4_0's nothing."""
+    b = raw.numpy().reshape(raw.shape[0], -1, GGML_QUANT_SIZES[qtype][1])
+    if qtype == Q.Q4_0:
+        return torch.zeros(b.shape[0], 32 * b.shape[1], dtype=torch.float64)
+    half = lambda at: b[..., at:at + 2].copy().view(np.float16)[..., 0].astype(np.float64)  # noqa: E731
+    return torch.from_numpy(np.repeat(half(2) + 8 * half(0), 32, axis=-1))
+
+
+@pytest.mark.skipif(not (quants.available() and quants.bf16_prompt_here()),
+                    reason="elsewhere the 16-bit integer prompt product is this process's own (above)")
+def test_q4_prompts_in_16_bit_integers_where_told(tmp_path):
+    """Where prompt_bf16.cpp reads Q4_0 / Q4_1 prompts, a process told to keep the VNNI build's
+    16-bit integers (STRATA_QUANTS_ISA=vnni, as on a CPU without AVX-512 BF16) multiplies them as
+    their decode products quantize x (the file's blocks and the repacked ones alike, within float32
+    rounding of float64 on those activations)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    cases = []
+    for qtype in (Q.Q4_0, Q.Q4_1):
+        raw, exact = random_matrix(qtype, int(qtype) + 3, 768)
+        x = torch.randn(13, exact.shape[1]) * torch.rand(13, 1)
+        cases += [(int(qtype), raw, x), (quants.EIGHT_ROWS[qtype], quants.ops().repack(raw[:32].contiguous(), int(qtype),
+                                                                                       exact.shape[1]), x)]
+    torch.save(cases, tmp_path / "cases.pt")
+    root = Path(__file__).resolve().parents[2]
+    code = ("import sys, torch; from engine.quants import blocks as quants; cases = torch.load(sys.argv[1]); "
+            "torch.save([quants.bf16_prompt_here(), *[quants.ops().prompt_mm_int8(x, raw, q, "
+            "quants.table(q % 1000)) for q, raw, x in cases]], sys.argv[2])")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "cases.pt"), str(tmp_path / "out.pt")],
+                   env={**os.environ, "STRATA_QUANTS_ISA": "vnni", "PYTHONPATH": str(root)}, cwd=root, check=True,
+                   timeout=300)
+    bf16_there, *ys = torch.load(tmp_path / "out.pt")
+    assert not bf16_there
+    for (q, raw, x), y in zip(cases, ys):
+        qtype = Q(q % 1000)
+        exact = torch.from_numpy(gguf_dequantize(quants.ops().restore(raw, q, x.shape[1]).numpy() if q > 1000
+                                                 else raw.numpy(), qtype)).double()
+        reference = int8_per_32(x, 32767.0) @ exact.T
+        assert float((y.double() - reference).norm() / reference.norm()) <= 1e-5, q
 
 
 def test_q4_k_repacked_as_int4_groups_is_gguf_dequantize_bit_for_bit():
