@@ -1,9 +1,12 @@
 """The prompt's float32 product on AVX2 alone: `strata_quants::prompt_mm` against what it replaced;
 with --int8, the integer product of AVX-512 VNNI machines without AMX (`prompt_mm_int8`) against
-the bf16 slabs it replaced there.
+the bf16 slabs it replaced there; with --copy, `prompt_mm_int8` on the blocks as the engine holds
+them (repacked eight rows at a time: `repacked`) against the bf16 copy of the matrix that Q4_0 /
+Q4_1 prompts went through before (oneDNN's prepacked weights, `PackedLinear`; on AVX-512 BF16
+their tile is prompt_bf16.cpp's).
 
     .venv/bin/python -m bench.prompt_product [--types Q4_0 Q4_K] [--rows 1 16 64 80 512]
-        [--shape 8192 2048] [--threads 2] [--rounds 3] [--int8]
+        [--shape 8192 2048] [--threads 2] [--rounds 3] [--int8 | --copy]
 
 A random matrix of one type (tests/helpers/quant_models.py `random_blocks`), `rows` prompt tokens,
 GFLOP/s of: `prompt_mm` (one call for all the rows; prompt.cpp), and the float32 slabs it replaced
@@ -59,7 +62,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--int8", action="store_true", help="prompt_mm_int8 against bf16 slabs (AVX-512 VNNI)")
+    parser.add_argument("--copy", action="store_true", help="prompt_mm_int8 on the repacked blocks against a prepacked "
+                        "bf16 copy (AVX-512 VNNI)")
     args = parser.parse_args()
+    if args.copy:
+        return against_copy(args)
     torch.set_num_threads(args.threads)
     out, cols = args.shape
     rng = np.random.default_rng(0)
@@ -77,6 +84,27 @@ def main() -> None:
             new, old = (statistics.median(r[i] for r in runs) for i in range(2))
             print(f"{name:6s} {rows:4d} rows: {op.__name__.split('.')[-1]} {flops / new / 1e9:6.1f}  "
                   f"{dtype} slabs {flops / old / 1e9:6.1f}  ({old / new:.2f}x)", flush=True)
+
+
+def against_copy(args: argparse.Namespace) -> None:
+    from engine.weights import PackedLinear
+
+    torch.set_num_threads(args.threads)
+    out, cols = args.shape
+    rng = np.random.default_rng(0)
+    print(f"[{out}, {cols}], {args.threads} threads; GFLOP/s, median of {args.rounds} interleaved rounds")
+    for name in args.types:
+        qtype = Q[name]
+        held = quants.repacked(quants.QuantBlocks(torch.from_numpy(random_blocks(qtype, out, cols, rng)), qtype, cols))
+        copy = PackedLinear(quants.dequantize(held, torch.float32))
+        for rows in args.rows:
+            x = torch.randn(rows, cols)
+            flops = 2 * rows * out * cols
+            ours = lambda: quants.ops().prompt_mm_int8(x, held.raw, quants.code(held), quants.table(qtype))  # noqa: E731
+            runs = [(seconds(ours), seconds(lambda: copy(x))) for _ in range(args.rounds)]
+            new, old = (statistics.median(r[i] for r in runs) for i in range(2))
+            print(f"{name:6s} {rows:4d} rows: {quants.kind(held)} blocks {flops / new / 1e9:6.1f}  "
+                  f"bf16 copy {flops / old / 1e9:6.1f}  ({old / new:.2f}x)", flush=True)
 
 
 if __name__ == "__main__":
