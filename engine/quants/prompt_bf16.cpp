@@ -141,10 +141,14 @@ void ENTRY(strata_pack_q4_r8_bf16)(int qtype, const uint8_t* src, int64_t rb, in
   for (int64_t i = 0; i < kc / 32; ++i) {
     const uint8_t* a = src + (k0 / 32 + i) * gb;
     const uint8_t* b = rows > 8 ? a + 8 * rb : nullptr;
-    for (int col = 0; col < 16; ++col) {
-      const uint8_t* at = col < 8 ? a : b;
-      d[16 * i + col] = at ? f16(at + 2 * (col % 8)) : 0.0f;
-      if (mins) m[16 * i + col] = at ? f16(at + 16 + 2 * (col % 8)) + 8.0f * d[16 * i + col] : 0.0f;
+    for (int half = 0; half < 2; ++half) {  // a group's eight d (then m) as halves, side by side
+      const uint8_t* at = half ? b : a;
+      const __m256 dh = at ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at))) : _mm256_setzero_ps();
+      _mm256_storeu_ps(d + 16 * i + 8 * half, dh);
+      if (mins) {
+        const __m256 mh = at ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 16))) : _mm256_setzero_ps();
+        _mm256_storeu_ps(m + 16 * i + 8 * half, _mm256_add_ps(mh, _mm256_mul_ps(_mm256_set1_ps(8.0f), dh)));
+      }
     }
     for (int q = 0; q < 4; ++q) {
       const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + codes + 32 * q));
