@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -54,6 +55,22 @@ def seconds(fn, calls: int = 2) -> float:
     return (time.perf_counter() - started) / calls
 
 
+def products(args: argparse.Namespace, blocks: quants.QuantBlocks) -> tuple[Callable, Callable, str, str]:
+    """The product measured and the one it is compared with, each x -> y, and their names."""
+    qtype = blocks.qtype
+    if args.copy:
+        from engine.weights import PackedLinear
+
+        held = quants.repacked(blocks)
+        copy = PackedLinear(quants.dequantize(held, torch.float32))
+        return (lambda x: quants.ops().prompt_mm_int8(x, held.raw, quants.code(held), quants.table(qtype)), copy,
+                f"{quants.kind(held)} blocks", "bf16 copy")
+    op = quants.ops().prompt_mm_int8 if args.int8 else quants.ops().prompt_mm
+    dtype = torch.bfloat16 if args.int8 else torch.float32
+    return (lambda x: op(x, blocks.raw, int(qtype), quants.table(qtype)), lambda x: slabs(x, blocks, dtype),
+            op.__name__.split(".")[-1], f"{dtype} slabs")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--types", nargs="+", default=["Q4_0", "Q4_K"])
@@ -65,8 +82,6 @@ def main() -> None:
     parser.add_argument("--copy", action="store_true", help="prompt_mm_int8 on the repacked blocks against a prepacked "
                         "bf16 copy (AVX-512 VNNI)")
     args = parser.parse_args()
-    if args.copy:
-        return against_copy(args)
     torch.set_num_threads(args.threads)
     out, cols = args.shape
     rng = np.random.default_rng(0)
@@ -74,37 +89,14 @@ def main() -> None:
     for name in args.types:
         qtype = Q[name]
         blocks = quants.QuantBlocks(torch.from_numpy(random_blocks(qtype, out, cols, rng)), qtype, cols)
+        ours, theirs, our_name, their_name = products(args, blocks)
         for rows in args.rows:
             x = torch.randn(rows, cols)
             flops = 2 * rows * out * cols
-            op = quants.ops().prompt_mm_int8 if args.int8 else quants.ops().prompt_mm
-            ours = lambda: op(x, blocks.raw, int(qtype), quants.table(qtype))  # noqa: E731
-            dtype = torch.bfloat16 if args.int8 else torch.float32
-            runs = [(seconds(ours), seconds(lambda: slabs(x, blocks, dtype))) for _ in range(args.rounds)]
+            runs = [(seconds(lambda: ours(x)), seconds(lambda: theirs(x))) for _ in range(args.rounds)]
             new, old = (statistics.median(r[i] for r in runs) for i in range(2))
-            print(f"{name:6s} {rows:4d} rows: {op.__name__.split('.')[-1]} {flops / new / 1e9:6.1f}  "
-                  f"{dtype} slabs {flops / old / 1e9:6.1f}  ({old / new:.2f}x)", flush=True)
-
-
-def against_copy(args: argparse.Namespace) -> None:
-    from engine.weights import PackedLinear
-
-    torch.set_num_threads(args.threads)
-    out, cols = args.shape
-    rng = np.random.default_rng(0)
-    print(f"[{out}, {cols}], {args.threads} threads; GFLOP/s, median of {args.rounds} interleaved rounds")
-    for name in args.types:
-        qtype = Q[name]
-        held = quants.repacked(quants.QuantBlocks(torch.from_numpy(random_blocks(qtype, out, cols, rng)), qtype, cols))
-        copy = PackedLinear(quants.dequantize(held, torch.float32))
-        for rows in args.rows:
-            x = torch.randn(rows, cols)
-            flops = 2 * rows * out * cols
-            ours = lambda: quants.ops().prompt_mm_int8(x, held.raw, quants.code(held), quants.table(qtype))  # noqa: E731
-            runs = [(seconds(ours), seconds(lambda: copy(x))) for _ in range(args.rounds)]
-            new, old = (statistics.median(r[i] for r in runs) for i in range(2))
-            print(f"{name:6s} {rows:4d} rows: {quants.kind(held)} blocks {flops / new / 1e9:6.1f}  "
-                  f"bf16 copy {flops / old / 1e9:6.1f}  ({old / new:.2f}x)", flush=True)
+            print(f"{name:6s} {rows:4d} rows: {our_name} {flops / new / 1e9:6.1f}  "
+                  f"{their_name} {flops / old / 1e9:6.1f}  ({old / new:.2f}x)", flush=True)
 
 
 if __name__ == "__main__":

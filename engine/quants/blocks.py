@@ -7,7 +7,8 @@ int8 codes and per-block scales (the exact weights) and sums codes times activat
 weights (the activations quantized to int8 per 32, as llama.cpp does; float32 for the head), one
 scale applied per sum; prompt tokens (its `prompt_form`, whatever their number) on AVX-512 VNNI
 without AMX through `strata_quants::prompt_mm_int8` (the decode step's int8 arithmetic, W's codes
-unpacked 16 rows x 256 weights at a time: prompt_int8.cpp; `int8_prompt_here`), elsewhere where
+unpacked 16 rows x 256 weights at a time: prompt_int8.cpp; `int8_prompt_here`; Q4_0 / Q4_1 with
+AVX-512 BF16 in bf16, their codes exact: prompt_bf16.cpp, `bf16_prompt_here`), elsewhere where
 oneDNN has bf16 kernels a slab of rows at a time, unpacked and rounded to bf16 and multiplied by
 oneDNN (`F.linear` in bf16), on AVX2 alone through `strata_quants::prompt_mm` (float32, W
 unpacked 16 rows x 256 weights at a time: prompt.cpp), so no dense copy is ever held. Chosen by role, not by a call's length, like the int4

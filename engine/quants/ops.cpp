@@ -426,7 +426,8 @@ at::Tensor prompt_mm(const at::Tensor& x_in, const at::Tensor& blocks, int64_t q
 #if defined(__x86_64__) && defined(STRATA_HAVE_AVX2)
 // Q4_0 / Q4_1's prompt product where `bf16_prompt()` (prompt_int8's shape: panels of 16 output
 // columns by 256 weights, each multiplied by every row of x): x rounded to bf16 once, each
-// panel's codes unpacked as prompt_int8's then turned to bf16 words (prompt_bf16.cpp), y [M, N].
+// panel's codes turned to bf16 words (prompt_bf16.cpp: straight from repacked rows, else through
+// prompt_int8's codes), into y [M, N].
 at::Tensor prompt_bf16(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype, const at::Tensor& table,
                        at::Tensor y) {
   const int64_t M = x.size(0), K = x.size(1), N = blocks.size(0), rb = blocks.size(1);
@@ -473,7 +474,8 @@ at::Tensor prompt_bf16(const at::Tensor& x, const at::Tensor& blocks, int64_t qt
 }
 #endif
 
-// The prompt's product in integers where `int8_prompt()`: x quantized per 32 as `mm` quantizes
+// The prompt's product in integers where `int8_prompt()` (Q4_0 / Q4_1 where `bf16_prompt()`: in
+// bf16, `prompt_bf16` above): x quantized per 32 as `mm` quantizes
 // it, W's codes unpacked 16 rows by 256 weights at a time into panels of unsigned bytes and
 // their scales, each multiplied by every row of x (prompt_int8.cpp). As prompt_mm, every output
 // is one fixed chain of operations over k, so a row's result is the same bits whatever else the
