@@ -31,13 +31,17 @@ inline uint16_t bf16_of_small(int v) {  // an integer of at most 8 significant b
   return uint16_t(bits >> 16);
 }
 
-inline const int32_t* pair_at(const uint16_t* row, int64_t g, int p) {  // weights 32 g + 2 p, 32 g + 2 p + 1
+inline const int32_t* pair_at(const uint16_t* row, int64_t g, int p) {  // weights 32 g + 2 p and the next
   return reinterpret_cast<const int32_t*>(row + 32 * g + 2 * p);
 }
 
+inline __m256 halves(const uint8_t* p) {  // eight IEEE halves -> floats, exactly
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
 // c[MR][NR] (ldc apart) = (accumulate ? c : 0) + the tile's share of k in [0, kc): x rows (bf16,
-// KC apart: strata_pack_x_bf16) and xs rows (K / 32 apart) from the panel's first weight; w the panel's [kc/2][16][2]
-// words, s [kc/32][16] scales, m [kc/32][16] minimums.
+// KC apart: strata_pack_x_bf16) and xs rows (K / 32 apart) from the panel's first weight; w the
+// panel's [kc/2][16][2] words, s [kc/32][16] scales, m [kc/32][16] minimums.
 template <bool Mins>
 inline void tile(const uint16_t* x, int64_t K, const float* xs, const uint16_t* w, const float* s, const float* m,
                  int64_t kc, float* c, int64_t ldc, bool accumulate) {
@@ -52,7 +56,9 @@ inline void tile(const uint16_t* x, int64_t K, const float* xs, const uint16_t* 
     __m512bh wv = (__m512bh)_mm512_loadu_si512(w + 32 * 16 * g);
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r)
-      asm("vpxord %0, %0, %0\n\tvdpbf16ps %2%{1to16%}, %1, %0" : "=&v"(t[r]) : "v"(wv), "m"(*pair_at(x + r * KC, g, 0)));
+      asm("vpxord %0, %0, %0\n\tvdpbf16ps %2%{1to16%}, %1, %0"
+          : "=&v"(t[r])
+          : "v"(wv), "m"(*pair_at(x + r * KC, g, 0)));
 #pragma GCC unroll 15
     for (int p = 1; p < 16; ++p) {
       wv = (__m512bh)_mm512_loadu_si512(w + 32 * (16 * g + p));
@@ -122,8 +128,8 @@ void ENTRY(strata_codes_bf16)(const uint8_t* codes, const float* s, bool mins, i
 // 32 q + 4 k: file bytes 4 q .. 4 q + 3, weights 4 q + c in the low nibbles, 16 + 4 q + c in
 // the high ones): `rows` (8 or 16) rows rb bytes apart from src's group start, blocks [k0 / 32,
 // (k0 + kc) / 32) -> w [kc/2][16][2] bf16 words of the nibbles - 8, d [kc/32][16] and (Q4_1) m +
-// 8 d [kc/32][16] as floats; columns past `rows` with scales zero. No panel of the file's blocks or of
-// codes in between: short prompts pay for a panel's unpacking per 8 rows of x.
+// 8 d [kc/32][16] as floats; columns past `rows` with scales zero. No panel of the file's blocks
+// or of codes in between: short prompts pay for a panel's unpacking per 8 rows of x.
 void ENTRY(strata_pack_q4_r8_bf16)(int qtype, const uint8_t* src, int64_t rb, int rows, int64_t k0, int64_t kc,
                                    uint16_t* w, float* d, float* m) {
   const bool mins = qtype == Q4_1;
@@ -143,22 +149,24 @@ void ENTRY(strata_pack_q4_r8_bf16)(int qtype, const uint8_t* src, int64_t rb, in
     const uint8_t* b = rows > 8 ? a + 8 * rb : nullptr;
     for (int half = 0; half < 2; ++half) {  // a group's eight d (then m) as halves, side by side
       const uint8_t* at = half ? b : a;
-      const __m256 dh = at ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at))) : _mm256_setzero_ps();
+      const __m256 dh = at ? halves(at) : _mm256_setzero_ps();
       _mm256_storeu_ps(d + 16 * i + 8 * half, dh);
       if (mins) {
-        const __m256 mh = at ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 16))) : _mm256_setzero_ps();
+        const __m256 mh = at ? halves(at + 16) : _mm256_setzero_ps();
         _mm256_storeu_ps(m + 16 * i + 8 * half, _mm256_add_ps(mh, _mm256_mul_ps(_mm256_set1_ps(8.0f), dh)));
       }
     }
     for (int q = 0; q < 4; ++q) {
       const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + codes + 32 * q));
-      const __m256i qb = b ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + codes + 32 * q)) : _mm256_setzero_si256();
+      const __m256i qb = b ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + codes + 32 * q))
+                           : _mm256_setzero_si256();
       for (int half = 0; half < 2; ++half) {  // the low nibbles: weights 4 q + c; the high: 16 + 4 q + c
-        const __m512i ua = _mm512_cvtepu8_epi16(half ? _mm256_and_si256(_mm256_srli_epi16(qa, 4), low) : _mm256_and_si256(qa, low));
-        const __m512i ub = _mm512_cvtepu8_epi16(half ? _mm256_and_si256(_mm256_srli_epi16(qb, 4), low) : _mm256_and_si256(qb, low));
+        const __m512i ua = _mm512_cvtepu8_epi16(_mm256_and_si256(half ? _mm256_srli_epi16(qa, 4) : qa, low));
+        const __m512i ub = _mm512_cvtepu8_epi16(_mm256_and_si256(half ? _mm256_srli_epi16(qb, 4) : qb, low));
         const int64_t pair = 16 * i + 8 * half + 2 * q;  // weights 2 pair, 2 pair + 1 of the panel
-        _mm512_storeu_si512(w + 32 * pair, _mm512_permutexvar_epi16(_mm512_permutex2var_epi16(ua, first, ub), table));
-        _mm512_storeu_si512(w + 32 * (pair + 1), _mm512_permutexvar_epi16(_mm512_permutex2var_epi16(ua, last, ub), table));
+        const __m512i lo = _mm512_permutex2var_epi16(ua, first, ub), hi = _mm512_permutex2var_epi16(ua, last, ub);
+        _mm512_storeu_si512(w + 32 * pair, _mm512_permutexvar_epi16(lo, table));
+        _mm512_storeu_si512(w + 32 * (pair + 1), _mm512_permutexvar_epi16(hi, table));
       }
     }
   }
@@ -166,11 +174,11 @@ void ENTRY(strata_pack_q4_r8_bf16)(int qtype, const uint8_t* src, int64_t rb, in
 
 // y[:, 0:cols] (rows ldy apart, cols <= 16) = (k0 > 0 ? y : 0) + the share of weights [k0, k0 + kc)
 // of the panel (w [kc/2][16][2] words, s [kc/32][16] scales, m [kc/32][16] minimums + 8 scales:
-// strata_pack_q4_r8_bf16's or strata_codes_bf16's) for every row of x: xb strata_pack_x_bf16's (Mp = M rounded up to 8), xs
-// [Mp, K/32] each block's sum of x (read where mins). tmp: 128 floats.
-void ENTRY(strata_prompt_panel_bf16)(const uint16_t* xb, const float* xs, int64_t M, int64_t Mp, int64_t K, int64_t k0, int64_t kc,
-                                     const uint16_t* w, const float* s, const float* m, bool mins, float* y,
-                                     int64_t ldy, int cols, float* tmp) {
+// strata_pack_q4_r8_bf16's or strata_codes_bf16's) for every row of x: xb strata_pack_x_bf16's (Mp
+// = M rounded up to 8), xs [Mp, K/32] each block's sum of x (read where mins). tmp: 128 floats.
+void ENTRY(strata_prompt_panel_bf16)(const uint16_t* xb, const float* xs, int64_t M, int64_t Mp, int64_t K,
+                                     int64_t k0, int64_t kc, const uint16_t* w, const float* s, const float* m,
+                                     bool mins, float* y, int64_t ldy, int cols, float* tmp) {
   const int64_t C = K / 32;
   const bool accumulate = k0 > 0;
   for (int64_t r0 = 0; r0 < M; r0 += MR) {
