@@ -1167,10 +1167,6 @@ extern "C" int strata_block_bytes(int qtype);
 extern "C" int strata_code_offset(int qtype);
 void strata_dequant_row(int qtype, const uint8_t* src, float* y, int64_t cols, const float* table);
 
-extern "C" {
-
-}  // extern "C"
-
 namespace {
 
 // Per 32 of x rows [M, K] float32: dx = max|x| / Top, q = x * (Top / max|x|) rounded to nearest

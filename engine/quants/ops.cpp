@@ -191,13 +191,20 @@ bool use_avx2() {
 #endif
 }
 
+// STRATA_QUANTS_ISA: the highest of engine/quants' builds a process may pick ("avx2", "vnni";
+// unset: the CPU's), as ONEDNN_MAX_CPU_ISA caps oneDNN, so one machine can compare them.
+std::string_view isa_cap() {
+  const char* cap = std::getenv("STRATA_QUANTS_ISA");
+  return cap ? cap : "";
+}
+
 // kernel.cpp's AVX-512 VNNI build where the CPU has it (AMD Zen 4, Intel Ice Lake / Sapphire
 // Rapids and later): the same bits as the AVX2 build, faster. STRATA_QUANTS_ISA=avx2 keeps the
 // AVX2 build (as ONEDNN_MAX_CPU_ISA caps oneDNN), so one machine can compare the two.
 bool use_vnni() {
 #if defined(__x86_64__) && defined(STRATA_HAVE_AVX2)
   static const bool yes = use_avx2() && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
-                          std::string_view(std::getenv("STRATA_QUANTS_ISA") ? std::getenv("STRATA_QUANTS_ISA") : "") != "avx2";
+                          isa_cap() != "avx2";
   return yes;
 #else
   return false;
@@ -228,8 +235,7 @@ bool int8_prompt() {
 bool bf16_prompt() {
 #if defined(__x86_64__) && defined(STRATA_HAVE_AVX2)
   static const bool yes = int8_prompt() && __builtin_cpu_supports("avx512bf16") &&
-                          __builtin_cpu_supports("avx512bw") &&
-                          std::string_view(std::getenv("STRATA_QUANTS_ISA") ? std::getenv("STRATA_QUANTS_ISA") : "") != "vnni";
+                          __builtin_cpu_supports("avx512bw") && isa_cap() != "vnni";
   return yes;
 #else
   return false;
@@ -254,6 +260,18 @@ struct Codebook {
     }
   }
 };
+
+// Each chunk of 32 of x's floats summed in order: out[c] = x[32 c] + ... + x[32 c + 31] (float32
+// activations' minimum parts: `mm`'s, prompt_bf16's).
+void chunk_sums(const float* x, int64_t chunks, float* out) {
+  at::parallel_for(0, chunks, 256, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      float sum = 0.0f;
+      for (int e = 0; e < 32; ++e) sum += x[32 * c + e];
+      out[c] = sum;
+    }
+  });
+}
 
 template <typename T>
 using UnpackRows = void (*)(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t, const int8_t*, const uint8_t*,
@@ -328,11 +346,7 @@ struct Activations {
       xq.resize(width * M * K), dx.resize(chunks);
       quantize_fn(xs, M, K, xq.data(), dx.data(), sums.data());
     } else {
-      for (int64_t c = 0; c < chunks; ++c) {
-        float s = 0.0f;
-        for (int e = 0; e < 32; ++e) s += xs[32 * c + e];
-        sums[c] = s;
-      }
+      chunk_sums(xs, chunks, sums.data());
     }
   }
 
@@ -428,28 +442,17 @@ at::Tensor prompt_mm(const at::Tensor& x_in, const at::Tensor& blocks, int64_t q
 // columns by 256 weights, each multiplied by every row of x): x rounded to bf16 once, each
 // panel's codes turned to bf16 words (prompt_bf16.cpp: straight from repacked rows, else through
 // prompt_int8's codes), into y [M, N].
-at::Tensor prompt_bf16(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype, const at::Tensor& table,
+// x float32 contiguous; qtype the blocks' (Q4_0 / Q4_1, or repacked), file_type the GGUF type,
+// mins: Q4_1.
+at::Tensor prompt_bf16(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype, int64_t file_type, bool mins,
                        at::Tensor y) {
   const int64_t M = x.size(0), K = x.size(1), N = blocks.size(0), rb = blocks.size(1);
   const int64_t Mp = (M + 7) / 8 * 8, C = K / 32;  // rows padded to the 8-row micro-panels
-  const int64_t file_type = eight_rows(qtype) ? qtype - EIGHT_ROWS : qtype;
-  const int offset = strata_code_offset(int(file_type));
-  const bool mins = offset == 0;
   std::vector<uint16_t> xb((K + KC - 1) / KC * Mp * KC);
   strata_pack_x_bf16_bf16(x.data_ptr<float>(), M, Mp, K, xb.data());  // as oneDNN's bf16 products round x
   std::vector<float> xs(Mp * C, 0.0f);
-  if (mins) {
-    const float* xf = x.data_ptr<float>();
-    at::parallel_for(0, M * C, 256, [&](int64_t c0, int64_t c1) {
-      for (int64_t c = c0; c < c1; ++c) {
-        float sum = 0.0f;
-        for (int e = 0; e < 32; ++e) sum += xf[32 * c + e];
-        xs[c] = sum;
-      }
-    });
-  }
+  if (mins) chunk_sums(x.data_ptr<float>(), M * C, xs.data());
   const uint8_t* src = blocks.data_ptr<uint8_t>();
-  const Codebook book(qtype, table);
   float* ys = y.data_ptr<float>();
   struct Scratch {
     std::vector<uint8_t> codes = std::vector<uint8_t>(16 * KC);
@@ -463,7 +466,7 @@ at::Tensor prompt_bf16(const at::Tensor& x, const at::Tensor& blocks, int64_t qt
       strata_pack_q4_r8_bf16_bf16(int(file_type), src + 16 * p * rb, rb, rows, k0, kc, t.w.data(), t.d.data(),
                                   t.m.data());
     } else {
-      strata_pack_codes_vnni(int(qtype), src + 16 * p * rb, rb, rows, k0, kc, book.kvalues, book.grid.data(),
+      strata_pack_codes_vnni(int(qtype), src + 16 * p * rb, rb, rows, k0, kc, nullptr, nullptr,  // no codebook
                              t.codes.data(), t.s.data(), t.m.data());
       strata_codes_bf16_bf16(t.codes.data(), t.s.data(), mins, kc, t.w.data(), t.d.data(), t.m.data());
     }
@@ -497,7 +500,7 @@ at::Tensor prompt_mm_int8(const at::Tensor& x_in, const at::Tensor& blocks, int6
   const bool fine = file_type == Q6_K, mins = offset == 0;
   // Q4_0 / Q4_1: 16-bit activations, as their decode products (layouts.h takes_x16)
   const bool wide = strata_takes_x16(int(file_type + EIGHT_ROWS));
-  if (wide && bf16_prompt()) return prompt_bf16(x, blocks, qtype, table, y);
+  if (wide && bf16_prompt()) return prompt_bf16(x, blocks, qtype, file_type, mins, y);
   const int G = fine ? 16 : 32, width = wide ? 2 : 1;
   std::vector<int8_t> xq(width * Mp * K, 0);
   std::vector<float> dx(Mp * C, 0.0f), xs(Mp * C, 0.0f);

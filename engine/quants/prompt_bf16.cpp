@@ -5,8 +5,9 @@
 // float32, then
 //   y += sum * d   and, Q4_1, y += (m + 8 d) * xs   (xs: each block's sum of x in float32)
 // the block's scale and minimum applied once per sum as the integer tiles do. x's rounding error
-// then meets the centred codes alone: Q4_1's uncentred nibbles (0..15) gave the default model 4x
-// the mean KL to float32 (test_precision). What it replaces: a bf16 copy of those matrices
+// then meets the centred codes alone (with Q4_1's uncentred nibbles, 0..15, it met codes of mean
+// 7.5: the default model's mean KL to float32 was several times larger, test_precision). What it
+// replaces: a bf16 copy of those matrices
 // (oneDNN's prepacked weights, rounded d * q: 3.4 GB for a 1.7B model beside its 1 GB of blocks),
 // or 16-bit integer activations (prompt_int8.cpp's wide tile: twice the `vpdpbusd` of int8, the
 // rate per weight of `vdpbf16ps` here, with more float work per block).
@@ -20,16 +21,34 @@
 // Only this build exists (build.py); ops.cpp calls it only where bf16_prompt().
 #include "layouts.h"
 
+#include <bit>
+
 namespace {
 
 constexpr int MR = 8, NR = 16, KC = 256;  // KC: ops.cpp's panels' depth
 
-inline uint16_t bf16_of_small(int v) {  // an integer of at most 8 significant bits: exact
-  const float f = float(v);
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  return uint16_t(bits >> 16);
-}
+// The tables below are constants, made by the compiler: no code of this AVX-512 build runs when
+// the library loads on a CPU without it.
+// The 16 nibbles' centred values u - 8 as bf16 (small integers: exact), 32 words for `vpermw`.
+struct Centred {
+  alignas(64) uint16_t bf16[32] = {};
+  constexpr Centred() {
+    for (int u = 0; u < 32; ++u) bf16[u] = uint16_t(std::bit_cast<uint32_t>(float(u - 8)) >> 16);
+  }
+};
+constexpr Centred CENTRED;
+
+// Which word of two groups' quads (A's 32 words, then B's) lands where in a pair's row: word 2 col
+// + e of the pair c (a quad's weights 2 c, 2 c + 1) from word 4 (col % 8) + 2 c + e, of B past 8.
+struct Pick {
+  alignas(64) uint16_t words[2][32] = {};
+  constexpr Pick() {
+    for (int c = 0; c < 2; ++c)
+      for (int col = 0; col < 16; ++col)
+        for (int e = 0; e < 2; ++e) words[c][2 * col + e] = uint16_t((col < 8 ? 0 : 32) + 4 * (col % 8) + 2 * c + e);
+  }
+};
+constexpr Pick PICK;
 
 inline const int32_t* pair_at(const uint16_t* row, int64_t g, int p) {  // weights 32 g + 2 p and the next
   return reinterpret_cast<const int32_t*>(row + 32 * g + 2 * p);
@@ -110,9 +129,7 @@ void ENTRY(strata_codes_bf16)(const uint8_t* codes, const float* s, bool mins, i
       d[16 * i + col] = s[32 * i + col];
       if (mins) m[16 * i + col] += 8.0f * d[16 * i + col];
     }
-  alignas(64) uint16_t values[32];
-  for (int u = 0; u < 32; ++u) values[u] = bf16_of_small(u - 8);
-  const __m512i table = _mm512_load_si512(values);
+  const __m512i table = _mm512_load_si512(CENTRED.bf16);
   constexpr char Z = char(0x80);  // a zero byte
   const __m512i first = _mm512_broadcast_i32x4(_mm_setr_epi8(0, Z, 1, Z, 4, Z, 5, Z, 8, Z, 9, Z, 12, Z, 13, Z));
   const __m512i last = _mm512_broadcast_i32x4(_mm_setr_epi8(2, Z, 3, Z, 6, Z, 7, Z, 10, Z, 11, Z, 14, Z, 15, Z));
@@ -134,15 +151,8 @@ void ENTRY(strata_pack_q4_r8_bf16)(int qtype, const uint8_t* src, int64_t rb, in
                                    uint16_t* w, float* d, float* m) {
   const bool mins = qtype == Q4_1;
   const int64_t gb = mins ? 160 : 144, codes = mins ? 32 : 16;  // a group's block, its codes' place
-  alignas(64) uint16_t values[32];
-  for (int u = 0; u < 32; ++u) values[u] = bf16_of_small(u - 8);
-  const __m512i table = _mm512_load_si512(values);
-  // word 2 k + e of a pair's row from word 4 k + c + e of group A's quad (k < 8), of B's (k >= 8)
-  alignas(64) uint16_t pick[2][32];
-  for (int c = 0; c < 2; ++c)
-    for (int col = 0; col < 16; ++col)
-      for (int e = 0; e < 2; ++e) pick[c][2 * col + e] = uint16_t((col < 8 ? 0 : 32) + 4 * (col % 8) + 2 * c + e);
-  const __m512i first = _mm512_load_si512(pick[0]), last = _mm512_load_si512(pick[1]);
+  const __m512i table = _mm512_load_si512(CENTRED.bf16);
+  const __m512i first = _mm512_load_si512(PICK.words[0]), last = _mm512_load_si512(PICK.words[1]);
   const __m256i low = _mm256_set1_epi8(0x0F);
   for (int64_t i = 0; i < kc / 32; ++i) {
     const uint8_t* a = src + (k0 / 32 + i) * gb;
