@@ -294,7 +294,7 @@ class Transformer(nn.Module):
         # where the blocks' own bf16 tile reads Q4_0/Q4_1 prompts, their bf16 copy is not made:
         # 0.90x the copy's prompt rate on a 1.7B Q4_0 for 2.8 GB less (docs/bench-log.md, Dec 7
         # fifth session)
-        prompt_copy = prefill_bf16 and use_packed and not (prompt_int8 and not use_int4 and bf16_prompt_here())
+        prompt_copy = prefill_bf16 and use_packed and not (prompt_int8 and bf16_prompt_here())
         names = source.names()
 
         def vector(name: str) -> Tensor:

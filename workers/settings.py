@@ -61,8 +61,10 @@ class WorkerSettings(RedisSettings, ModelSettings):
     prompt_int8: bool = Field(True, description="CPU with AVX-512 VNNI and no AMX (AMD Zen 4/5, Intel Ice Lake): prompt "
                                                 "tokens of a quantized file's K-quant / Q5 / Q8_0 / IQ matrices multiplied "
                                                 "in int8, the activations quantized per 32 as for generated tokens "
-                                                "(llama.cpp's arithmetic): ~1.2x faster prompt reading; off: bfloat16 "
-                                                "slabs, closer to float32 (docs/engine.md)")
+                                                "(llama.cpp's arithmetic): ~1.2x faster prompt reading; Q4_0 / Q4_1's in "
+                                                "16-bit integers, or with AVX-512 BF16 by a bfloat16 tile from their blocks "
+                                                "(no prompt copy then); off: bfloat16 slabs, closer to float32 "
+                                                "(docs/engine.md)")
     repack: bool = Field(True, description="CPU with AVX2: a quantized file's Q4_0 .. Q8_0 and K-quant matrices repacked at load, eight "
                                            "rows at a time (exact; Q4_K 148 bytes a row's 256 weights against 144), so the "
                                            "decode step multiplies eight rows per register (1.2-1.4x its decode on a Q4_K_M "

@@ -68,9 +68,9 @@ def bf16_prompt_here() -> bool:
     """Whether Q4_0 / Q4_1 prompt tokens go through `prompt_mm_int8`'s bf16 tile (prompt_bf16.cpp:
     x rounded to bf16, the codes as exact bf16 integers, `vdpbf16ps`) rather than its 16-bit
     integer one: where `int8_prompt_here` and the CPU has AVX-512 BF16 (AMD Zen 4 and 5). There
-    their prompts need no bf16 copy of the matrix (model.py): on one Zen 4 core 170-189 GFLOP/s
-    on SmolLM2-1.7B's shapes against the copy's oneDNN 200-220 and the 16-bit integers' ~145
-    (docs/bench-log.md, Dec 7 fifth session). STRATA_QUANTS_ISA=vnni keeps the 16-bit integers."""
+    their prompts need no bf16 copy of the matrix (model.py): on one Zen 4 core, 2048^2, Q4_0
+    167-189 GFLOP/s at 16-512 rows against the copy's oneDNN 206-223 and the 16-bit integers'
+    ~145 (docs/bench-log.md, Dec 7 fifth session). STRATA_QUANTS_ISA=vnni keeps the 16-bit integers."""
     return int8_prompt_here() and bool(ops().bf16_prompt())
 
 
