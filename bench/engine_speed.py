@@ -8,7 +8,7 @@ A variant is `default` (what `strata serve` runs), `float32`, `bfloat16`, with `
 bf16 copy for prefill chunks), `+eager` (no compiled decode step, `--no-compile`), `+gathered` (a
 decode step gathers each row's K/V positions first instead of engine/attend.cpp reading the pool
 in place), `+norepack` (a quantized file's Q4_K matrices as the file's blocks, `--no-repack`),
-`+kv=NAME` (the KV pool in that `--kv-dtype`: bfloat16, int8) or `+nographs`
+`+kv=NAME` (the KV pool in that `--kv-dtype`: float32, float16, bfloat16, int8) or `+nographs`
 (on a GPU: the compiled step launched kernel by kernel, not replayed from CUDA graphs) or
 `+isa=NAME` (that child under ONEDNN_MAX_CPU_ISA=NAME, e.g. AVX512_CORE_BF16: AMX off) or
 `+quants=avx2` (that child on engine/quants' AVX2 build where the CPU has AVX-512 VNNI) or

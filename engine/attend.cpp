@@ -10,7 +10,7 @@
 //
 // Arithmetic: float32 throughout, as engine/layers.py's `attend_plain`. A dot product is summed
 // in 8 fixed lanes then combined in a fixed order, with no fused multiply-add (built with
-// -ffp-contract=off), so the AVX2 clone and the baseline one give the same bits, and a row's
+// -ffp-contract=off), so the AVX2 build and the baseline one give the same bits, and a row's
 // result never depends on the other rows or the thread count (one task per row, KV head and half
 // of a long row's positions, the halves cut by the row's own count: `attend_one`).
 #include <torch/library.h>
@@ -24,17 +24,16 @@
 #include <memory>
 #include <vector>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define CLONES
-#endif
-// the helpers an attend_one clone calls are compiled into it, for its own instruction set
+// the helpers `attend_one` and `attend_one_avx2` call are compiled into each, for its own
+// instruction set
 #define INLINE inline __attribute__((always_inline))
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define X86_AVX2 1
+#endif
 
 namespace {
 
-// Eight float32 lanes as GCC's vector extension: ymm registers in the AVX2 clone, SSE pairs in
+// Eight float32 lanes as GCC's vector extension: ymm registers in the AVX2 build, SSE pairs in
 // the baseline, the same lane-wise products and sums (no fused multiply-add) in both.
 typedef float v8 __attribute__((vector_size(32)));
 
@@ -46,34 +45,98 @@ INLINE v8 load8(const float* p) {
 
 INLINE void store8(float* p, v8 v) { std::memcpy(p, &v, sizeof v); }
 
-// A dot product of n floats: 8 lanes summed over d in order, combined in a fixed order, the
+// Pool entries, read where they lie: float32, float16 and bf16 widened (exact), int8 times its
+// scale (the entry's last 4 bytes, as engine/kv_dtype.py `load` does it).
+enum class Entry { F32, F16, BF16, I8 };
+
+// An entry's scale: int8's from its last bytes, 1 (unused) for the others.
+template <Entry K>
+INLINE float scale_of(const uint8_t* p, int64_t n) {
+  float scale = 1.0f;
+  if constexpr (K == Entry::I8) std::memcpy(&scale, p + n, 4);
+  return scale;
+}
+
+// Element e of an entry as float32.
+template <Entry K>
+INLINE float value(const uint8_t* p, int64_t e, float scale) {
+  if constexpr (K == Entry::F32) {
+    float x;
+    std::memcpy(&x, p + 4 * e, 4);
+    return x;
+  } else if constexpr (K == Entry::F16) {
+    _Float16 h;
+    std::memcpy(&h, p + 2 * e, 2);
+    return float(h);
+  } else if constexpr (K == Entry::BF16) {
+    uint16_t h;
+    std::memcpy(&h, p + 2 * e, 2);
+    const uint32_t bits = uint32_t(h) << 16;
+    float x;
+    std::memcpy(&x, &bits, 4);
+    return x;
+  } else {
+    return float(reinterpret_cast<const int8_t*>(p)[e]) * scale;
+  }
+}
+
+// Elements d..d+7 of an entry as float32 lanes, each as `value` gives it. AVX2 (with F16C): by the
+// widening instructions, written as asm (GCC allows an intrinsic only in a function built for its
+// instruction set, and only `attend_one_avx2` instantiates these), since GCC 12 widens eight
+// float16 or int8 values one element at a time.
+template <Entry K, bool AVX2>
+INLINE v8 lanes(const uint8_t* p, int64_t d, float scale) {
+  if constexpr (K == Entry::F32) {
+    return load8(reinterpret_cast<const float*>(p) + d);
+  } else if constexpr (K == Entry::F16 && AVX2) {
+    v8 x;
+    asm("vcvtph2ps %1, %0" : "=x"(x) : "m"(*reinterpret_cast<const uint8_t(*)[16]>(p + 2 * d)));
+    return x;
+  } else if constexpr (K == Entry::BF16 && AVX2) {
+    v8 x;
+    asm("vpmovzxwd %1, %0\n\tvpslld $16, %0, %0" : "=x"(x) : "m"(*reinterpret_cast<const uint8_t(*)[16]>(p + 2 * d)));
+    return x;
+  } else if constexpr (K == Entry::I8 && AVX2) {
+    v8 x;
+    asm("vpmovsxbd %1, %0\n\tvcvtdq2ps %0, %0" : "=x"(x) : "m"(*reinterpret_cast<const uint8_t(*)[8]>(p + d)));
+    return x * scale;
+  } else {
+    float x[8];
+    for (int i = 0; i < 8; ++i) x[i] = value<K>(p, d + i, scale);
+    return load8(x);
+  }
+}
+
+// A dot product of n values: 8 lanes summed over d in order, combined in a fixed order, the
 // elements past the last 8 added after.
 INLINE float combine(v8 a, float tail) { return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7])) + tail; }
 
-// dot(q_i, k) for M queries at once, each k element loaded once.
-template <int M>
-INLINE void dots_of(const float* const* qp, const float* k, int64_t n, float* out) {
+// dot(q_i, k) for M queries at once, each k element read once.
+template <int M, Entry K, bool AVX2>
+INLINE void dots_of(const float* const* qp, const uint8_t* k, int64_t n, float scale, float* out) {
   v8 lane[M];
   for (int i = 0; i < M; ++i) lane[i] = v8{};
   int64_t d = 0;
   for (; d + 8 <= n; d += 8) {
-    const v8 kd = load8(k + d);
+    const v8 kd = lanes<K, AVX2>(k, d, scale);
     for (int i = 0; i < M; ++i) lane[i] += load8(qp[i] + d) * kd;
   }
   for (int i = 0; i < M; ++i) {
     float tail = 0.0f;
-    for (int64_t e = d; e < n; ++e) tail += qp[i][e] * k[e];
+    for (int64_t e = d; e < n; ++e) tail += qp[i][e] * value<K>(k, e, scale);
     out[i] = combine(lane[i], tail);
   }
 }
 
-INLINE void dots(const float* const* qp, int64_t Q, const float* k, int64_t n, float* out) {
+template <Entry K, bool AVX2>
+INLINE void dots(const float* const* qp, int64_t Q, const uint8_t* k, int64_t n, float* out) {
+  const float scale = scale_of<K>(k, n);
   int64_t i = 0;
-  for (; i + 4 <= Q; i += 4) dots_of<4>(qp + i, k, n, out + i);
+  for (; i + 4 <= Q; i += 4) dots_of<4, K, AVX2>(qp + i, k, n, scale, out + i);
   switch (Q - i) {
-    case 3: dots_of<3>(qp + i, k, n, out + i); break;
-    case 2: dots_of<2>(qp + i, k, n, out + i); break;
-    case 1: dots_of<1>(qp + i, k, n, out + i); break;
+    case 3: dots_of<3, K, AVX2>(qp + i, k, n, scale, out + i); break;
+    case 2: dots_of<2, K, AVX2>(qp + i, k, n, scale, out + i); break;
+    case 1: dots_of<1, K, AVX2>(qp + i, k, n, scale, out + i); break;
     default: break;
   }
 }
@@ -94,38 +157,27 @@ INLINE float highest(const float* row, int64_t n) {
   return top;
 }
 
-INLINE void add_scaled(float* acc, float p, const float* v, int64_t n) {
-  const v8 pp = v8{} + p;
+// acc_i += p_i * v for the Q queries i (acc_i at acc + i * n, p_i = weights[i * S]), a query
+// whose weight is 0 skipped; each v element read once for them all. Each acc element takes the
+// same additions in the same order (position by position) as one query at a time would.
+template <Entry K, bool AVX2>
+INLINE void add_weighted(float* acc, const float* weights, int64_t S, int64_t Q, const uint8_t* v, int64_t n) {
+  const float scale = scale_of<K>(v, n);
   int64_t d = 0;
-  for (; d + 8 <= n; d += 8) store8(acc + d, load8(acc + d) + pp * load8(v + d));
-  for (; d < n; ++d) acc[d] += p * v[d];
-}
-
-// One pool entry as float32: bf16 widened, int8 times its scale (the entry's last 4 bytes, as
-// engine/kv_dtype.py `load` does it), float32 itself (no copy).
-enum class Entry { F32, BF16, I8 };
-
-INLINE const float* entry(Entry kind, const uint8_t* p, int64_t n, float* tmp) {
-  switch (kind) {
-    case Entry::F32:
-      return reinterpret_cast<const float*>(p);
-    case Entry::BF16: {
-      const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
-      for (int64_t d = 0; d < n; ++d) {
-        const uint32_t bits = uint32_t(h[d]) << 16;
-        std::memcpy(tmp + d, &bits, 4);
-      }
-      return tmp;
-    }
-    case Entry::I8: {
-      const int8_t* q = reinterpret_cast<const int8_t*>(p);
-      float s;
-      std::memcpy(&s, p + n, 4);
-      for (int64_t d = 0; d < n; ++d) tmp[d] = float(q[d]) * s;
-      return tmp;
+  for (; d + 8 <= n; d += 8) {
+    const v8 vd = lanes<K, AVX2>(v, d, scale);
+    for (int64_t i = 0; i < Q; ++i) {
+      const float p = weights[i * S];
+      if (p != 0.0f) store8(acc + i * n + d, load8(acc + i * n + d) + (v8{} + p) * vd);
     }
   }
-  return nullptr;
+  for (; d < n; ++d) {
+    const float x = value<K>(v, d, scale);
+    for (int64_t i = 0; i < Q; ++i) {
+      const float p = weights[i * S];
+      if (p != 0.0f) acc[i * n + d] += p * x;
+    }
+  }
 }
 
 struct Shapes {
@@ -149,14 +201,14 @@ struct Partial {
 constexpr int64_t PARTS = 2, SPLIT_FROM = 256;
 
 // Part `part` of the (row b, KV head h) task: its G*T queries over its share of the row's seen
-// positions. Query i = (g, t): head h * G + g, token t of row b; its pointer and its token's mask
-// row worked out once.
-CLONES void attend_one(const Shapes& s, int64_t b, int64_t h, int64_t part, const std::vector<int64_t>& seen,
-                       Entry kind, float scale, const float* q, const uint8_t* kp, const uint8_t* vp,
-                       const int64_t* read_at, const bool* mask, Partial out) {
+// positions, on a pool of K entries. Query i = (g, t): head h * G + g, token t of row b; its
+// pointer and its token's mask row worked out once.
+template <Entry K, bool AVX2>
+INLINE void attend_part(const Shapes& s, int64_t b, int64_t h, int64_t part, const std::vector<int64_t>& seen,
+                        float scale, const float* q, const uint8_t* kp, const uint8_t* vp, const int64_t* read_at,
+                        const bool* mask, Partial out) {
   const int64_t T = s.T, Q = s.G * T, D = s.D, L = s.L;
-  std::vector<float> work(D + Q, 0.0f);  // an entry's floats, the dots
-  float *tmp = work.data(), *dot_out = tmp + D;
+  std::vector<float> dot_out(Q);
   struct Query {
     const float* q;
     const bool* sees;  // its token's mask row
@@ -184,7 +236,7 @@ CLONES void attend_one(const Shapes& s, int64_t b, int64_t h, int64_t part, cons
     const int64_t l = mine[j];
     bool all = true;
     for (int64_t t = 0; t < T; ++t) all &= qs[t].sees[l];
-    dots(qp.data(), Q, entry(kind, kh + at[l] * s.W, D, tmp), D, dot_out);
+    dots<K, AVX2>(qp.data(), Q, kh + at[l] * s.W, D, dot_out.data());
     for (int64_t i = 0; i < Q; ++i) scores[i * S + j] = all || qs[i].sees[l] ? dot_out[i] * scale : minus_inf;
   }
   for (int64_t i = 0; i < Q; ++i) {  // each query's weights: exp(score - its highest here)
@@ -203,14 +255,36 @@ CLONES void attend_one(const Shapes& s, int64_t b, int64_t h, int64_t part, cons
     }
     out.sum[i] = sum;
   }
-  for (int64_t j = 0; j < S; ++j) {
-    const float* v = entry(kind, vh + at[mine[j]] * s.W, D, tmp);
-    for (int64_t i = 0; i < Q; ++i) {
-      const float p = scores[i * S + j];
-      if (p != 0.0f) add_scaled(out.acc + i * D, p, v, D);
-    }
+  for (int64_t j = 0; j < S; ++j) add_weighted<K, AVX2>(out.acc, scores.get() + j, S, Q, vh + at[mine[j]] * s.W, D);
+}
+
+#define PART_ARGS                                                                                              \
+  const Shapes &s, int64_t b, int64_t h, int64_t part, const std::vector<int64_t>&seen, float scale, const float *q, \
+      const uint8_t *kp, const uint8_t *vp, const int64_t *read_at, const bool *mask, Partial out
+#define PART_CALL s, b, h, part, seen, scale, q, kp, vp, read_at, mask, out
+
+template <bool AVX2>
+INLINE void attend_kind(Entry kind, PART_ARGS) {
+  switch (kind) {
+    case Entry::F32: attend_part<Entry::F32, AVX2>(PART_CALL); break;
+    case Entry::F16: attend_part<Entry::F16, AVX2>(PART_CALL); break;
+    case Entry::BF16: attend_part<Entry::BF16, AVX2>(PART_CALL); break;
+    case Entry::I8: attend_part<Entry::I8, AVX2>(PART_CALL); break;
   }
 }
+
+// Built twice: for the baseline, and for AVX2 with F16C (every AVX2 CPU has it), picked at run
+// time. Both do the same lane-wise products and sums (no fused multiply-add: FMA is not enabled,
+// and -ffp-contract=off), so they give the same bits.
+void attend_one(Entry kind, PART_ARGS) { attend_kind<false>(kind, PART_CALL); }
+#ifdef X86_AVX2
+__attribute__((target("avx2,f16c"))) void attend_one_avx2(Entry kind, PART_ARGS) { attend_kind<true>(kind, PART_CALL); }
+bool avx2_here() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"); }
+#else
+void attend_one_avx2(Entry kind, PART_ARGS) { attend_kind<false>(kind, PART_CALL); }
+bool avx2_here() { return false; }
+#endif
+
 
 // A (row, KV head) task's parts into its queries' outputs: each part's sums rescaled to the
 // highest score of all, out = sum_p w_p acc_p / sum_p w_p sum_p, w_p = exp(m_p - m); zeros for a
@@ -240,7 +314,7 @@ void combine_parts(const Shapes& s, int64_t b, int64_t h, const Partial* parts, 
   }
 }
 
-// q [B, T, H, D] float32; k_pool, v_pool [KV, N, W] float32 / bfloat16 / int8 (W = D, or D + 4
+// q [B, T, H, D] float32; k_pool, v_pool [KV, N, W] float32 / float16 / bfloat16 / int8 (W = D, or D + 4
 // for int8: the scale's bytes); read_at [B, L] int64; mask [B, T, L] bool -> [B, T, H * D] float32.
 at::Tensor decode(const at::Tensor& q_in, const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& read_at_in,
                   const at::Tensor& mask_in, double scale) {
@@ -259,9 +333,10 @@ at::Tensor decode(const at::Tensor& q_in, const at::Tensor& k_pool, const at::Te
   int64_t width;
   switch (k_pool.scalar_type()) {
     case at::kFloat: kind = Entry::F32, width = s.D; break;
+    case at::kHalf: kind = Entry::F16, width = s.D; break;
     case at::kBFloat16: kind = Entry::BF16, width = s.D; break;
     case at::kChar: kind = Entry::I8, width = s.D + 4; break;
-    default: TORCH_CHECK(false, "strata_attend::decode: a ", k_pool.scalar_type(), " pool (float32, bfloat16 or int8)");
+    default: TORCH_CHECK(false, "strata_attend::decode: a ", k_pool.scalar_type(), " pool (float32, float16, bfloat16 or int8)");
   }
   TORCH_CHECK(k_pool.size(2) == width, "strata_attend::decode: entries of ", k_pool.size(2), " elements for head_dim ", s.D);
   TORCH_CHECK(read_at.size(0) == s.B && mask.size(0) == s.B && mask.size(1) == s.T && mask.size(2) == s.L,
@@ -297,10 +372,11 @@ at::Tensor decode(const at::Tensor& q_in, const at::Tensor& k_pool, const at::Te
       if (any) seen[b].push_back(l);
     }
   }
+  static const auto one = avx2_here() ? attend_one_avx2 : attend_one;
   at::parallel_for(0, tasks, 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t task = i / PARTS, b = task / s.KV;
-      attend_one(s, b, task % s.KV, i % PARTS, seen[b], kind, float(scale), qs, kp, vp, at_, ms, parts[i]);
+      one(kind, s, b, task % s.KV, i % PARTS, seen[b], float(scale), qs, kp, vp, at_, ms, parts[i]);
     }
   });
   for (int64_t task = 0; task < s.B * s.KV; ++task)

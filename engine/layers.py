@@ -29,7 +29,7 @@ from engine.step import StepInputs
 from engine.weights import in_pieces
 
 
-IN_PLACE_DTYPES = (torch.float32, torch.bfloat16, torch.int8)  # the pools engine/attend.cpp reads
+IN_PLACE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int8)  # the pools engine/attend.cpp reads
 
 
 class Attention(nn.Module):

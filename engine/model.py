@@ -277,11 +277,10 @@ class Transformer(nn.Module):
           for the top logits and the head's error bound (`logits`).
         The residual stream and the RMSNorm weights are float32 whatever `dtype`."""
         model = cls(cfg)
-        # The KV cache is float32 on the CPU whatever `dtype`: attention runs in float32 (bf16
-        # scores are 1/8-1/4 apart at 16-64), and converting a bf16 cache to float32 at every
-        # step cost more than reading float32 (16 rows x 256 keys, 30 layers: 61 vs 9 ms).
+        # The KV pool's entries (engine/kv_dtype.py; load_engine's --kv-dtype may change them):
+        # attention computes in float32 whatever they are (bf16 scores are 1/8-1/4 apart at 16-64).
         model.device, model.dtype = device, dtype
-        model.cache_dtype = torch.float32 if device.type == "cpu" else dtype
+        model.cache_dtype = kv_dtype.resolve(None, device, dtype)
         cpu_bf16 = device.type == "cpu" and dtype == torch.bfloat16
         use_packed = prepack and cpu_bf16 and can_prepack()
         use_quant = cpu_bf16  # the file's blocks through engine/quants' kernels, where the source has them

@@ -29,10 +29,11 @@ class WorkerSettings(RedisSettings, ModelSettings):
     kv_tokens: int | None = Field(None, ge=16, description="the worker's KV pool in tokens, shared by every slot in blocks "
                                                            "(a prompt block, 64 on the torch engine); default --parallel x "
                                                            "--ctx. A request may take up to --max-model-len of it")
-    kv_dtype: Literal["auto", "float32", "bfloat16", "int8", "fp8"] = Field(
-        "auto", description="what the KV pool stores: auto (float32 on the CPU, the activations' dtype on CUDA), "
-                            "float32, bfloat16, int8 (a scale per token and head: 0.27x float32's bytes), fp8 (CUDA "
-                            "only); attention computes in float32 whatever it is (docs/kv_pool.md)")
+    kv_dtype: Literal["auto", "float32", "float16", "bfloat16", "int8", "fp8"] = Field(
+        "auto", description="what the KV pool stores: auto (on the CPU float16 under bf16 activations, float32 on the "
+                            "float32 path; the activations' dtype on CUDA), float32, float16, bfloat16, int8 (a scale "
+                            "per token and head: 0.27x float32's bytes), fp8 (CUDA only); attention computes in float32 "
+                            "whatever it is (docs/kv_pool.md)")
     prefill_chunk: int = Field(256, ge=1, description="tokens read per chunk, rounded up to a multiple of the engine's "
                                                    "prompt block (64 on the torch engine); a chunk boundary is where a read can stop")
     prefill_preempt: bool = Field(True, description="a read may give way at a chunk boundary (rule 4)")

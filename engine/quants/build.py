@@ -49,10 +49,10 @@ UNITS = [("dequant", "dequant.cpp", ["-ffp-contract=off"]),
          ("ops", "ops.cpp", ["-fopenmp", *(["-DSTRATA_HAVE_AVX2"] if X86 else [])])]
 COMMON = ["-O3", "-std=c++20", "-fPIC", "-fno-math-errno"]
 BUILD_DIR = HERE / "_build"
-# engine/attend.cpp: one unit; its x86 AVX2 clone is picked at run time by the compiler's own
-# target_clones, and no fused multiply-add, so both clones give the same bits.
+# engine/attend.cpp: one unit; its x86 AVX2 build (a function built for AVX2 and F16C beside the
+# baseline one) is picked at run time, and no fused multiply-add, so both give the same bits.
 ATTEND = HERE.parent / "attend.cpp"
-ATTEND_FLAGS = ["-fopenmp", "-ffp-contract=off", "-Wno-psabi"]  # psabi: v8 in the baseline clone, always inlined
+ATTEND_FLAGS = ["-fopenmp", "-ffp-contract=off", "-Wno-psabi"]  # psabi: v8 in the baseline build, always inlined
 
 
 def _torch_flags() -> tuple[list[str], list[str]]:

@@ -37,7 +37,7 @@ def _gathered(q, pool, read_at, seen, scale=0.0):
     return attend_plain(q.transpose(1, 2), keys, values, seen.view(rows, 1, 1, tokens, span), scale)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int8])
 @pytest.mark.parametrize("rows,tokens,span", [(1, 1, 7), (4, 1, 300), (8, 3, 129), (3, 4, 64)])
 def test_decode_reads_the_pool_as_the_gathered_rows_give(dtype, rows, tokens, span):
     assert load("strata_attend") is None
@@ -49,7 +49,7 @@ def test_decode_reads_the_pool_as_the_gathered_rows_give(dtype, rows, tokens, sp
     assert torch.equal(got[-1], torch.zeros_like(got[-1]))  # a row that sees nothing: zeros, not NaN
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_a_token_that_sees_nothing_beside_one_that_sees_gets_zeros(dtype):
     """A row's second token (a guess) sees its prefix while the first sees nothing: the first's
     output is zeros, the second's what the gathered rows give, the first's -inf scores never
@@ -86,7 +86,7 @@ def test_decode_refuses_what_it_cannot_read():
     q, pool, read_at, seen = _case(torch.float32, 2, 1, 16)
     with pytest.raises(RuntimeError, match="query heads"):
         torch.ops.strata_attend.decode(q[:, :, :8], *pool, read_at, seen, 0.125)
-    with pytest.raises(RuntimeError, match="a Half pool"):
-        torch.ops.strata_attend.decode(q, *(p.half() for p in pool), read_at, seen, 0.125)
+    with pytest.raises(RuntimeError, match="a Double pool"):
+        torch.ops.strata_attend.decode(q, *(p.double() for p in pool), read_at, seen, 0.125)
     with pytest.raises(RuntimeError, match="outside the pool"):
         torch.ops.strata_attend.decode(q, *pool, read_at + N, seen, 0.125)
