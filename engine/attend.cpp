@@ -19,9 +19,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 // the helpers `attend_one` and `attend_one_avx2` call are compiled into each, for its own
@@ -258,9 +260,10 @@ INLINE void attend_part(const Shapes& s, int64_t b, int64_t h, int64_t part, con
   for (int64_t j = 0; j < S; ++j) add_weighted<K, AVX2>(out.acc, scores.get() + j, S, Q, vh + at[mine[j]] * s.W, D);
 }
 
-#define PART_ARGS                                                                                              \
-  const Shapes &s, int64_t b, int64_t h, int64_t part, const std::vector<int64_t>&seen, float scale, const float *q, \
-      const uint8_t *kp, const uint8_t *vp, const int64_t *read_at, const bool *mask, Partial out
+// attend_part's arguments, as the builds below pass them on
+#define PART_ARGS                                                                                        \
+  const Shapes& s, int64_t b, int64_t h, int64_t part, const std::vector<int64_t>& seen, float scale,     \
+      const float* q, const uint8_t* kp, const uint8_t* vp, const int64_t* read_at, const bool* mask, Partial out
 #define PART_CALL s, b, h, part, seen, scale, q, kp, vp, read_at, mask, out
 
 template <bool AVX2>
@@ -279,12 +282,16 @@ INLINE void attend_kind(Entry kind, PART_ARGS) {
 void attend_one(Entry kind, PART_ARGS) { attend_kind<false>(kind, PART_CALL); }
 #ifdef X86_AVX2
 __attribute__((target("avx2,f16c"))) void attend_one_avx2(Entry kind, PART_ARGS) { attend_kind<true>(kind, PART_CALL); }
-bool avx2_here() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"); }
+// STRATA_QUANTS_ISA=portable keeps the baseline build (engine/quants' variable: one machine can
+// compare the two)
+bool avx2_here() {
+  const char* cap = std::getenv("STRATA_QUANTS_ISA");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && !(cap && std::string_view(cap) == "portable");
+}
 #else
 void attend_one_avx2(Entry kind, PART_ARGS) { attend_kind<false>(kind, PART_CALL); }
 bool avx2_here() { return false; }
 #endif
-
 
 // A (row, KV head) task's parts into its queries' outputs: each part's sums rescaled to the
 // highest score of all, out = sum_p w_p acc_p / sum_p w_p sum_p, w_p = exp(m_p - m); zeros for a

@@ -180,22 +180,24 @@ using MmRows = void (*)(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t,
                        const uint8_t*, float*, void*);
 using QuantizeX = void (*)(const float*, int64_t, int64_t, int8_t*, float*, float*);
 
+// STRATA_QUANTS_ISA: the highest of engine/quants' builds a process may pick ("portable", "avx2",
+// "vnni"; unset: the CPU's), as ONEDNN_MAX_CPU_ISA caps oneDNN, so one machine can compare them
+// (engine/attend.cpp reads it too).
+std::string_view isa_cap() {
+  const char* cap = std::getenv("STRATA_QUANTS_ISA");
+  return cap ? cap : "";
+}
+
 // kernel.cpp built for AVX2 + FMA where the CPU has them (AMD and Intel since 2013-15; AVX-512
 // machines too), else its portable build.
 bool use_avx2() {
 #if defined(__x86_64__) && defined(STRATA_HAVE_AVX2)
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                          __builtin_cpu_supports("f16c") && isa_cap() != "portable";
   return yes;
 #else
   return false;
 #endif
-}
-
-// STRATA_QUANTS_ISA: the highest of engine/quants' builds a process may pick ("avx2", "vnni";
-// unset: the CPU's), as ONEDNN_MAX_CPU_ISA caps oneDNN, so one machine can compare them.
-std::string_view isa_cap() {
-  const char* cap = std::getenv("STRATA_QUANTS_ISA");
-  return cap ? cap : "";
 }
 
 // kernel.cpp's AVX-512 VNNI build where the CPU has it (AMD Zen 4, Intel Ice Lake / Sapphire

@@ -90,3 +90,36 @@ def test_decode_refuses_what_it_cannot_read():
         torch.ops.strata_attend.decode(q, *(p.double() for p in pool), read_at, seen, 0.125)
     with pytest.raises(RuntimeError, match="outside the pool"):
         torch.ops.strata_attend.decode(q, *pool, read_at + N, seen, 0.125)
+
+
+BASELINE_OUTPUTS = """
+import sys, torch
+from engine.quants.build import load
+assert load("strata_attend") is None
+cases = torch.load(sys.argv[1])
+torch.save([torch.ops.strata_attend.decode(q, *pool, read_at, seen, D_SCALE) for q, pool, read_at, seen in cases], sys.argv[2])
+""".replace("D_SCALE", str(D**-0.5))
+
+
+def test_the_baseline_build_gives_the_avx2_builds_bits(tmp_path):
+    """attend.cpp is built twice, for the baseline and for AVX2 with F16C (float16 and int8 entries
+    widened eight at a time by their instructions), and runs the second where the CPU has it: the
+    baseline, kept by a process told to (STRATA_QUANTS_ISA=portable), gives the same bits on every
+    pool dtype, with guesses and padding rows, at a short span and a long one (two halves)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    assert load("strata_attend") is None
+    cases = [_case(dtype, rows, tokens, span, seed=3)
+             for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.int8)
+             for rows, tokens, span in ((3, 1, 70), (2, 3, 300))]
+    torch.save(cases, tmp_path / "cases.pt")
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "STRATA_QUANTS_ISA": "portable", "PYTHONPATH": str(root)}
+    subprocess.run([sys.executable, "-c", BASELINE_OUTPUTS, str(tmp_path / "cases.pt"), str(tmp_path / "out.pt")],
+                   env=env, cwd=root, check=True, timeout=300)
+    for (q, pool, read_at, seen), theirs in zip(cases, torch.load(tmp_path / "out.pt")):
+        ours = torch.ops.strata_attend.decode(q, *pool, read_at, seen, D**-0.5)
+        assert torch.equal(ours, theirs), pool[0].dtype
