@@ -11,8 +11,9 @@ step's attention on SmolLM2-135M's layer shape (9 query heads over 3 KV heads of
 smollm2-1.7b`: 32 over 32), a pool of `--dtype` entries (float32; the baseline's
 `--baseline-dtype`, by default the same), `--rows` rows of one token at `span` positions each (in
 64-position blocks scattered over the pool), the pool of 8 layers (~200 MB in float32, beyond
-the caches) taken in turn; the two outputs' bits are compared where both read the same pool. Prints us a call per version and
-their ratio, per round. Not asserted (the cores are shared: compare numbers of one run)."""
+the caches) taken in turn; the two outputs' bits are compared where both read the same pool.
+Prints us a call per version and their ratio, per round. Not asserted (the cores are shared:
+compare numbers of one run)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
 """What the KV pool stores per entry (`--kv-dtype`): float32, float16, bfloat16, int8, or fp8 (CUDA only).
 
-Attention computes in float32 whatever the pool holds: a layer writes its new K/V with `store`
-and turns the rows it gathered back with `load` (engine/layers.py `Attention.forward`). The pool
-gathers every row it reads anyway (docs/kv_pool.md), so a narrower entry costs one conversion of
-the gathered copy, not a second pass over the pool.
+Attention computes in float32 whatever the pool holds: a layer writes its new K/V with `store`;
+a decode step on the CPU reads the entries where they lie, widening each as it reads it
+(engine/attend.cpp, the same values as `load`), and a prompt read or CUDA turns the rows it
+gathered back with `load` (engine/layers.py `Attention.forward`): a narrower entry costs a
+conversion as it is read, never a second pass over the pool.
 
 int8 and fp8 entries are scaled per token and head: the 64 values of a head's K (or V) at one
 position share one float32 scale, absmax / 127 (int8) or absmax / 448 (fp8 e4m3), kept in the
@@ -28,7 +29,8 @@ from engine.errors import ConfigError
 
 CHOICES = ("auto", "float32", "float16", "bfloat16", "int8", "fp8")
 SCALE_BYTES = 4  # a float32 scale per (token, head) in a scaled entry's last bytes
-_NAMED = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int8": torch.int8, "fp8": torch.float8_e4m3fn}
+_NAMED = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int8": torch.int8,
+          "fp8": torch.float8_e4m3fn}
 _HALF_MAX = torch.finfo(torch.float16).max  # 65 504: past it float16 has only infinity
 _LIMIT = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0}  # the largest stored magnitude
 
