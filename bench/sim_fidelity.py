@@ -9,7 +9,10 @@ pace (real and simulated) and the replay with the profile scaled to the real run
 what is left then is the simulator's error, not the machine's.
 
     .venv/bin/python -m bench.sim_fidelity [--profile data/cost-profile.json] [--no-calibrate] [--scale 1.0]
-        [--threads N]
+        [--threads N] [--timeline]
+
+`--timeline` prints, per scenario, each request's claim, first token and end (ms after the first
+arrival) in the real run and in the replay at the real pace: where the two schedules part.
 """
 
 from __future__ import annotations
@@ -78,7 +81,7 @@ def at_pace(profile: CostProfile, real: tuple[float | None, float | None],
 
 
 def replay(arrivals: list[Arrival], settings: WorkerSettings, profile: CostProfile,
-           focus: str) -> tuple[int, tuple[float | None, float | None]]:
+           focus: str) -> tuple[int, tuple[float | None, float | None], dict[str, dict[str, str]]]:
     with tempfile.TemporaryDirectory(prefix="strata-fidelity-") as folder:
         server = ScratchRedis(Path(folder)).start()
         client = server.client()
@@ -89,7 +92,20 @@ def replay(arrivals: list[Arrival], settings: WorkerSettings, profile: CostProfi
             server.stop()
     by_id = {a.id: a for a in arrivals}
     records = [{**r, "prompt_tokens": str(by_id[rid].prompt_tokens)} for rid, r in outcome.records.items()]
-    return int(outcome.records[focus]["first_token_ms"]) - by_id[focus].at_ms, pace(records)
+    return int(outcome.records[focus]["first_token_ms"]) - by_id[focus].at_ms, pace(records), outcome.records
+
+
+def timeline(name: str, arrivals: list[Arrival], real: dict[str, dict[str, str]], start_ms: int,
+             simulated: dict[str, dict[str, str]]) -> Table:
+    """Each request's claim, first token and end, ms after the first arrival: real / simulated."""
+    table = Table(title=f"{name}: real / simulated at the real pace, ms after the first arrival")
+    for col in ("request", "priority", "arrives", "claimed", "first token", "finished"):
+        table.add_column(col, justify="left" if col == "request" else "right")
+    for a in sorted(arrivals, key=lambda a: int(real[a.id]["claimed_ms"])):
+        # the replay's clock starts at the first arrival
+        cells = [f"{int(real[a.id][k]) - start_ms} / {simulated[a.id][k]}" for k in ("claimed_ms", "first_token_ms", "finished_ms")]
+        table.add_row(a.id, str(a.priority), str(a.at_ms), *cells)
+    return table
 
 
 def main() -> None:
@@ -103,6 +119,7 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="answer and prompt lengths")
     parser.add_argument("--parallel", type=int, default=4)
     parser.add_argument("--chunk", type=int, default=256)
+    parser.add_argument("--timeline", action="store_true", help="each scenario's requests, real against replayed")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores); on a "
                         "machine shared with other jobs, 1 keeps the engine's speed steadier between calibration "
                         "and the real runs")
@@ -147,6 +164,7 @@ def main() -> None:
         columns += ["simulated, profile just before", "error", "its pace"]
     for col in columns:
         table.add_column(col, justify="left" if col in ("scenario", "request") or "pace:" in col else "right")
+    timelines: list[Table] = []
     try:
         for name, policy, settings, focus, others, scenario in scenarios:
             fresh = measured() if args.recalibrate else None
@@ -154,20 +172,26 @@ def main() -> None:
                 scenario(run)
                 arrivals = recorded(run, [focus, *others])
                 real = ttft_ms(run.record(focus))
-                real_pace = pace([run.record(a.id) for a in arrivals])
+                real_records = {a.id: run.record(a.id) for a in arrivals}
+                real_pace = pace(list(real_records.values()))
 
             def cells(simulated: int) -> list[str]:
                 return [f"{simulated / 1000:.2f} s", f"{100 * (simulated - real) / real:+.1f} %"]  # noqa: B023
 
-            simulated, simulated_pace = replay(arrivals, settings, profile, focus)
-            paced, _ = replay(arrivals, settings, at_pace(profile, real_pace, simulated_pace), focus)
+            simulated, simulated_pace, _ = replay(arrivals, settings, profile, focus)
+            paced, _, paced_records = replay(arrivals, settings, at_pace(profile, real_pace, simulated_pace), focus)
+            if args.timeline:
+                start = min(int(r["enqueued_ms"]) for r in real_records.values())
+                timelines.append(timeline(name, arrivals, real_records, start, paced_records))
             row = [name, focus, f"{real / 1000:.2f} s", *cells(simulated), said(real_pace), said(simulated_pace),
                    *cells(paced)]
             if fresh:
-                again, again_pace = replay(arrivals, settings, fresh, focus)
+                again, again_pace, _ = replay(arrivals, settings, fresh, focus)
                 row += [*cells(again), said(again_pace)]
             table.add_row(*row)
         Console(width=180).print(table)
+        for t in timelines:
+            Console(width=180).print(t)
     finally:
         server.stop()
 
