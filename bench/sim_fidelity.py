@@ -103,7 +103,8 @@ def timeline(name: str, arrivals: list[Arrival], real: dict[str, dict[str, str]]
         table.add_column(col, justify="left" if col == "request" else "right")
     for a in sorted(arrivals, key=lambda a: int(real[a.id]["claimed_ms"])):
         # the replay's clock starts at the first arrival
-        cells = [f"{int(real[a.id][k]) - start_ms} / {simulated[a.id][k]}" for k in ("claimed_ms", "first_token_ms", "finished_ms")]
+        cells = [f"{int(real[a.id][k]) - start_ms} / {simulated[a.id][k]}"
+                 for k in ("claimed_ms", "first_token_ms", "finished_ms")]
         table.add_row(a.id, str(a.priority), str(a.at_ms), *cells)
     return table
 
