@@ -14,8 +14,9 @@ a head for SmolLM2's head_dim 64 against 256 in float32. A per-token scale follo
 own range (llama.cpp's q8_0 scales blocks of 32 values likewise), so no calibration is needed.
 
 float16 is the CPU default under bf16 activations (llama.cpp's own default cache): half float32's
-bytes, and its 11 significant bits cost the default file's teacher-forced KL nothing measurable
-where bfloat16's 8 more than doubled it (docs/kv_pool.md). Its range ends at 65 504, so a value
+bytes, and with its 11 significant bits the default file's teacher-forced KL to float32 stays the
+float32 pool's where bfloat16's 8 more than doubled it; it flips a near-tie now and then (2 of
+bench.precision's 576 tokens, docs/kv_pool.md). Its range ends at 65 504, so a value
 past it is stored as 65 504 rather than as infinity (which would make every score of the head
 infinite): a K or V that large would be far outside any trained model's.
 """
