@@ -38,7 +38,9 @@ def library(source: str, name: str, folder: Path) -> str:
     src.write_text(source.replace("TORCH_LIBRARY(strata_attend,", f"TORCH_LIBRARY({name},")
                    .replace("TORCH_LIBRARY_IMPL(strata_attend,", f"TORCH_LIBRARY_IMPL({name},"))
     compile_flags, link = _torch_flags()
-    subprocess.run([compiler(), *COMMON, *ATTEND_FLAGS, *compile_flags, "-shared", str(src), "-o", str(out), *link],
+    engine = f"-I{Path(__file__).resolve().parent.parent / 'engine'}"  # attend.cpp's "quants/isa.h"
+    subprocess.run([compiler(), *COMMON, *ATTEND_FLAGS, *compile_flags, engine, "-shared", str(src), "-o", str(out),
+                    *link],
                    check=True)
     return str(out)
 

@@ -95,9 +95,10 @@ def replay(arrivals: list[Arrival], settings: WorkerSettings, profile: CostProfi
     return int(outcome.records[focus]["first_token_ms"]) - by_id[focus].at_ms, pace(records), outcome.records
 
 
-def timeline(name: str, arrivals: list[Arrival], real: dict[str, dict[str, str]], start_ms: int,
+def timeline(name: str, arrivals: list[Arrival], real: dict[str, dict[str, str]],
              simulated: dict[str, dict[str, str]]) -> Table:
     """Each request's claim, first token and end, ms after the first arrival: real / simulated."""
+    start_ms = int(real[arrivals[0].id]["enqueued_ms"]) - arrivals[0].at_ms  # `recorded`'s first arrival
     table = Table(title=f"{name}: real / simulated at the real pace, ms after the first arrival")
     for col in ("request", "priority", "arrives", "claimed", "first token", "finished"):
         table.add_column(col, justify="left" if col == "request" else "right")
@@ -182,8 +183,7 @@ def main() -> None:
             simulated, simulated_pace, _ = replay(arrivals, settings, profile, focus)
             paced, _, paced_records = replay(arrivals, settings, at_pace(profile, real_pace, simulated_pace), focus)
             if args.timeline:
-                start = min(int(r["enqueued_ms"]) for r in real_records.values())
-                timelines.append(timeline(name, arrivals, real_records, start, paced_records))
+                timelines.append(timeline(name, arrivals, real_records, paced_records))
             row = [name, focus, f"{real / 1000:.2f} s", *cells(simulated), said(real_pace), said(simulated_pace),
                    *cells(paced)]
             if fresh:

@@ -19,12 +19,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <string_view>
 #include <vector>
+
+#include "quants/isa.h"
 
 // the helpers `attend_one` and `attend_one_avx2` call are compiled into each, for its own
 // instruction set
@@ -205,10 +205,24 @@ constexpr int64_t PARTS = 2, SPLIT_FROM = 256;
 // Part `part` of the (row b, KV head h) task: its G*T queries over its share of the row's seen
 // positions, on a pool of K entries. Query i = (g, t): head h * G + g, token t of row b; its
 // pointer and its token's mask row worked out once.
+// What every task of one call reads: the queries, the pools, the rows' places and masks, and each
+// row's seen positions.
+struct Inputs {
+  const Shapes& s;
+  float scale;
+  const float* q;
+  const uint8_t *kp, *vp;
+  const int64_t* read_at;
+  const bool* mask;
+  const std::vector<std::vector<int64_t>>& seen;
+};
+
 template <Entry K, bool AVX2>
-INLINE void attend_part(const Shapes& s, int64_t b, int64_t h, int64_t part, const std::vector<int64_t>& seen,
-                        float scale, const float* q, const uint8_t* kp, const uint8_t* vp, const int64_t* read_at,
-                        const bool* mask, Partial out) {
+INLINE void attend_part(const Inputs& in, int64_t b, int64_t h, int64_t part, Partial out) {
+  const Shapes& s = in.s;
+  const float *q = in.q, scale = in.scale;
+  const bool* mask = in.mask;
+  const std::vector<int64_t>& seen = in.seen[b];
   const int64_t T = s.T, Q = s.G * T, D = s.D, L = s.L;
   std::vector<float> dot_out(Q);
   struct Query {
@@ -230,9 +244,9 @@ INLINE void attend_part(const Shapes& s, int64_t b, int64_t h, int64_t part, con
   }
   const int64_t* mine = seen.data() + first;
   std::unique_ptr<float[]> scores(new float[Q * S]);  // [Q, S]: query i's score at mine[j]
-  const int64_t* at = read_at + b * L;
-  const uint8_t* kh = kp + h * s.N * s.W;
-  const uint8_t* vh = vp + h * s.N * s.W;
+  const int64_t* at = in.read_at + b * L;
+  const uint8_t* kh = in.kp + h * s.N * s.W;
+  const uint8_t* vh = in.vp + h * s.N * s.W;
   const float minus_inf = -std::numeric_limits<float>::infinity();
   for (int64_t j = 0; j < S; ++j) {
     const int64_t l = mine[j];
@@ -260,37 +274,35 @@ INLINE void attend_part(const Shapes& s, int64_t b, int64_t h, int64_t part, con
   for (int64_t j = 0; j < S; ++j) add_weighted<K, AVX2>(out.acc, scores.get() + j, S, Q, vh + at[mine[j]] * s.W, D);
 }
 
-// attend_part's arguments, as the builds below pass them on
-#define PART_ARGS                                                                                        \
-  const Shapes& s, int64_t b, int64_t h, int64_t part, const std::vector<int64_t>& seen, float scale,     \
-      const float* q, const uint8_t* kp, const uint8_t* vp, const int64_t* read_at, const bool* mask, Partial out
-#define PART_CALL s, b, h, part, seen, scale, q, kp, vp, read_at, mask, out
-
 template <bool AVX2>
-INLINE void attend_kind(Entry kind, PART_ARGS) {
+INLINE void attend_kind(Entry kind, const Inputs& in, int64_t b, int64_t h, int64_t part, Partial out) {
   switch (kind) {
-    case Entry::F32: attend_part<Entry::F32, AVX2>(PART_CALL); break;
-    case Entry::F16: attend_part<Entry::F16, AVX2>(PART_CALL); break;
-    case Entry::BF16: attend_part<Entry::BF16, AVX2>(PART_CALL); break;
-    case Entry::I8: attend_part<Entry::I8, AVX2>(PART_CALL); break;
+    case Entry::F32: attend_part<Entry::F32, AVX2>(in, b, h, part, out); break;
+    case Entry::F16: attend_part<Entry::F16, AVX2>(in, b, h, part, out); break;
+    case Entry::BF16: attend_part<Entry::BF16, AVX2>(in, b, h, part, out); break;
+    case Entry::I8: attend_part<Entry::I8, AVX2>(in, b, h, part, out); break;
   }
 }
 
 // Built twice: for the baseline, and for AVX2 with F16C (every AVX2 CPU has it), picked at run
 // time. Both do the same lane-wise products and sums (no fused multiply-add: FMA is not enabled,
 // and -ffp-contract=off), so they give the same bits.
-void attend_one(Entry kind, PART_ARGS) { attend_kind<false>(kind, PART_CALL); }
+using Part = void (*)(Entry, const Inputs&, int64_t, int64_t, int64_t, Partial);
+void attend_one(Entry kind, const Inputs& in, int64_t b, int64_t h, int64_t part, Partial out) {
+  attend_kind<false>(kind, in, b, h, part, out);
+}
 #ifdef X86_AVX2
-__attribute__((target("avx2,f16c"))) void attend_one_avx2(Entry kind, PART_ARGS) { attend_kind<true>(kind, PART_CALL); }
-// STRATA_QUANTS_ISA=portable keeps the baseline build (engine/quants' variable: one machine can
-// compare the two)
-bool avx2_here() {
-  const char* cap = std::getenv("STRATA_QUANTS_ISA");
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && !(cap && std::string_view(cap) == "portable");
+__attribute__((target("avx2,f16c"))) void attend_one_avx2(Entry kind, const Inputs& in, int64_t b, int64_t h,
+                                                          int64_t part, Partial out) {
+  attend_kind<true>(kind, in, b, h, part, out);
+}
+// STRATA_QUANTS_ISA=portable keeps the baseline build, so one machine can compare the two
+Part pick_build() {
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && isa_cap() != "portable";
+  return avx2 ? attend_one_avx2 : attend_one;
 }
 #else
-void attend_one_avx2(Entry kind, PART_ARGS) { attend_kind<false>(kind, PART_CALL); }
-bool avx2_here() { return false; }
+Part pick_build() { return attend_one; }
 #endif
 
 // A (row, KV head) task's parts into its queries' outputs: each part's sums rescaled to the
@@ -379,11 +391,12 @@ at::Tensor decode(const at::Tensor& q_in, const at::Tensor& k_pool, const at::Te
       if (any) seen[b].push_back(l);
     }
   }
-  static const auto one = avx2_here() ? attend_one_avx2 : attend_one;
+  static const Part one = pick_build();
+  const Inputs in{s, float(scale), qs, kp, vp, at_, ms, seen};
   at::parallel_for(0, tasks, 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t task = i / PARTS, b = task / s.KV;
-      one(kind, s, b, task % s.KV, i % PARTS, seen[b], float(scale), qs, kp, vp, at_, ms, parts[i]);
+      const int64_t task = i / PARTS;
+      one(kind, in, task / s.KV, task % s.KV, i % PARTS, parts[i]);
     }
   });
   for (int64_t task = 0; task < s.B * s.KV; ++task)

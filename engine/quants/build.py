@@ -27,7 +27,7 @@ import torch
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("layouts.h", "dequant.cpp", "repack.cpp", "kernel.cpp", "prompt.cpp", "prompt_int8.cpp", "prompt_bf16.cpp", "ops.cpp")  # all hashed into the library's name
+SOURCES = ("layouts.h", "isa.h", "dequant.cpp", "repack.cpp", "kernel.cpp", "prompt.cpp", "prompt_int8.cpp", "prompt_bf16.cpp", "ops.cpp")  # all hashed into the library's name
 X86 = platform.machine() in ("x86_64", "AMD64")
 # (object, source, flags). dequant.cpp must not fuse a product and a sum (numpy rounds each):
 # bit-exact unpacking. kernel.cpp and prompt.cpp twice: AVX2 + FMA (picked at run time where the
@@ -68,7 +68,7 @@ def _torch_flags() -> tuple[list[str], list[str]]:
 def _units(library: str) -> tuple[list[Path], list[tuple[str, Path, list[str]]]]:
     """A library's hashed sources and its (object, source, flags) units."""
     if library == "strata_attend":
-        return [ATTEND], [("attend", ATTEND, ATTEND_FLAGS)]
+        return [ATTEND, HERE / "isa.h"], [("attend", ATTEND, ATTEND_FLAGS)]
     return [HERE / name for name in SOURCES], [(unit, HERE / name, flags) for unit, name, flags in UNITS]
 
 

@@ -26,6 +26,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "isa.h"
+
 extern "C" int strata_block_weights(int qtype);
 extern "C" bool strata_takes_x16(int qtype);  // dequant.cpp
 extern "C" int strata_block_bytes(int qtype);
@@ -179,14 +181,6 @@ using MmRows = void (*)(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t,
                        const float*, const int8_t*, const float*, const float*, const int8_t*,
                        const uint8_t*, float*, void*);
 using QuantizeX = void (*)(const float*, int64_t, int64_t, int8_t*, float*, float*);
-
-// STRATA_QUANTS_ISA: the highest of engine/quants' builds a process may pick ("portable", "avx2",
-// "vnni"; unset: the CPU's), as ONEDNN_MAX_CPU_ISA caps oneDNN, so one machine can compare them
-// (engine/attend.cpp reads it too).
-std::string_view isa_cap() {
-  const char* cap = std::getenv("STRATA_QUANTS_ISA");
-  return cap ? cap : "";
-}
 
 // kernel.cpp built for AVX2 + FMA where the CPU has them (AMD and Intel since 2013-15; AVX-512
 // machines too), else its portable build.
