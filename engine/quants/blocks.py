@@ -7,7 +7,7 @@ int8 codes and per-block scales (the exact weights) and sums codes times activat
 weights (the activations quantized to int8 per 32, as llama.cpp does; float32 for the head), one
 scale applied per sum; prompt tokens (its `prompt_form`, whatever their number) on AVX-512 VNNI
 without AMX through `strata_quants::prompt_mm_int8` (the decode step's int8 arithmetic, W's codes
-unpacked 16 rows x 256 weights at a time: prompt_int8.cpp; `int8_prompt_here`; Q4_0 / Q4_1 with
+unpacked 16 rows x 256 weights at a time: prompt_int8.cpp; `int8_prompt_here`; Q4_1 with
 AVX-512 BF16 in bf16, their codes exact: prompt_bf16.cpp, `bf16_prompt_here`), elsewhere where
 oneDNN has bf16 kernels a slab of rows at a time, unpacked and rounded to bf16 and multiplied by
 oneDNN (`F.linear` in bf16), on AVX2 alone through `strata_quants::prompt_mm` (float32, W
@@ -65,13 +65,21 @@ def int8_prompt_here() -> bool:
 
 @cache
 def bf16_prompt_here() -> bool:
-    """Whether Q4_0 / Q4_1 prompt tokens go through `prompt_mm_int8`'s bf16 tile (prompt_bf16.cpp:
+    """Whether the prompt tokens of the types that take 16-bit activations (`takes_x16`: Q4_1) go
+    through `prompt_mm_int8`'s bf16 tile (prompt_bf16.cpp:
     x rounded to bf16, the codes as exact bf16 integers, `vdpbf16ps`) rather than its 16-bit
     integer one: where `int8_prompt_here` and the CPU has AVX-512 BF16 (AMD Zen 4 and 5). There
     their prompts need no bf16 copy of the matrix (model.py): on one Zen 4 core, 2048^2, Q4_0
     167-189 GFLOP/s at 16-512 rows against the copy's oneDNN 206-223 and the 16-bit integers'
     ~145 (docs/bench-log.md, Dec 7 fifth session). STRATA_QUANTS_ISA=vnni keeps the 16-bit integers."""
     return int8_prompt_here() and bool(ops().bf16_prompt())
+
+
+def takes_x16(qtype: Q) -> bool:
+    """Whether a type's repacked decode dots (and its integer prompt product) quantize activations
+    to 16 bits per 32 rather than int8 (layouts.h `takes_x16`): Q4_1, the default file's type,
+    whose precision test int8 ones fail; Q4_0 since Dec 7 (seventh session) as every other type."""
+    return bool(ops().takes_x16(int(qtype)))
 
 
 # layouts.h: blocks repacked eight weight rows at a time (repack.cpp), the type + 1000: not GGUF types
@@ -116,7 +124,7 @@ def repacked(blocks: QuantBlocks) -> QuantBlocks:
     256 weights against the file's 144 and 176, the rest the file's bytes) where `repack_here` and
     the rows are whole groups of eight; anything else as it is. The decode step's dots then work
     on eight weight rows per register (kernel.cpp `dot_q45_k_r8`, `dot_q6_k_r8`, `dot_q32_r8`;
-    Q4_0 and Q4_1 with 16-bit activations); the prompt's products restore each panel's rows to the file's
+    Q4_1 with 16-bit activations); the prompt's products restore each panel's rows to the file's
     bytes as they unpack them. The file's pages are then no longer read: a copy in the worker's
     memory instead of the page cache's (not shared by two workers on one file)."""
     if (blocks.qtype not in EIGHT_ROWS or blocks.repacked or blocks.raw.dim() != 2 or blocks.raw.shape[0] % 8

@@ -693,8 +693,7 @@ inline void dot_q6_k_r8(const uint8_t* group, const int8_t* xq, const float* dx,
 // q's sign on AVX2, q + 128 as unsigned bytes and 128 * sum(xq) taken back on VNNI), converted
 // once, acc = fma(isum, d * dx, acc), and Q4_1 / Q5_1's minimum part = fma(m, dx * sum(xq), part).
 // sums: rows [K/32] of each block's sum(xq).
-// Q4_0 and Q4_1 (layouts.h `takes_x16`: the types whose files ran on torch's int4 kernel with
-// bf16 activations, the default file's) take 16-bit activations: x quantized per 32 to x16 in [-32767, 32767]
+// Q4_1 (layouts.h `takes_x16`: the default file's type) takes 16-bit activations: x quantized per 32 to x16 in [-32767, 32767]
 // (strata_quantize_x16), each chunk's 64 bytes its high bytes xh (signed) then its low ones xl
 // (unsigned), x16 = 256 xh + xl; the block's sum is 256 * sum(q * xh) + sum(xl * q), each part
 // four bytes at a time as above (xl the unsigned operand, the codes 0..15 the signed one), exact
@@ -1104,7 +1103,7 @@ __attribute__((noinline)) void fused_rows(int qtype, const uint8_t* src, int64_t
                                           const int8_t* kvalues, const uint8_t* grid, float* y) {
   const int64_t C = K / 32, G = K / 16;
   if (is_32(qtype - EIGHT_ROWS)) {  // Q4_0_R8 .. Q8_0_R8: each block's sum(xq) as an integer
-    const bool fine = takes_x16(qtype);  // Q4_0_R8, Q4_1_R8: x16's, from its high and low bytes
+    const bool fine = takes_x16(qtype);  // Q4_1_R8: x16's, from its high and low bytes
     int32_t* sums = static_cast<int32_t*>(std::malloc(sizeof(int32_t) * (M * C > 0 ? M * C : 1)));
     for (int64_t b = 0; b < M * C; ++b) sums[b] = group_sum(xq, b, 32, fine);
     groups_r8(src, rb, n0, n1, M, N, y, [&](auto R, const uint8_t* g, int64_t r, float* out) {
@@ -1198,7 +1197,7 @@ void ENTRY(strata_quantize_x)(const float* x, int64_t M, int64_t K, int8_t* xq, 
   quantize_per_32<127>(x, M, K, dx, xs, [&](int64_t r, int e, int32_t q) { xq[32 * r + e] = int8_t(q); });
 }
 
-// The same to 16 bits, x16 in [-32767, 32767], for the repacked Q4_0 / Q4_1 dots (dot_q32_r8):
+// The same to 16 bits, x16 in [-32767, 32767], for the repacked Q4_1 dots (dot_q32_r8):
 // xq [M, 2K], each chunk's 64 bytes its high bytes (x16 >> 8, signed) then its low ones (x16 & 255).
 void ENTRY(strata_quantize_x16)(const float* x, int64_t M, int64_t K, int8_t* xq, float* dx, float* xs) {
   quantize_per_32<32767>(x, M, K, dx, xs, [&](int64_t r, int e, int32_t q) {

@@ -37,8 +37,11 @@ enum QType : int {  // GGMLQuantizationType values
 };
 
 // The repacked types whose products take 16-bit activations (kernel.cpp dot_q32_r8 and
-// strata_quantize_x16): Q4_0 and Q4_1, whose files ran on torch's int4 kernel with bf16 activations.
-constexpr bool takes_x16(int qtype) { return qtype == Q4_0_R8 || qtype == Q4_1_R8; }
+// strata_quantize_x16): Q4_1, the default file's type, which lost its precision test's margin
+// with int8 ones. Q4_0 takes int8 ones since Dec 7 (seventh session), as every other type and
+// llama.cpp do: twice the integer rate for a few near-ties (docs/engine.md, "The 32-weight types
+// repacked").
+constexpr bool takes_x16(int qtype) { return qtype == Q4_1_R8; }
 
 // The integer sum of group g (G weights) of quantized activations xq: int8 codes, or (wide, G
 // 32) kernel.cpp strata_quantize_x16's x16, each chunk's 64 bytes its high bytes then its low ones.

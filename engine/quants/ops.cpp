@@ -224,7 +224,7 @@ bool int8_prompt() {
   return yes;
 }
 
-// Q4_0 / Q4_1 prompts in bf16 from their codes (prompt_bf16.cpp) where the integer prompts run and
+// The 16-bit activations' types' prompts (Q4_1) in bf16 from their codes (prompt_bf16.cpp) where the integer prompts run and
 // the CPU has AVX-512 BF16 (AMD Zen 4 and 5): `vdpbf16ps` multiplies as many weights an instruction
 // as prompt_int8.cpp's 16-bit activations take two `vpdpbusd` for, with less float work per block
 // (engine/quants/blocks.py `bf16_prompt_here`). STRATA_QUANTS_ISA=vnni keeps the 16-bit integers.
@@ -314,7 +314,7 @@ at::Tensor dequantize(const at::Tensor& blocks, int64_t qtype, int64_t cols, con
 
 // What a product needs besides the blocks: the kernel build, the type's codebook and the
 // activation rows in the kernel's form (int8 codes per 32 with their scales, 16-bit ones for the
-// repacked Q4_0 / Q4_1 dots, or float32 x with each chunk's sum).
+// repacked Q4_1 dots, or float32 x with each chunk's sum).
 struct Activations {
   MmRows rows_fn = strata_mm_rows_portable;
   Codebook book;
@@ -333,7 +333,7 @@ struct Activations {
     if (!portable && use_vnni())
       rows_fn = strata_mm_rows_vnni, quantize_fn = strata_quantize_x_vnni, quantize16_fn = strata_quantize_x16_vnni;
 #endif
-    // the repacked Q4_0 / Q4_1 dots: 16-bit activations (kernel.cpp strata_quantize_x16)
+    // the repacked Q4_1 dots: 16-bit activations (kernel.cpp strata_quantize_x16)
     if (reads_repacked() && strata_takes_x16(int(qtype))) quantize_fn = quantize16_fn, width = 2;
     const int64_t M = x.size(0), K = x.size(1), chunks = M * (K / 32);
     const float* xs = x.data_ptr<float>();
@@ -434,7 +434,7 @@ at::Tensor prompt_mm(const at::Tensor& x_in, const at::Tensor& blocks, int64_t q
 }
 
 #if defined(__x86_64__) && defined(STRATA_HAVE_AVX2)
-// Q4_0 / Q4_1's prompt product where `bf16_prompt()` (prompt_int8's shape: panels of 16 output
+// Q4_1's prompt product (layouts.h takes_x16) where `bf16_prompt()` (prompt_int8's shape: panels of 16 output
 // columns by 256 weights, each multiplied by every row of x): x rounded to bf16 once, each
 // panel's codes turned to bf16 words (prompt_bf16.cpp: straight from repacked rows, else through
 // prompt_int8's codes), into y [M, N].
@@ -473,7 +473,7 @@ at::Tensor prompt_bf16(const at::Tensor& x, const at::Tensor& blocks, int64_t qt
 }
 #endif
 
-// The prompt's product in integers where `int8_prompt()` (Q4_0 / Q4_1 where `bf16_prompt()`: in
+// The prompt's product in integers where `int8_prompt()` (Q4_1 where `bf16_prompt()`: in
 // bf16, `prompt_bf16` above): x quantized per 32 as `mm` quantizes
 // it, W's codes unpacked 16 rows by 256 weights at a time into panels of unsigned bytes and
 // their scales, each multiplied by every row of x (prompt_int8.cpp). As prompt_mm, every output
@@ -494,7 +494,7 @@ at::Tensor prompt_mm_int8(const at::Tensor& x_in, const at::Tensor& blocks, int6
   const int64_t file_type = eight_rows(qtype) ? qtype - EIGHT_ROWS : qtype;
   const int offset = strata_code_offset(int(file_type));
   const bool fine = file_type == Q6_K, mins = offset == 0;
-  // Q4_0 / Q4_1: 16-bit activations, as their decode products (layouts.h takes_x16)
+  // Q4_1: 16-bit activations, as its decode products (layouts.h takes_x16)
   const bool wide = strata_takes_x16(int(file_type + EIGHT_ROWS));
   if (wide && bf16_prompt()) return prompt_bf16(x, blocks, qtype, file_type, mins, y);
   const int G = fine ? 16 : 32, width = wide ? 2 : 1;
@@ -580,6 +580,9 @@ at::Tensor mm_experts(const at::Tensor& x_in, const at::Tensor& blocks, const at
 // Which build of kernel.cpp `mm` runs here (tests, bench notes): "vnni", "avx2" or "portable".
 std::string mm_build() { return use_vnni() ? "vnni" : use_avx2() ? "avx2" : "portable"; }
 
+// Whether a GGUF type's repacked products take 16-bit activations (layouts.h; tests).
+bool takes_x16_of(int64_t qtype) { return strata_takes_x16(int(qtype + EIGHT_ROWS)); }
+
 }  // namespace
 
 TORCH_LIBRARY(strata_quants, m) {
@@ -592,6 +595,7 @@ TORCH_LIBRARY(strata_quants, m) {
   m.def("repack(Tensor blocks, int qtype, int cols) -> Tensor");
   m.def("restore(Tensor blocks, int qtype, int cols) -> Tensor");
   m.def("mm_build() -> str", &mm_build);
+  m.def("takes_x16(int qtype) -> bool", &takes_x16_of);
   m.def("int8_prompt() -> bool", &int8_prompt);
   m.def("bf16_prompt() -> bool", &bf16_prompt);
 }

@@ -1,4 +1,5 @@
-// Q4_0 / Q4_1 prompts where the CPU has AVX-512 BF16 but no AMX (AMD Zen 4 and 5): y = x @ W^T
+// The prompts of the types that take 16-bit activations (layouts.h `takes_x16`: Q4_1; written
+// for Q4_0 too) where the CPU has AVX-512 BF16 but no AMX (AMD Zen 4 and 5): y = x @ W^T
 // with x rounded to bf16 (as oneDNN's bf16 products round it) and W's codes as exact bf16
 // integers, centred: c = u - 8 for both types' nibbles u (Q4_0's q itself), multiplied by
 // `vdpbf16ps` (each product of two bf16 exact in float32), summed per block of 32 weights in

@@ -18,7 +18,7 @@
 // The shape is prompt.cpp's: a panel of 16 output columns, 256 weights deep ([64][16][4] code
 // bytes, 4 KB, and its scales: in L1), passed over by every 4-row micro-panel of x, a 4 x 16 tile
 // of y in eight registers (two of 8 columns per row), eight int32 registers for the group's sums.
-// Wide (Q4_0, Q4_1: layouts.h `takes_x16`, as their decode products): x quantized per 32 to 16
+// Wide (Q4_1: layouts.h `takes_x16`, as its decode products): x quantized per 32 to 16
 // bits (kernel.cpp strata_quantize_x16: each chunk's 64 bytes its high bytes xh, then its low ones
 // xl), each group's sum 256 * sum(u * xh) + sum(xl * u), the codes the signed operand of the
 // second (0..15), exact; twice the instructions, activations finer than bf16's.

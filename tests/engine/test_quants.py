@@ -121,7 +121,7 @@ def test_integer_prompt_product_is_the_decode_steps_arithmetic_in_one_chain(qtyp
 
     y = product(x)
     assert y.shape == (23, 37) and y.dtype == torch.float32
-    wide = qtype in (Q.Q4_0, Q.Q4_1)  # 16-bit activations, as their (repacked) decode products
+    wide = quants.takes_x16(qtype)  # 16-bit activations (Q4_1), as its (repacked) decode products
     bf16 = wide and quants.bf16_prompt_here()
     if bf16:
         part = q4_float_part(raw, qtype)
@@ -156,9 +156,9 @@ def q4_float_part(raw: torch.Tensor, qtype: Q) -> torch.Tensor:
 @pytest.mark.skipif(not (quants.available() and quants.bf16_prompt_here()),
                     reason="elsewhere the 16-bit integer prompt product is this process's own (above)")
 def test_q4_prompts_in_16_bit_integers_where_told(tmp_path):
-    """Where prompt_bf16.cpp reads Q4_0 / Q4_1 prompts, a process told to keep the VNNI build's
+    """Where prompt_bf16.cpp reads Q4_1 prompts, a process told to keep the VNNI build's
     16-bit integers (STRATA_QUANTS_ISA=vnni, as on a CPU without AVX-512 BF16) multiplies them as
-    their decode products quantize x (the file's blocks and the repacked ones alike, within float32
+    their decode products quantize x (Q4_0's in int8, as its own) (the file's blocks and the repacked ones alike, within float32
     rounding of float64 on those activations)."""
     import os
     import subprocess
@@ -185,7 +185,7 @@ def test_q4_prompts_in_16_bit_integers_where_told(tmp_path):
         qtype = Q(q % 1000)
         exact = torch.from_numpy(gguf_dequantize(quants.ops().restore(raw, q, x.shape[1]).numpy() if q > 1000
                                                  else raw.numpy(), qtype)).double()
-        reference = int8_per_32(x, 32767.0) @ exact.T
+        reference = int8_per_32(x, 32767.0 if quants.takes_x16(qtype) else 127.0) @ exact.T
         assert float((y.double() - reference).norm() / reference.norm()) <= 1e-5, q
 
 
@@ -221,7 +221,7 @@ def test_q4_k_on_torchs_int4_kernel_is_within_bf16_of_float32():
 def int8_per_32(x: torch.Tensor, top: float = 127.0) -> torch.Tensor:
     """x as `strata_quants::mm` takes it with int8_x: per 32, xq = round(x * (127 / max|x|)) to
     nearest even, in float32, times max|x| / 127; float64 out. top=32767: the 16-bit activations
-    of the repacked Q4_0 / Q4_1 dots."""
+    of the repacked Q4_1 dots."""
     chunks = x.reshape(x.shape[0], -1, 32)
     amax = chunks.abs().amax(-1, keepdim=True)
     # 127 / max|x| divided in float32 as the kernel does (torch's `127.0 / amax` is
@@ -304,7 +304,7 @@ def test_repacked_eight_rows_at_a_time_keeps_every_bit_and_the_product(qtype):
     """Q4_0_R8 .. Q6_K_R8 (repack.cpp): the blocks moved so that the decode dots hold one weight
     row per lane. Restoring gives the file's bytes bit for bit and dequantizing gives gguf's
     values; `mm` with int8 activations runs the type's eight-row dot: the exact weights times the
-    int8 activations (Q4_0 and Q4_1: 16-bit ones; float64 on the quantized activations, <= 1e-6), each row alone the same
+    int8 activations (Q4_1: 16-bit ones; float64 on the quantized activations, <= 1e-6), each row alone the same
     bits, the same bits on one thread as on two (a group of eight cut by the threads' split is
     computed whole); every product that reads rows one at a time (float32 activations, the
     portable build, the prompt's) reads them restored: the file's blocks' bits."""
@@ -325,7 +325,7 @@ def test_repacked_eight_rows_at_a_time_keeps_every_bit_and_the_product(qtype):
             x = torch.randn(batch, cols) * torch.rand(batch, 1) * 4
             x[0, 32:64] = 0  # a chunk of zeros (its int8 scale 0)
             y = ops.mm(x, r8, R8, table, True, False)
-            reference = int8_per_32(x, 32767.0 if qtype in (Q.Q4_0, Q.Q4_1) else 127.0) @ exact.T
+            reference = int8_per_32(x, 32767.0 if quants.takes_x16(qtype) else 127.0) @ exact.T
             assert float((y.double() - reference).norm() / reference.norm()) <= 1e-6, (rows, cols, batch)
             for i in range(batch):
                 assert torch.equal(ops.mm(x[i:i + 1], r8, R8, table, True, False), y[i:i + 1]), (rows, batch, i)
