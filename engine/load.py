@@ -57,13 +57,13 @@ def load_engine(
     """Open a GGUF file or HF folder (None: the default SmolLM2) and allocate its slots.
 
     dtype None: see `default_dtype`. int4: with bf16 on the CPU, linears stored as Q4_0/Q4_1 run
-    straight from the file's blocks (engine/quants' repacked dots with 16-bit activations where
+    straight from the file's blocks (engine/quants' repacked dots, Q4_1's with 16-bit activations, where
     the CPU has AVX2, else torch's int4 kernel: Transformer.build); off, they are dequantized to
     bf16 (more memory, faster prompt reading). prefill_bf16: with int4, each such matrix also
     keeps a bf16 prepacked copy that prefill chunks use where oneDNN prepacks bf16 (+2 bytes a
     weight), but where the blocks' own bf16 tile reads those prompts (with prompt_int8, AVX-512
     BF16 without AMX: engine/quants/blocks.py `bf16_prompt_here`): there no copy is made; off,
-    prompts go as the file's blocks' (16-bit integer activations with prompt_int8).
+    prompts go as the file's blocks' (with prompt_int8 in integers: Q4_1's 16-bit, Q4_0's int8).
     prompt_int8: a quantized file's K-quant / Q5 / Q8_0 / IQ matrices multiply prompt tokens in
     int8 where the CPU does that faster than bf16 (AVX-512 VNNI without AMX: engine/quants/blocks.py
     `int8_prompt_here`); off: bf16 slabs, closer to float32.

@@ -259,8 +259,8 @@ class Transformer(nn.Module):
               int4: bool = False, prepack: bool = True, prefill_bf16: bool = False,
               prompt_int8: bool = True, repack: bool = True) -> "Transformer":
         """One copy of each weight in the form the step uses:
-        - linears: quantized types as the file's blocks (`QuantLinear`; Q4_0/Q4_1 repacked with
-          16-bit activations where engine/quants' AVX2 builds run); Q4_0/Q4_1 with `int4` on
+        - linears: quantized types as the file's blocks (`QuantLinear`; Q4_0/Q4_1 repacked where
+          engine/quants' AVX2 builds run, Q4_1's with 16-bit activations, Q4_0's with int8 ones); Q4_0/Q4_1 with `int4` on
           torch's int4 kernel instead where those do not (`repack_here`) and oneDNN prepacks bf16;
           else dense `dtype`, prepacked by oneDNN for CPU bf16; with `prefill_bf16` a Q4_0/Q4_1
           matrix also keeps a bf16 prepacked copy for prefill chunks where oneDNN prepacks bf16
@@ -285,7 +285,7 @@ class Transformer(nn.Module):
         use_packed = prepack and cpu_bf16 and can_prepack()
         use_quant = cpu_bf16  # the file's blocks through engine/quants' kernels, where the source has them
         # Q4_0/Q4_1 on torch's int4 kernel only where engine/quants' eight-row dots do not run and
-        # oneDNN prepacks their bf16 prompt copy: those dots (16-bit activations, finer than the int4
+        # oneDNN prepacks their bf16 prompt copy: those dots (Q4_1's 16-bit activations finer than the int4
         # kernel's bf16) beat it 2.6x at one row, 1.2x at four, and on AVX2 alone even the one-row
         # dots do (docs/bench-log.md, Dec 6 and Dec 7 fourth session)
         use_int4 = int4 and cpu_bf16 and int4_available() and (
