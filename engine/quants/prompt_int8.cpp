@@ -119,6 +119,33 @@ void panel(const int8_t* xq, const float* dx, const float* xs, const int32_t* co
 
 extern "C" {
 
+// A panel's codes straight from Q4_0_R8 rows, as strata_pack_codes makes them from the file's
+// blocks (the same bytes and scales): repack.cpp keeps per group of eight rows and block of 32
+// weights the eight d as halves, then four quads, row k's file bytes 4q..4q+3 at 32q + 4k
+// (weights 4q + c in their low nibbles, 16 + 4q + c in the high ones), which is already the
+// panel's [4 weights][8 rows][4] order: each quad's low nibbles are the codes of weights 4q..,
+// its high ones those of 16 + 4q.., u = q + 8 the nibble itself. `rows` (8 or 16) rows rb bytes
+// apart from a group's start, blocks [k0 / 32, (k0 + kc) / 32) -> codes [kc/4][16][4], scales
+// [kc/16][16]; columns past `rows` zero. No restoring to the file's bytes and unpacking them
+// (8 % of a 1.7B Q4_0 file's prompt, docs/bench-log.md Dec 7 seventh session).
+void ENTRY(strata_pack_q4_0_r8_codes)(const uint8_t* src, int64_t rb, int rows, int64_t k0, int64_t kc,
+                                      uint8_t* codes, float* s) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  for (int64_t i = 0; i < kc / 32; ++i)
+    for (int half = 0; half < 2; ++half) {  // rows 0-7, then 8-15: one group each
+      const uint8_t* g = half == 0 || rows > 8 ? src + 8 * half * rb + (k0 / 32 + i) * 144 : nullptr;
+      const __m256 d = g ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g))) : _mm256_setzero_ps();
+      _mm256_storeu_ps(s + 16 * (2 * i) + 8 * half, d);
+      _mm256_storeu_ps(s + 16 * (2 * i + 1) + 8 * half, d);
+      for (int q = 0; q < 4; ++q) {
+        const __m256i b = g ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 16 + 32 * q)) : _mm256_setzero_si256();
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 64 * (8 * i + q) + 32 * half), _mm256_and_si256(b, low));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 64 * (8 * i + 4 + q) + 32 * half),
+                            _mm256_and_si256(_mm256_srli_epi16(b, 4), low));
+      }
+    }
+}
+
 // corr [Mp, K / G] = offset * the sum of xq over each group of G weights (G 16 or 32), rows of
 // xq [Mp, K] (wide: 16-bit, [Mp, 2K], G 32).
 void ENTRY(strata_group_sums)(const int8_t* xq, int64_t Mp, int64_t K, int G, int offset, bool wide, int32_t* corr) {

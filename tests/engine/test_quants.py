@@ -307,7 +307,8 @@ def test_repacked_eight_rows_at_a_time_keeps_every_bit_and_the_product(qtype):
     int8 activations (Q4_1: 16-bit ones; float64 on the quantized activations, <= 1e-6), each row alone the same
     bits, the same bits on one thread as on two (a group of eight cut by the threads' split is
     computed whole); every product that reads rows one at a time (float32 activations, the
-    portable build, the prompt's) reads them restored: the file's blocks' bits."""
+    portable build, the prompt's) reads them restored, or straight where its panels' order is
+    theirs (Q4_0's int8 prompt): the file's blocks' bits."""
     ops, R8, table = quants.ops(), quants.EIGHT_ROWS[qtype], quants.table(qtype)
     rng = np.random.default_rng(11 + int(qtype))
     torch.manual_seed(11)
