@@ -146,6 +146,76 @@ void ENTRY(strata_pack_q4_0_r8_codes)(const uint8_t* src, int64_t rb, int rows, 
     }
 }
 
+// The same for Q4_K_R8 rows (repack.cpp: per group of eight rows and super-block the eight d and
+// dmin as halves, each chunk's eight 6-bit scales and minimums as bytes, then for each 64 weights
+// j and quad q row k's file bytes 4q..4q+3 of qs[32j..] at 4k: chunk 2j's codes in their low
+// nibbles, 2j + 1's in the high ones) -> codes [kc/4][16][4] (the nibbles: Q4_K's offset is 0),
+// scales [kc/16][16] d * sc and minimums [kc/32][16] -(dmin * m), the float products
+// strata_pack_codes makes (kernel.cpp codes_avx2), so the same bits.
+void ENTRY(strata_pack_q4_k_r8_codes)(const uint8_t* src, int64_t rb, int rows, int64_t k0, int64_t kc,
+                                      uint8_t* codes, float* s, float* m) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t i = 0; i < kc / 256; ++i)
+    for (int half = 0; half < 2; ++half) {  // rows 0-7, then 8-15: one group each
+      const uint8_t* g = half == 0 || rows > 8 ? src + 8 * half * rb + (k0 / 256 + i) * 1184 : nullptr;
+      const auto bytes = [&](int at) {  // eight unsigned bytes -> floats
+        return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(g + at))));
+      };
+      const auto halves = [&](int at) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + at))); };
+      const __m256 zero = _mm256_setzero_ps(), d = g ? halves(0) : zero, dmin = g ? halves(16) : zero;
+      for (int c = 0; c < 8; ++c) {
+        const __m256 sc = g ? _mm256_mul_ps(d, bytes(32 + 8 * c)) : zero;
+        _mm256_storeu_ps(s + 16 * (16 * i + 2 * c) + 8 * half, sc);
+        _mm256_storeu_ps(s + 16 * (16 * i + 2 * c + 1) + 8 * half, sc);
+        _mm256_storeu_ps(m + 16 * (8 * i + c) + 8 * half, g ? _mm256_xor_ps(_mm256_mul_ps(dmin, bytes(96 + 8 * c)), sign) : zero);
+      }
+      for (int j = 0; j < 4; ++j)
+        for (int q = 0; q < 8; ++q) {
+          const __m256i b = g ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 160 + 32 * (8 * j + q)))
+                              : _mm256_setzero_si256();
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 64 * (64 * i + 16 * j + q) + 32 * half),
+                              _mm256_and_si256(b, low));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 64 * (64 * i + 16 * j + 8 + q) + 32 * half),
+                              _mm256_and_si256(_mm256_srli_epi16(b, 4), low));
+        }
+    }
+}
+
+// The same for Q6_K_R8 rows (repack.cpp: per group of eight rows and super-block the eight d as
+// halves, each 16 weights' eight int8 scales, then per 128 weights h the high bits, quad q's 32
+// bytes row k's qh[32h + 4q..] at 4k (bits 2j, 2j + 1: chunk 4h + j's), and the low ones, source
+// t's quad q row k's ql[64h + 32t + 4q..] at 4k (low nibbles: chunk 4h + t, high: 4h + t + 2))
+// -> codes [kc/4][16][4] u = q + 32 (the six bits themselves), scales [kc/16][16] d * sc, as
+// strata_pack_codes makes them.
+void ENTRY(strata_pack_q6_k_r8_codes)(const uint8_t* src, int64_t rb, int rows, int64_t k0, int64_t kc,
+                                      uint8_t* codes, float* s) {
+  const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x03);
+  for (int64_t i = 0; i < kc / 256; ++i)
+    for (int half = 0; half < 2; ++half) {  // rows 0-7, then 8-15: one group each
+      const uint8_t* g = half == 0 || rows > 8 ? src + 8 * half * rb + (k0 / 256 + i) * 1680 : nullptr;
+      const __m256 d = g ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g))) : _mm256_setzero_ps();
+      for (int c = 0; c < 16; ++c) {
+        const __m128i sc = g ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(g + 16 + 8 * c)) : _mm_setzero_si128();
+        _mm256_storeu_ps(s + 16 * (16 * i + c) + 8 * half, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+      }
+      const auto at = [&](int offset) {
+        return g ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + offset)) : _mm256_setzero_si256();
+      };
+      for (int h = 0; h < 2; ++h)
+        for (int q = 0; q < 8; ++q) {
+          const int base = 144 + 768 * h;
+          const __m256i qh = at(base + 32 * q), ql[2] = {at(base + 256 + 32 * q), at(base + 256 + 32 * (8 + q))};
+          for (int j = 0; j < 4; ++j) {
+            const __m256i lo = _mm256_and_si256(j < 2 ? ql[j] : _mm256_srli_epi16(ql[j - 2], 4), low);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), two);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 64 * (64 * i + 32 * h + 8 * j + q) + 32 * half),
+                                _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)));
+          }
+        }
+    }
+}
+
 // corr [Mp, K / G] = offset * the sum of xq over each group of G weights (G 16 or 32), rows of
 // xq [Mp, K] (wide: 16-bit, [Mp, 2K], G 32).
 void ENTRY(strata_group_sums)(const int8_t* xq, int64_t Mp, int64_t K, int G, int offset, bool wide, int32_t* corr) {
