@@ -37,7 +37,7 @@ import torch
 
 from bench.step_timing import measure
 from engine.gguf_loader import GGUFModel
-from engine.load import release_freed_memory
+from engine.memory import release_freed_memory
 from engine.model import Transformer
 from engine.quants.blocks import held_bytes
 from tests.helpers.quant_models import Shape, write_mix

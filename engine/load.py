@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import time
 from pathlib import Path
@@ -13,7 +12,7 @@ import torch
 from engine import kv_dtype as kv_dtypes
 from engine.errors import ConfigError
 from engine.files import is_gguf, resolve_model_path
-from engine.memory import ensure_kv_fits
+from engine.memory import ensure_kv_fits, release_freed_memory
 from engine.model import ModelConfig, Transformer
 from engine.runner import TorchEngine
 from engine.tokenizer import Tokenizer
@@ -166,11 +165,3 @@ def build_engine(
         eos_token_ids = tokenizer.eos_token_ids if tokenizer is not None else frozenset()
     return TorchEngine(model, tokenizer, eos_token_ids=eos_token_ids)
 
-
-def release_freed_memory() -> None:
-    """Loading frees large temporaries (dequantized float32 matrices, unpacked nibbles); glibc
-    keeps such pages in the process unless asked to hand them back."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass

@@ -4,6 +4,7 @@ buffer of zeros allocates fine: its pages are only taken when written, i.e. whil
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import torch
@@ -43,3 +44,13 @@ def ensure_kv_fits(needed: int, device: torch.device, num_tokens: int, *, at_lea
             f"the KV pool of {num_tokens} tokens needs {'at least ' if at_least else ''}"
             f"{needed / GIB:.1f} GiB, but {device} has {free / GIB:.1f} GiB free: lower --kv-tokens "
             f"(default --parallel x --ctx)")
+
+
+def release_freed_memory() -> None:
+    """Hand back to the system the pages of large temporaries freed since (loading's dequantized
+    matrices, a long prompt's activations and attention gathers): glibc keeps them in the process
+    unless asked."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
