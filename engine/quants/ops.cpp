@@ -69,7 +69,7 @@ void strata_quantize_x16_vnni(const float*, int64_t, int64_t, int8_t*, float*, f
 void strata_pack_codes_vnni(int, const uint8_t*, int64_t, int, int64_t, int64_t, const int8_t*, const uint8_t*,
                             uint8_t*, float*, float*);
 void strata_group_sums_vnni(const int8_t*, int64_t, int64_t, int, int, bool, int32_t*);  // prompt_int8.cpp
-void strata_pack_q4_0_r8_codes_vnni(const uint8_t*, int64_t, int, int64_t, int64_t, uint8_t*, float*);
+void strata_pack_q32_r8_codes_vnni(int, const uint8_t*, int64_t, int, int64_t, int64_t, uint8_t*, float*, float*);
 void strata_pack_q4_k_r8_codes_vnni(const uint8_t*, int64_t, int, int64_t, int64_t, uint8_t*, float*, float*);
 void strata_pack_q6_k_r8_codes_vnni(const uint8_t*, int64_t, int, int64_t, int64_t, uint8_t*, float*);
 void strata_prompt_panel_int8_vnni(const int8_t*, const float*, const float*, const int32_t*, int64_t, int64_t,
@@ -90,7 +90,7 @@ namespace {
 
 // layouts.h: blocks repacked eight rows at a time (repack.cpp), their type + 1000; the types that
 // have such a form are those dequant.cpp knows the size of
-constexpr int64_t Q4_0 = 2, Q4_K = 12, Q6_K = 14, EIGHT_ROWS = 1000;
+constexpr int64_t Q4_K = 12, Q6_K = 14, EIGHT_ROWS = 1000;
 
 bool eight_rows(int64_t qtype) { return qtype > EIGHT_ROWS && strata_block_weights(int(qtype)) > 0; }
 
@@ -519,8 +519,9 @@ at::Tensor prompt_mm_int8(const at::Tensor& x_in, const at::Tensor& blocks, int6
     std::vector<uint8_t> file;
   };
   in_panels<Scratch>(N, K, [&](Scratch& t, int64_t p, int rows, int64_t k0, int64_t kc) {
-    if (qtype == Q4_0 + EIGHT_ROWS) {  // the repacked rows are already the panel's order
-      strata_pack_q4_0_r8_codes_vnni(src + 16 * p * rb, rb, rows, k0, kc, t.codes.data(), t.s.data());
+    if (eight_rows(qtype) && strata_block_weights(int(file_type)) == 32) {  // already the panel's order
+      strata_pack_q32_r8_codes_vnni(int(file_type), src + 16 * p * rb, rb, rows, k0, kc, t.codes.data(), t.s.data(),
+                                    t.m.data());
     } else if (qtype == Q4_K + EIGHT_ROWS) {
       strata_pack_q4_k_r8_codes_vnni(src + 16 * p * rb, rb, rows, k0, kc, t.codes.data(), t.s.data(), t.m.data());
     } else if (qtype == Q6_K + EIGHT_ROWS) {

@@ -119,29 +119,52 @@ void panel(const int8_t* xq, const float* dx, const float* xs, const int32_t* co
 
 extern "C" {
 
-// A panel's codes straight from Q4_0_R8 rows, as strata_pack_codes makes them from the file's
-// blocks (the same bytes and scales): repack.cpp keeps per group of eight rows and block of 32
-// weights the eight d as halves, then four quads, row k's file bytes 4q..4q+3 at 32q + 4k
-// (weights 4q + c in their low nibbles, 16 + 4q + c in the high ones), which is already the
-// panel's [4 weights][8 rows][4] order: each quad's low nibbles are the codes of weights 4q..,
-// its high ones those of 16 + 4q.., u = q + 8 the nibble itself. `rows` (8 or 16) rows rb bytes
-// apart from a group's start, blocks [k0 / 32, (k0 + kc) / 32) -> codes [kc/4][16][4], scales
-// [kc/16][16]; columns past `rows` zero. No restoring to the file's bytes and unpacking them
-// (8 % of a 1.7B Q4_0 file's prompt, docs/bench-log.md Dec 7 seventh session).
-void ENTRY(strata_pack_q4_0_r8_codes)(const uint8_t* src, int64_t rb, int rows, int64_t k0, int64_t kc,
-                                      uint8_t* codes, float* s) {
-  const __m256i low = _mm256_set1_epi8(0x0F);
+// A panel's codes straight from the 32-weight types' repacked rows (Q4_0_R8 .. Q8_0_R8), as
+// strata_pack_codes makes them from the file's blocks (the same bytes and scales). repack.cpp
+// keeps per group of eight rows and block the eight d (then Q4_1 / Q5_1's m) as halves, Q5's
+// fifth bits (row k's four bytes at 4k, byte c's bit t: weight 4t + c's), then the codes by quad,
+// row k's file bytes 4q..4q+3 at 32q + 4k (Q4 / Q5: weights 4q + c in their low nibbles, 16 + 4q
+// + c in the high ones; Q8_0: eight quads of bytes), which is already the panel's [4 weights][8
+// rows][4] order: u = q + the type's offset is the nibble (with its fifth bit), or Q8_0's byte +
+// 128. `rows` (8 or 16) rows rb bytes apart from a group's start, blocks [k0 / 32, (k0 + kc) /
+// 32) -> codes [kc/4][16][4], scales [kc/16][16], minimums [kc/32][16]; columns past `rows` zero.
+// No restoring to the file's bytes and unpacking them (8 % of a 1.7B Q4_0 file's prompt,
+// docs/bench-log.md Dec 7 seventh session).
+void ENTRY(strata_pack_q32_r8_codes)(int qtype, const uint8_t* src, int64_t rb, int rows, int64_t k0, int64_t kc,
+                                     uint8_t* codes, float* s, float* m) {
+  const bool mins = qtype == Q4_1 || qtype == Q5_1, five = qtype == Q5_0 || qtype == Q5_1, eight = qtype == Q8_0;
+  const int high_at = mins ? 32 : 16, codes_at = high_at + (five ? 32 : 0), bytes = codes_at + (eight ? 256 : 128);
+  const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1), flip = _mm256_set1_epi8(char(0x80));
+  const auto halves = [](const uint8_t* at) {
+    return at ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at))) : _mm256_setzero_ps();
+  };
   for (int64_t i = 0; i < kc / 32; ++i)
     for (int half = 0; half < 2; ++half) {  // rows 0-7, then 8-15: one group each
-      const uint8_t* g = half == 0 || rows > 8 ? src + 8 * half * rb + (k0 / 32 + i) * 144 : nullptr;
-      const __m256 d = g ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g))) : _mm256_setzero_ps();
+      const uint8_t* g = half == 0 || rows > 8 ? src + 8 * half * rb + (k0 / 32 + i) * bytes : nullptr;
+      const auto at = [&](int offset) {
+        return g ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + offset)) : _mm256_setzero_si256();
+      };
+      const auto put = [&](int64_t quad, __m256i u) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 64 * (8 * i + quad) + 32 * half), u);
+      };
+      const __m256 d = halves(g);
       _mm256_storeu_ps(s + 16 * (2 * i) + 8 * half, d);
       _mm256_storeu_ps(s + 16 * (2 * i + 1) + 8 * half, d);
+      if (mins) _mm256_storeu_ps(m + 16 * i + 8 * half, halves(g ? g + 16 : nullptr));
+      if (eight) {
+        for (int q = 0; q < 8; ++q) put(q, _mm256_xor_si256(at(codes_at + 32 * q), flip));
+        continue;
+      }
+      const __m256i fifth = five ? at(high_at) : _mm256_setzero_si256();
       for (int q = 0; q < 4; ++q) {
-        const __m256i b = g ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 16 + 32 * q)) : _mm256_setzero_si256();
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 64 * (8 * i + q) + 32 * half), _mm256_and_si256(b, low));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 64 * (8 * i + 4 + q) + 32 * half),
-                            _mm256_and_si256(_mm256_srli_epi16(b, 4), low));
+        const __m256i b = at(codes_at + 32 * q);
+        __m256i lo = _mm256_and_si256(b, low), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
+        if (five) {
+          lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(fifth, q), one), 4));
+          hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(fifth, 4 + q), one), 4));
+        }
+        put(q, lo);
+        put(4 + q, hi);
       }
     }
 }
