@@ -70,7 +70,7 @@ void strata_pack_codes_vnni(int, const uint8_t*, int64_t, int, int64_t, int64_t,
                             uint8_t*, float*, float*);
 void strata_group_sums_vnni(const int8_t*, int64_t, int64_t, int, int, bool, int32_t*);  // prompt_int8.cpp
 void strata_pack_q32_r8_codes_vnni(int, const uint8_t*, int64_t, int, int64_t, int64_t, uint8_t*, float*, float*);
-void strata_pack_q4_k_r8_codes_vnni(const uint8_t*, int64_t, int, int64_t, int64_t, uint8_t*, float*, float*);
+void strata_pack_q45_k_r8_codes_vnni(int, const uint8_t*, int64_t, int, int64_t, int64_t, uint8_t*, float*, float*);
 void strata_pack_q6_k_r8_codes_vnni(const uint8_t*, int64_t, int, int64_t, int64_t, uint8_t*, float*);
 void strata_prompt_panel_int8_vnni(const int8_t*, const float*, const float*, const int32_t*, int64_t, int64_t,
                                    int64_t, int64_t, const uint8_t*, const float*, const float*, bool, bool, bool, float*,
@@ -90,7 +90,7 @@ namespace {
 
 // layouts.h: blocks repacked eight rows at a time (repack.cpp), their type + 1000; the types that
 // have such a form are those dequant.cpp knows the size of
-constexpr int64_t Q4_K = 12, Q6_K = 14, EIGHT_ROWS = 1000;
+constexpr int64_t Q6_K = 14, EIGHT_ROWS = 1000;
 
 bool eight_rows(int64_t qtype) { return qtype > EIGHT_ROWS && strata_block_weights(int(qtype)) > 0; }
 
@@ -516,21 +516,19 @@ at::Tensor prompt_mm_int8(const at::Tensor& x_in, const at::Tensor& blocks, int6
   struct Scratch {
     std::vector<uint8_t> codes = std::vector<uint8_t>(16 * KC);
     std::vector<float> s = std::vector<float>(KC), m = std::vector<float>(KC / 2), tmp = std::vector<float>(64);
-    std::vector<uint8_t> file;
   };
   in_panels<Scratch>(N, K, [&](Scratch& t, int64_t p, int rows, int64_t k0, int64_t kc) {
-    if (eight_rows(qtype) && strata_block_weights(int(file_type)) == 32) {  // already the panel's order
-      strata_pack_q32_r8_codes_vnni(int(file_type), src + 16 * p * rb, rb, rows, k0, kc, t.codes.data(), t.s.data(),
-                                    t.m.data());
-    } else if (qtype == Q4_K + EIGHT_ROWS) {
-      strata_pack_q4_k_r8_codes_vnni(src + 16 * p * rb, rb, rows, k0, kc, t.codes.data(), t.s.data(), t.m.data());
-    } else if (qtype == Q6_K + EIGHT_ROWS) {
-      strata_pack_q6_k_r8_codes_vnni(src + 16 * p * rb, rb, rows, k0, kc, t.codes.data(), t.s.data());
-    } else {
-      const PanelRows w = panel_rows(src + 16 * p * rb, rb, qtype, rows, K, k0, kc, t.file);
-      strata_pack_codes_vnni(w.qtype, w.src, w.rb, rows, w.k0, kc, book.kvalues, book.grid.data(), t.codes.data(),
+    const uint8_t* panel = src + 16 * p * rb;
+    // repacked rows are already the panel's order by quads: no restoring to the file's blocks
+    if (!eight_rows(qtype))
+      strata_pack_codes_vnni(int(qtype), panel, rb, rows, k0, kc, book.kvalues, book.grid.data(), t.codes.data(),
                              t.s.data(), t.m.data());
-    }
+    else if (strata_block_weights(int(file_type)) == 32)
+      strata_pack_q32_r8_codes_vnni(int(file_type), panel, rb, rows, k0, kc, t.codes.data(), t.s.data(), t.m.data());
+    else if (file_type == Q6_K)
+      strata_pack_q6_k_r8_codes_vnni(panel, rb, rows, k0, kc, t.codes.data(), t.s.data());
+    else  // Q4_K, Q5_K
+      strata_pack_q45_k_r8_codes_vnni(int(file_type), panel, rb, rows, k0, kc, t.codes.data(), t.s.data(), t.m.data());
     strata_prompt_panel_int8_vnni(xq.data(), dx.data(), xs.data(), corr.data(), M, K, k0, kc, t.codes.data(),
                                   t.s.data(), t.m.data(), mins, fine, wide, ys + 16 * p, N, rows, t.tmp.data());
   });

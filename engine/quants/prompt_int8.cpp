@@ -169,19 +169,22 @@ void ENTRY(strata_pack_q32_r8_codes)(int qtype, const uint8_t* src, int64_t rb, 
     }
 }
 
-// The same for Q4_K_R8 rows (repack.cpp: per group of eight rows and super-block the eight d and
-// dmin as halves, each chunk's eight 6-bit scales and minimums as bytes, then for each 64 weights
+// The same for Q4_K_R8 and Q5_K_R8 rows (repack.cpp: per group of eight rows and super-block the
+// eight d and dmin as halves, each chunk's eight 6-bit scales and minimums as bytes, Q5_K's high
+// bits, quad q's 32 bytes row k's qh[4q..4q+3] at 4k (bit c: chunk c's), then for each 64 weights
 // j and quad q row k's file bytes 4q..4q+3 of qs[32j..] at 4k: chunk 2j's codes in their low
-// nibbles, 2j + 1's in the high ones) -> codes [kc/4][16][4] (the nibbles: Q4_K's offset is 0),
-// scales [kc/16][16] d * sc and minimums [kc/32][16] -(dmin * m), the float products
-// strata_pack_codes makes (kernel.cpp codes_avx2), so the same bits.
-void ENTRY(strata_pack_q4_k_r8_codes)(const uint8_t* src, int64_t rb, int rows, int64_t k0, int64_t kc,
-                                      uint8_t* codes, float* s, float* m) {
-  const __m256i low = _mm256_set1_epi8(0x0F);
+// nibbles, 2j + 1's in the high ones) -> codes [kc/4][16][4] (the nibbles, with Q5_K's fifth
+// bit: the offset is 0), scales [kc/16][16] d * sc and minimums [kc/32][16] -(dmin * m), the
+// float products strata_pack_codes makes (kernel.cpp codes_avx2), so the same bits.
+void ENTRY(strata_pack_q45_k_r8_codes)(int qtype, const uint8_t* src, int64_t rb, int rows, int64_t k0, int64_t kc,
+                                       uint8_t* codes, float* s, float* m) {
+  const bool five = qtype == Q5_K;
+  const int codes_at = five ? 416 : 160, bytes = five ? 1440 : 1184;
+  const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
   const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int64_t i = 0; i < kc / 256; ++i)
     for (int half = 0; half < 2; ++half) {  // rows 0-7, then 8-15: one group each
-      const uint8_t* g = half == 0 || rows > 8 ? src + 8 * half * rb + (k0 / 256 + i) * 1184 : nullptr;
+      const uint8_t* g = half == 0 || rows > 8 ? src + 8 * half * rb + (k0 / 256 + i) * bytes : nullptr;
       const auto bytes = [&](int at) {  // eight unsigned bytes -> floats
         return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(g + at))));
       };
@@ -193,14 +196,19 @@ void ENTRY(strata_pack_q4_k_r8_codes)(const uint8_t* src, int64_t rb, int rows, 
         _mm256_storeu_ps(s + 16 * (16 * i + 2 * c + 1) + 8 * half, sc);
         _mm256_storeu_ps(m + 16 * (8 * i + c) + 8 * half, g ? _mm256_xor_ps(_mm256_mul_ps(dmin, bytes(96 + 8 * c)), sign) : zero);
       }
+      const auto at = [&](int offset) {
+        return g ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + offset)) : _mm256_setzero_si256();
+      };
+      const auto bit = [&](__m256i high, int chunk) {  // chunk's fifth bits, at bit 4
+        return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, chunk), one), 4);
+      };
       for (int j = 0; j < 4; ++j)
         for (int q = 0; q < 8; ++q) {
-          const __m256i b = g ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 160 + 32 * (8 * j + q)))
-                              : _mm256_setzero_si256();
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 64 * (64 * i + 16 * j + q) + 32 * half),
-                              _mm256_and_si256(b, low));
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 64 * (64 * i + 16 * j + 8 + q) + 32 * half),
-                              _mm256_and_si256(_mm256_srli_epi16(b, 4), low));
+          const __m256i b = at(codes_at + 32 * (8 * j + q)), high = five ? at(160 + 32 * q) : _mm256_setzero_si256();
+          __m256i lo = _mm256_and_si256(b, low), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
+          if (five) lo = _mm256_or_si256(lo, bit(high, 2 * j)), hi = _mm256_or_si256(hi, bit(high, 2 * j + 1));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 64 * (64 * i + 16 * j + q) + 32 * half), lo);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 64 * (64 * i + 16 * j + 8 + q) + 32 * half), hi);
         }
     }
 }
