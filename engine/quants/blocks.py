@@ -124,8 +124,9 @@ def repacked(blocks: QuantBlocks) -> QuantBlocks:
     256 weights against the file's 144 and 176, the rest the file's bytes) where `repack_here` and
     the rows are whole groups of eight; anything else as it is. The decode step's dots then work
     on eight weight rows per register (kernel.cpp `dot_q45_k_r8`, `dot_q6_k_r8`, `dot_q32_r8`;
-    Q4_1 with 16-bit activations); the prompt's products restore each panel's rows to the file's
-    bytes as they unpack them. The file's pages are then no longer read: a copy in the worker's
+    Q4_1 with 16-bit activations); the prompt's integer product makes its panels straight from
+    the repacked rows (prompt_int8.cpp), the others restore each panel's rows to the file's bytes
+    as they unpack them. The file's pages are then no longer read: a copy in the worker's
     memory instead of the page cache's (not shared by two workers on one file)."""
     if (blocks.qtype not in EIGHT_ROWS or blocks.repacked or blocks.raw.dim() != 2 or blocks.raw.shape[0] % 8
             or not repack_here()):

@@ -227,9 +227,10 @@ bool int8_prompt() {
   return yes;
 }
 
-// The 16-bit activations' types' prompts (Q4_1) in bf16 from their codes (prompt_bf16.cpp) where the integer prompts run and
-// the CPU has AVX-512 BF16 (AMD Zen 4 and 5): `vdpbf16ps` multiplies as many weights an instruction
-// as prompt_int8.cpp's 16-bit activations take two `vpdpbusd` for, with less float work per block
+// The prompts of the types that take 16-bit activations (Q4_1) in bf16 from their codes
+// (prompt_bf16.cpp) where the integer prompts run and the CPU has AVX-512 BF16 (AMD Zen 4 and 5):
+// `vdpbf16ps` multiplies as many weights an instruction as prompt_int8.cpp's 16-bit activations
+// take two `vpdpbusd` for, with less float work per block
 // (engine/quants/blocks.py `bf16_prompt_here`). STRATA_QUANTS_ISA=vnni keeps the 16-bit integers.
 bool bf16_prompt() {
 #if defined(__x86_64__) && defined(STRATA_HAVE_AVX2)
@@ -437,8 +438,8 @@ at::Tensor prompt_mm(const at::Tensor& x_in, const at::Tensor& blocks, int64_t q
 }
 
 #if defined(__x86_64__) && defined(STRATA_HAVE_AVX2)
-// Q4_1's prompt product (layouts.h takes_x16) where `bf16_prompt()` (prompt_int8's shape: panels of 16 output
-// columns by 256 weights, each multiplied by every row of x): x rounded to bf16 once, each
+// Q4_1's prompt product (layouts.h takes_x16) where `bf16_prompt()` (prompt_int8's shape: panels
+// of 16 output columns by 256 weights, each multiplied by every row of x): x rounded to bf16 once, each
 // panel's codes turned to bf16 words (prompt_bf16.cpp: straight from repacked rows, else through
 // prompt_int8's codes), into y [M, N].
 // x float32 contiguous; qtype the blocks' (Q4_0 / Q4_1, or repacked), file_type the GGUF type,

@@ -1,6 +1,7 @@
 // The prompt's product in integers where the CPU has AVX-512 VNNI but no AMX (AMD Zen 4 and 5,
 // Intel Ice Lake): y = x @ W^T with x quantized per 32 as the decode step's `mm` quantizes it
-// (xq int8, dx, xs: kernel.cpp strata_quantize_x) and W's codes (kernel.cpp strata_pack_codes)
+// (xq int8, dx, xs: kernel.cpp strata_quantize_x) and W's codes (kernel.cpp strata_pack_codes, or
+// straight from repacked rows: strata_pack_q32_r8_codes and the K-quants' below)
 // multiplied four bytes at a time by `vpdpbusd`: 32 products in one instruction, against the 16
 // of a bf16 `vdpbf16ps` (oneDNN's slabs, what this replaces there) and without a bf16 slab of
 // the weights written and read again per chunk.
@@ -115,6 +116,21 @@ void panel(const int8_t* xq, const float* dx, const float* xs, const int32_t* co
   }
 }
 
+// A group's eight IEEE halves at `at` as floats (exact), and its 32 bytes there; zeros for a
+// group past the panel's rows (at null)
+inline __m256 halves(const uint8_t* at) {
+  return at ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at))) : _mm256_setzero_ps();
+}
+
+inline __m256i bytes32(const uint8_t* at) {
+  return at ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)) : _mm256_setzero_si256();
+}
+
+// bit `bit` of every byte of v moved to bit 4 (a fifth or high bit joining its nibble)
+inline __m256i bit_to_4(__m256i v, int bit) {
+  return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(v, bit), _mm256_set1_epi8(1)), 4);
+}
+
 }  // namespace
 
 extern "C" {
@@ -134,16 +150,11 @@ void ENTRY(strata_pack_q32_r8_codes)(int qtype, const uint8_t* src, int64_t rb, 
                                      uint8_t* codes, float* s, float* m) {
   const bool mins = qtype == Q4_1 || qtype == Q5_1, five = qtype == Q5_0 || qtype == Q5_1, eight = qtype == Q8_0;
   const int high_at = mins ? 32 : 16, codes_at = high_at + (five ? 32 : 0), bytes = codes_at + (eight ? 256 : 128);
-  const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1), flip = _mm256_set1_epi8(char(0x80));
-  const auto halves = [](const uint8_t* at) {
-    return at ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at))) : _mm256_setzero_ps();
-  };
+  const __m256i low = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8(char(0x80));
   for (int64_t i = 0; i < kc / 32; ++i)
     for (int half = 0; half < 2; ++half) {  // rows 0-7, then 8-15: one group each
       const uint8_t* g = half == 0 || rows > 8 ? src + 8 * half * rb + (k0 / 32 + i) * bytes : nullptr;
-      const auto at = [&](int offset) {
-        return g ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + offset)) : _mm256_setzero_si256();
-      };
+      const auto at = [&](int offset) { return bytes32(g ? g + offset : nullptr); };
       const auto put = [&](int64_t quad, __m256i u) {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 64 * (8 * i + quad) + 32 * half), u);
       };
@@ -159,10 +170,7 @@ void ENTRY(strata_pack_q32_r8_codes)(int qtype, const uint8_t* src, int64_t rb, 
       for (int q = 0; q < 4; ++q) {
         const __m256i b = at(codes_at + 32 * q);
         __m256i lo = _mm256_and_si256(b, low), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
-        if (five) {
-          lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(fifth, q), one), 4));
-          hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(fifth, 4 + q), one), 4));
-        }
+        if (five) lo = _mm256_or_si256(lo, bit_to_4(fifth, q)), hi = _mm256_or_si256(hi, bit_to_4(fifth, 4 + q));
         put(q, lo);
         put(4 + q, hi);
       }
@@ -180,33 +188,31 @@ void ENTRY(strata_pack_q45_k_r8_codes)(int qtype, const uint8_t* src, int64_t rb
                                        uint8_t* codes, float* s, float* m) {
   const bool five = qtype == Q5_K;
   const int codes_at = five ? 416 : 160, bytes = five ? 1440 : 1184;
-  const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+  const __m256i low = _mm256_set1_epi8(0x0F);
   const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int64_t i = 0; i < kc / 256; ++i)
     for (int half = 0; half < 2; ++half) {  // rows 0-7, then 8-15: one group each
       const uint8_t* g = half == 0 || rows > 8 ? src + 8 * half * rb + (k0 / 256 + i) * bytes : nullptr;
-      const auto bytes = [&](int at) {  // eight unsigned bytes -> floats
-        return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(g + at))));
+      const auto at = [&](int offset) { return bytes32(g ? g + offset : nullptr); };
+      const auto widened = [&](int offset) {  // eight unsigned bytes -> floats (g set)
+        return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(g + offset))));
       };
-      const auto halves = [&](int at) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + at))); };
-      const __m256 zero = _mm256_setzero_ps(), d = g ? halves(0) : zero, dmin = g ? halves(16) : zero;
+      const __m256 zero = _mm256_setzero_ps(), d = halves(g), dmin = halves(g ? g + 16 : nullptr);
       for (int c = 0; c < 8; ++c) {
-        const __m256 sc = g ? _mm256_mul_ps(d, bytes(32 + 8 * c)) : zero;
+        const __m256 sc = g ? _mm256_mul_ps(d, widened(32 + 8 * c)) : zero;
+        const __m256 mn = g ? _mm256_xor_ps(_mm256_mul_ps(dmin, widened(96 + 8 * c)), sign) : zero;
         _mm256_storeu_ps(s + 16 * (16 * i + 2 * c) + 8 * half, sc);
         _mm256_storeu_ps(s + 16 * (16 * i + 2 * c + 1) + 8 * half, sc);
-        _mm256_storeu_ps(m + 16 * (8 * i + c) + 8 * half, g ? _mm256_xor_ps(_mm256_mul_ps(dmin, bytes(96 + 8 * c)), sign) : zero);
+        _mm256_storeu_ps(m + 16 * (8 * i + c) + 8 * half, mn);
       }
-      const auto at = [&](int offset) {
-        return g ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + offset)) : _mm256_setzero_si256();
-      };
-      const auto bit = [&](__m256i high, int chunk) {  // chunk's fifth bits, at bit 4
-        return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, chunk), one), 4);
-      };
       for (int j = 0; j < 4; ++j)
         for (int q = 0; q < 8; ++q) {
           const __m256i b = at(codes_at + 32 * (8 * j + q)), high = five ? at(160 + 32 * q) : _mm256_setzero_si256();
           __m256i lo = _mm256_and_si256(b, low), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
-          if (five) lo = _mm256_or_si256(lo, bit(high, 2 * j)), hi = _mm256_or_si256(hi, bit(high, 2 * j + 1));
+          if (five) {
+            lo = _mm256_or_si256(lo, bit_to_4(high, 2 * j));
+            hi = _mm256_or_si256(hi, bit_to_4(high, 2 * j + 1));
+          }
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 64 * (64 * i + 16 * j + q) + 32 * half), lo);
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 64 * (64 * i + 16 * j + 8 + q) + 32 * half), hi);
         }
@@ -225,14 +231,13 @@ void ENTRY(strata_pack_q6_k_r8_codes)(const uint8_t* src, int64_t rb, int rows, 
   for (int64_t i = 0; i < kc / 256; ++i)
     for (int half = 0; half < 2; ++half) {  // rows 0-7, then 8-15: one group each
       const uint8_t* g = half == 0 || rows > 8 ? src + 8 * half * rb + (k0 / 256 + i) * 1680 : nullptr;
-      const __m256 d = g ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g))) : _mm256_setzero_ps();
+      const __m256 d = halves(g);
       for (int c = 0; c < 16; ++c) {
         const __m128i sc = g ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(g + 16 + 8 * c)) : _mm_setzero_si128();
-        _mm256_storeu_ps(s + 16 * (16 * i + c) + 8 * half, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+        const __m256 scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+        _mm256_storeu_ps(s + 16 * (16 * i + c) + 8 * half, scale);
       }
-      const auto at = [&](int offset) {
-        return g ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + offset)) : _mm256_setzero_si256();
-      };
+      const auto at = [&](int offset) { return bytes32(g ? g + offset : nullptr); };
       for (int h = 0; h < 2; ++h)
         for (int q = 0; q < 8; ++q) {
           const int base = 144 + 768 * h;
