@@ -202,9 +202,6 @@ struct Partial {
 // costs are as large as what it shares (docs/bench-log.md, Dec 6 fourth session).
 constexpr int64_t PARTS = 2, SPLIT_FROM = 256;
 
-// Part `part` of the (row b, KV head h) task: its G*T queries over its share of the row's seen
-// positions, on a pool of K entries. Query i = (g, t): head h * G + g, token t of row b; its
-// pointer and its token's mask row worked out once.
 // What every task of one call reads: the queries, the pools, the rows' places and masks, and each
 // row's seen positions.
 struct Inputs {
@@ -216,6 +213,10 @@ struct Inputs {
   const bool* mask;
   const std::vector<std::vector<int64_t>>& seen;
 };
+
+// Part `part` of the (row b, KV head h) task: its G*T queries over its share of the row's seen
+// positions, on a pool of K entries. Query i = (g, t): head h * G + g, token t of row b; its
+// pointer and its token's mask row worked out once.
 
 template <Entry K, bool AVX2>
 INLINE void attend_part(const Inputs& in, int64_t b, int64_t h, int64_t part, Partial out) {

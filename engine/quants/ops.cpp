@@ -78,11 +78,11 @@ void strata_prompt_panel_int8_vnni(const int8_t*, const float*, const float*, co
 void strata_mm_rows_vnni(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                          const float*, const int8_t*, const float*, const float*, const int8_t*,
                          const uint8_t*, float*, void*);
-void strata_codes_bf16_bf16(const uint8_t*, const float*, bool, int64_t, uint16_t*, float*, float*);  // prompt_bf16.cpp
-void strata_pack_q4_r8_bf16_bf16(int, const uint8_t*, int64_t, int, int64_t, int64_t, uint16_t*, float*, float*);
+void strata_codes_bf16_bf16(const uint8_t*, const float*, int64_t, uint16_t*, float*, float*);  // prompt_bf16.cpp
+void strata_pack_q4_r8_bf16_bf16(const uint8_t*, int64_t, int, int64_t, int64_t, uint16_t*, float*, float*);
 void strata_pack_x_bf16_bf16(const float*, int64_t, int64_t, int64_t, uint16_t*);
 void strata_prompt_panel_bf16_bf16(const uint16_t*, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, const uint16_t*,
-                                   const float*, const float*, bool, float*, int64_t, int, float*);
+                                   const float*, const float*, float*, int64_t, int, float*);
 #endif
 }
 
@@ -93,6 +93,9 @@ namespace {
 constexpr int64_t Q6_K = 14, EIGHT_ROWS = 1000;
 
 bool eight_rows(int64_t qtype) { return qtype > EIGHT_ROWS && strata_block_weights(int(qtype)) > 0; }
+
+// Whether a GGUF type's repacked products take 16-bit activations (layouts.h)
+bool takes_x16_of(int64_t qtype) { return strata_takes_x16(int(qtype + EIGHT_ROWS)); }
 
 bool repackable(int64_t qtype) { return qtype > 0 && qtype < EIGHT_ROWS && eight_rows(qtype + EIGHT_ROWS); }
 
@@ -442,16 +445,14 @@ at::Tensor prompt_mm(const at::Tensor& x_in, const at::Tensor& blocks, int64_t q
 // of 16 output columns by 256 weights, each multiplied by every row of x): x rounded to bf16 once, each
 // panel's codes turned to bf16 words (prompt_bf16.cpp: straight from repacked rows, else through
 // prompt_int8's codes), into y [M, N].
-// x float32 contiguous; qtype the blocks' (Q4_0 / Q4_1, or repacked), file_type the GGUF type,
-// mins: Q4_1.
-at::Tensor prompt_bf16(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype, int64_t file_type, bool mins,
-                       at::Tensor y) {
+// x float32 contiguous; qtype the blocks' (Q4_1, or repacked).
+at::Tensor prompt_bf16(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype, at::Tensor y) {
   const int64_t M = x.size(0), K = x.size(1), N = blocks.size(0), rb = blocks.size(1);
   const int64_t Mp = (M + 7) / 8 * 8, C = K / 32;  // rows padded to the 8-row micro-panels
   std::vector<uint16_t> xb((K + KC - 1) / KC * Mp * KC);
   strata_pack_x_bf16_bf16(x.data_ptr<float>(), M, Mp, K, xb.data());  // as oneDNN's bf16 products round x
   std::vector<float> xs(Mp * C, 0.0f);
-  if (mins) chunk_sums(x.data_ptr<float>(), M * C, xs.data());
+  chunk_sums(x.data_ptr<float>(), M * C, xs.data());
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   float* ys = y.data_ptr<float>();
   struct Scratch {
@@ -459,19 +460,17 @@ at::Tensor prompt_bf16(const at::Tensor& x, const at::Tensor& blocks, int64_t qt
     std::vector<uint16_t> w = std::vector<uint16_t>(16 * KC);
     std::vector<float> s = std::vector<float>(KC), d = std::vector<float>(KC / 2), m = std::vector<float>(KC / 2),
                        tmp = std::vector<float>(128);
-    std::vector<uint8_t> file;
   };
   in_panels<Scratch>(N, K, [&](Scratch& t, int64_t p, int rows, int64_t k0, int64_t kc) {
     if (eight_rows(qtype)) {  // straight from the repacked rows (whole groups of eight)
-      strata_pack_q4_r8_bf16_bf16(int(file_type), src + 16 * p * rb, rb, rows, k0, kc, t.w.data(), t.d.data(),
-                                  t.m.data());
+      strata_pack_q4_r8_bf16_bf16(src + 16 * p * rb, rb, rows, k0, kc, t.w.data(), t.d.data(), t.m.data());
     } else {
       strata_pack_codes_vnni(int(qtype), src + 16 * p * rb, rb, rows, k0, kc, nullptr, nullptr,  // no codebook
                              t.codes.data(), t.s.data(), t.m.data());
-      strata_codes_bf16_bf16(t.codes.data(), t.s.data(), mins, kc, t.w.data(), t.d.data(), t.m.data());
+      strata_codes_bf16_bf16(t.codes.data(), t.s.data(), kc, t.w.data(), t.d.data(), t.m.data());
     }
-    strata_prompt_panel_bf16_bf16(xb.data(), xs.data(), M, Mp, K, k0, kc, t.w.data(), t.d.data(), t.m.data(), mins,
-                                  ys + 16 * p, N, rows, t.tmp.data());
+    strata_prompt_panel_bf16_bf16(xb.data(), xs.data(), M, Mp, K, k0, kc, t.w.data(), t.d.data(), t.m.data(), ys + 16 * p,
+                                  N, rows, t.tmp.data());
   });
   return y;
 }
@@ -499,8 +498,8 @@ at::Tensor prompt_mm_int8(const at::Tensor& x_in, const at::Tensor& blocks, int6
   const int offset = strata_code_offset(int(file_type));
   const bool fine = file_type == Q6_K, mins = offset == 0;
   // Q4_1: 16-bit activations, as its decode products (layouts.h takes_x16)
-  const bool wide = strata_takes_x16(int(file_type + EIGHT_ROWS));
-  if (wide && bf16_prompt()) return prompt_bf16(x, blocks, qtype, file_type, mins, y);
+  const bool wide = takes_x16_of(file_type);
+  if (wide && bf16_prompt()) return prompt_bf16(x, blocks, qtype, y);
   const int G = fine ? 16 : 32, width = wide ? 2 : 1;
   std::vector<int8_t> xq(width * Mp * K, 0);
   std::vector<float> dx(Mp * C, 0.0f), xs(Mp * C, 0.0f);
@@ -590,9 +589,6 @@ at::Tensor mm_experts(const at::Tensor& x_in, const at::Tensor& blocks, const at
 
 // Which build of kernel.cpp `mm` runs here (tests, bench notes): "vnni", "avx2" or "portable".
 std::string mm_build() { return use_vnni() ? "vnni" : use_avx2() ? "avx2" : "portable"; }
-
-// Whether a GGUF type's repacked products take 16-bit activations (layouts.h; tests).
-bool takes_x16_of(int64_t qtype) { return strata_takes_x16(int(qtype + EIGHT_ROWS)); }
 
 }  // namespace
 

@@ -1,10 +1,9 @@
-// The prompts of the types that take 16-bit activations (layouts.h `takes_x16`: Q4_1; written
-// for Q4_0 too) where the CPU has AVX-512 BF16 but no AMX (AMD Zen 4 and 5): y = x @ W^T
-// with x rounded to bf16 (as oneDNN's bf16 products round it) and W's codes as exact bf16
-// integers, centred: c = u - 8 for both types' nibbles u (Q4_0's q itself), multiplied by
-// `vdpbf16ps` (each product of two bf16 exact in float32), summed per block of 32 weights in
-// float32, then
-//   y += sum * d   and, Q4_1, y += (m + 8 d) * xs   (xs: each block's sum of x in float32)
+// The prompts of the type that takes 16-bit activations (layouts.h `takes_x16`: Q4_1) where the
+// CPU has AVX-512 BF16 but no AMX (AMD Zen 4 and 5): y = x @ W^T with x rounded to bf16 (as
+// oneDNN's bf16 products round it) and W's codes as exact bf16 integers, centred: c = u - 8 for
+// its nibbles u, multiplied by `vdpbf16ps` (each product of two bf16 exact in float32), summed per
+// block of 32 weights in float32, then
+//   y += sum * d   and   y += (m + 8 d) * xs   (xs: each block's sum of x in float32)
 // the block's scale and minimum applied once per sum as the integer tiles do. x's rounding error
 // then meets the centred codes alone (with Q4_1's uncentred nibbles, 0..15, it met codes of mean
 // 7.5: the default model's mean KL to float32 was several times larger, test_precision). What it
@@ -62,7 +61,6 @@ inline __m256 halves(const uint8_t* p) {  // eight IEEE halves -> floats, exactl
 // c[MR][NR] (ldc apart) = (accumulate ? c : 0) + the tile's share of k in [0, kc): x rows (bf16,
 // KC apart: strata_pack_x_bf16) and xs rows (K / 32 apart) from the panel's first weight; w the
 // panel's [kc/2][16][2] words, s [kc/32][16] scales, m [kc/32][16] minimums.
-template <bool Mins>
 inline void tile(const uint16_t* x, int64_t K, const float* xs, const uint16_t* w, const float* s, const float* m,
                  int64_t kc, float* c, int64_t ldc, bool accumulate) {
   const int64_t C = K / 32;
@@ -89,11 +87,9 @@ inline void tile(const uint16_t* x, int64_t K, const float* xs, const uint16_t* 
     const __m512 d = _mm512_loadu_ps(s + NR * g);
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) y[r] = _mm512_fmadd_ps(t[r], d, y[r]);
-    if constexpr (Mins) {
-      const __m512 mv = _mm512_loadu_ps(m + NR * g);
+    const __m512 mv = _mm512_loadu_ps(m + NR * g);
 #pragma GCC unroll 8
-      for (int r = 0; r < MR; ++r) y[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xs[r * C + g]), y[r]);
-    }
+    for (int r = 0; r < MR; ++r) y[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xs[r * C + g]), y[r]);
   }
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) _mm512_storeu_ps(c + r * ldc, y[r]);
@@ -117,18 +113,17 @@ void ENTRY(strata_pack_x_bf16)(const float* x, int64_t M, int64_t Mp, int64_t K,
     }
 }
 
-// A panel's codes [kc/4][16][4] (u = q + offset, strata_pack_codes: Q4_0 / Q4_1's nibbles),
-// scales [kc/16][16] and (Q4_1) minimums [kc/32][16] -> [kc/2][16][2] bf16 words of u - 8, the
+// A panel's codes [kc/4][16][4] (u = q + offset, strata_pack_codes: Q4_1's nibbles),
+// scales [kc/16][16] and minimums [kc/32][16] -> [kc/2][16][2] bf16 words of u - 8, the
 // scales [kc/32][16] and the minimums m + 8 d in place: per 4 weights,
 // a byte shuffle puts each column's first two codes (then its last two) in words, and `vpermw`
 // looks each word up in a table of the 16 values. (The file's blocks; repacked rows go straight
 // to words: strata_pack_q4_r8_bf16.)
-void ENTRY(strata_codes_bf16)(const uint8_t* codes, const float* s, bool mins, int64_t kc, uint16_t* w, float* d,
-                              float* m) {
+void ENTRY(strata_codes_bf16)(const uint8_t* codes, const float* s, int64_t kc, uint16_t* w, float* d, float* m) {
   for (int64_t i = 0; i < kc / 32; ++i)
     for (int col = 0; col < 16; ++col) {
       d[16 * i + col] = s[32 * i + col];
-      if (mins) m[16 * i + col] += 8.0f * d[16 * i + col];
+      m[16 * i + col] += 8.0f * d[16 * i + col];
     }
   const __m512i table = _mm512_load_si512(CENTRED.bf16);
   constexpr char Z = char(0x80);  // a zero byte
@@ -141,17 +136,16 @@ void ENTRY(strata_codes_bf16)(const uint8_t* codes, const float* s, bool mins, i
   }
 }
 
-// The same straight from Q4_0_R8 / Q4_1_R8 rows (repack.cpp: per group of eight rows and block
-// of 32 weights the eight d (and m) as halves, then four quads, row k's four bytes of quad q at
+// The same straight from Q4_1_R8 rows (repack.cpp: per group of eight rows and block
+// of 32 weights the eight d and m as halves, then four quads, row k's four bytes of quad q at
 // 32 q + 4 k: file bytes 4 q .. 4 q + 3, weights 4 q + c in the low nibbles, 16 + 4 q + c in
 // the high ones): `rows` (8 or 16) rows rb bytes apart from src's group start, blocks [k0 / 32,
-// (k0 + kc) / 32) -> w [kc/2][16][2] bf16 words of the nibbles - 8, d [kc/32][16] and (Q4_1) m +
+// (k0 + kc) / 32) -> w [kc/2][16][2] bf16 words of the nibbles - 8, d [kc/32][16] and m +
 // 8 d [kc/32][16] as floats; columns past `rows` with scales zero. No panel of the file's blocks
 // or of codes in between: short prompts pay for a panel's unpacking per 8 rows of x.
-void ENTRY(strata_pack_q4_r8_bf16)(int qtype, const uint8_t* src, int64_t rb, int rows, int64_t k0, int64_t kc,
-                                   uint16_t* w, float* d, float* m) {
-  const bool mins = qtype == Q4_1;
-  const int64_t gb = mins ? 160 : 144, codes = mins ? 32 : 16;  // a group's block, its codes' place
+void ENTRY(strata_pack_q4_r8_bf16)(const uint8_t* src, int64_t rb, int rows, int64_t k0, int64_t kc, uint16_t* w,
+                                   float* d, float* m) {
+  constexpr int64_t gb = 160, codes = 32;  // a group's block, its codes' place
   const __m512i table = _mm512_load_si512(CENTRED.bf16);
   const __m512i first = _mm512_load_si512(PICK.words[0]), last = _mm512_load_si512(PICK.words[1]);
   const __m256i low = _mm256_set1_epi8(0x0F);
@@ -161,11 +155,9 @@ void ENTRY(strata_pack_q4_r8_bf16)(int qtype, const uint8_t* src, int64_t rb, in
     for (int half = 0; half < 2; ++half) {  // a group's eight d (then m) as halves, side by side
       const uint8_t* at = half ? b : a;
       const __m256 dh = at ? halves(at) : _mm256_setzero_ps();
+      const __m256 mh = at ? halves(at + 16) : _mm256_setzero_ps();
       _mm256_storeu_ps(d + 16 * i + 8 * half, dh);
-      if (mins) {
-        const __m256 mh = at ? halves(at + 16) : _mm256_setzero_ps();
-        _mm256_storeu_ps(m + 16 * i + 8 * half, _mm256_add_ps(mh, _mm256_mul_ps(_mm256_set1_ps(8.0f), dh)));
-      }
+      _mm256_storeu_ps(m + 16 * i + 8 * half, _mm256_add_ps(mh, _mm256_mul_ps(_mm256_set1_ps(8.0f), dh)));
     }
     for (int q = 0; q < 4; ++q) {
       const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + codes + 32 * q));
@@ -186,10 +178,10 @@ void ENTRY(strata_pack_q4_r8_bf16)(int qtype, const uint8_t* src, int64_t rb, in
 // y[:, 0:cols] (rows ldy apart, cols <= 16) = (k0 > 0 ? y : 0) + the share of weights [k0, k0 + kc)
 // of the panel (w [kc/2][16][2] words, s [kc/32][16] scales, m [kc/32][16] minimums + 8 scales:
 // strata_pack_q4_r8_bf16's or strata_codes_bf16's) for every row of x: xb strata_pack_x_bf16's (Mp
-// = M rounded up to 8), xs [Mp, K/32] each block's sum of x (read where mins). tmp: 128 floats.
+// = M rounded up to 8), xs [Mp, K/32] each block's sum of x. tmp: 128 floats.
 void ENTRY(strata_prompt_panel_bf16)(const uint16_t* xb, const float* xs, int64_t M, int64_t Mp, int64_t K,
                                      int64_t k0, int64_t kc, const uint16_t* w, const float* s, const float* m,
-                                     bool mins, float* y, int64_t ldy, int cols, float* tmp) {
+                                     float* y, int64_t ldy, int cols, float* tmp) {
   const int64_t C = K / 32;
   const bool accumulate = k0 > 0;
   for (int64_t r0 = 0; r0 < M; r0 += MR) {
@@ -197,10 +189,7 @@ void ENTRY(strata_prompt_panel_bf16)(const uint16_t* xb, const float* xs, int64_
     const float* sums = xs + r0 * C + k0 / 32;
     const int rows = int(M - r0 < MR ? M - r0 : MR);
     tile_at_edge<MR, NR>(y + r0 * ldy, ldy, rows, cols, accumulate, tmp, [&](float* out, int64_t ldc) {
-      if (mins)
-        tile<true>(x, K, sums, w, s, m, kc, out, ldc, accumulate);
-      else
-        tile<false>(x, K, sums, w, s, m, kc, out, ldc, accumulate);
+      tile(x, K, sums, w, s, m, kc, out, ldc, accumulate);
     });
   }
 }

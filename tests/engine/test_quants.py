@@ -145,10 +145,8 @@ def test_integer_prompt_product_is_the_decode_steps_arithmetic_in_one_chain(qtyp
 
 def q4_float_part(raw: torch.Tensor, qtype: Q) -> torch.Tensor:
     """The part of each weight prompt_bf16.cpp multiplies by float32 x, float64 [N, K]: Q4_1's
-    m + 8 d (its codes go centred, u - 8, on bf16 x), Q4_0's nothing."""
+    m + 8 d (its codes go centred, u - 8, on bf16 x)."""
     b = raw.numpy().reshape(raw.shape[0], -1, GGML_QUANT_SIZES[qtype][1])
-    if qtype == Q.Q4_0:
-        return torch.zeros(b.shape[0], 32 * b.shape[1], dtype=torch.float64)
     half = lambda at: b[..., at:at + 2].copy().view(np.float16)[..., 0].astype(np.float64)  # noqa: E731
     return torch.from_numpy(np.repeat(half(2) + 8 * half(0), 32, axis=-1))
 
