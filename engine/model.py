@@ -290,7 +290,7 @@ class Transformer(nn.Module):
         # dots do (docs/bench-log.md, Dec 6 and Dec 7 fourth session)
         use_int4 = int4 and cpu_bf16 and int4_available() and (
             not quants_available() or (can_prepack() and not repack_here()))
-        # where the blocks' own bf16 tile reads Q4_0/Q4_1 prompts, their bf16 copy is not made:
+        # where the blocks' own bf16 tile reads Q4_1 prompts (Q4_0's go in int8), no bf16 copy is made:
         # 0.90x the copy's prompt rate on a 1.7B Q4_0 for 2.8 GB less (docs/bench-log.md, Dec 7
         # fifth session)
         prompt_copy = prefill_bf16 and use_packed and not (prompt_int8 and bf16_prompt_here())
