@@ -1,6 +1,6 @@
 """The prompt's float32 product on AVX2 alone: `strata_quants::prompt_mm` against what it replaced;
-with --int8, the integer product of AVX-512 VNNI machines without AMX (`prompt_mm_int8`) against
-the bf16 slabs it replaced there; with --copy, `prompt_mm_int8` on the blocks as the engine holds
+with --int8, the integer product of machines without AMX (`prompt_mm_int8`) against the bf16
+slabs it replaced on AVX-512 VNNI, or on AVX2 alone against `prompt_mm`'s float32; with --copy, `prompt_mm_int8` on the blocks as the engine holds
 them (repacked eight rows at a time: `repacked`) against the bf16 copy of the matrix that Q4_0 /
 Q4_1 prompts went through before (oneDNN's prepacked weights, `PackedLinear`; on AVX-512 BF16
 their tile is prompt_bf16.cpp's).
@@ -66,6 +66,10 @@ def products(args: argparse.Namespace, blocks: quants.QuantBlocks) -> tuple[Call
         return (lambda x: quants.ops().prompt_mm_int8(x, held.raw, quants.code(held), quants.table(qtype)), copy,
                 f"{quants.kind(held)} blocks", "bf16 copy")
     op = quants.ops().prompt_mm_int8 if args.int8 else quants.ops().prompt_mm
+    if args.int8 and quants.slab_dtype() == torch.float32:  # AVX2 alone: it replaced prompt_mm's float32
+        def float32(x: torch.Tensor) -> torch.Tensor:
+            return quants.ops().prompt_mm(x, blocks.raw, int(qtype), quants.table(qtype))
+        return (lambda x: op(x, blocks.raw, int(qtype), quants.table(qtype)), float32, "prompt_mm_int8", "prompt_mm")
     dtype = torch.bfloat16 if args.int8 else torch.float32
     return (lambda x: op(x, blocks.raw, int(qtype), quants.table(qtype)), lambda x: slabs(x, blocks, dtype),
             op.__name__.split(".")[-1], f"{dtype} slabs")
@@ -78,7 +82,8 @@ def main() -> None:
     parser.add_argument("--shape", type=int, nargs=2, default=[8192, 2048], metavar=("OUT", "IN"))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--int8", action="store_true", help="prompt_mm_int8 against bf16 slabs (AVX-512 VNNI)")
+    parser.add_argument("--int8", action="store_true", help="prompt_mm_int8 against bf16 slabs (AVX-512 VNNI) or "
+                        "prompt_mm (AVX2 alone)")
     parser.add_argument("--copy", action="store_true", help="prompt_mm_int8 on the repacked blocks against a prepacked "
                         "bf16 copy (AVX-512 VNNI)")
     args = parser.parse_args()

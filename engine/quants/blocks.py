@@ -52,15 +52,24 @@ def slab_dtype() -> torch.dtype:
 
 @cache
 def int8_prompt_here() -> bool:
-    """Whether prompt tokens can be multiplied in integers rather than through bf16 slabs:
+    """Whether prompt tokens are multiplied in integers rather than through slabs:
     `strata_quants::prompt_mm_int8` (prompt_int8.cpp: x quantized per 32 as the decode step's
-    `mm` quantizes it, the codes multiplied four bytes at a time by AVX-512 VNNI, no slab written
-    and read again), where the slabs would be bf16, kernel.cpp's VNNI build runs and the CPU has
-    no AMX (AMD Zen 4/5, Intel Ice Lake): on one Zen 4 core 1.4-1.6x the bf16 slabs' rate on a
-    2048^2 matrix at 512 rows (`.venv/bin/python -m bench.prompt_product --int8`). With AMX,
-    oneDNN's bf16 tiles stay (several times any vector instruction's rate); on AVX2 alone,
-    `prompt_mm`'s float32; STRATA_QUANTS_ISA=avx2 goes back to the slabs too."""
-    return available() and slab_dtype() == torch.bfloat16 and bool(ops().int8_prompt())
+    `mm` quantizes it, the codes multiplied four bytes at a time, no slab written and read again)
+    wherever kernel.cpp's AVX2 or VNNI build runs and the CPU has no AMX. With AVX-512 VNNI (AMD
+    Zen 4/5, Intel Ice Lake) by `vpdpbusd`: on one Zen 4 core 1.4-1.6x the bf16 slabs' rate on a
+    2048^2 matrix at 512 rows (`.venv/bin/python -m bench.prompt_product --int8`); on AVX2 alone
+    (AMD Zen 2/3, Intel before Ice Lake) by `maddubs`, the same bits, against `prompt_mm`'s float32
+    (docs/bench-log.md, Dec 7 eighth session). With AMX, oneDNN's bf16 tiles stay (several times
+    any vector instruction's rate)."""
+    return available() and bool(ops().int8_prompt())
+
+
+def int8_prompt_of(qtype: Q) -> bool:
+    """Whether a type's prompt tokens go through `prompt_mm_int8` where `int8_prompt_here`: every
+    type's with AVX-512 VNNI; on AVX2 alone all but those of the types that take 16-bit
+    activations (`takes_x16`: Q4_1), whose two `maddubs` a quad run at half `prompt_mm`'s float32
+    rate there (docs/bench-log.md, Dec 7 eighth session)."""
+    return int8_prompt_here() and (not takes_x16(qtype) or ops().mm_build() == "vnni")
 
 
 @cache
@@ -269,11 +278,15 @@ class QuantLinear(nn.Module):
         bits. Where a row's product never depends on its call (`prompt_mm`, or `mm` without
         slabs) that is one call for all of them; else (bf16 slabs) each slab is unpacked once
         for all the pieces (a 512-token chunk is 8 of them), each piece its own product."""
-        if not self.slabs or slab_dtype() == torch.float32 or self.int8_prompt:
+        if not self.slabs or slab_dtype() == torch.float32 or all(self._int8(p) for p in self.parts):
             return self.prompt_form(x)
         chunks = x.split(list(pieces), dim=-2)
         ys = self._products([c.reshape(-1, self.cols) for c in chunks], prompt=self.slabs)
         return torch.cat([y.view(*c.shape[:-1], self.out_features) for y, c in zip(ys, chunks)], dim=-2)
+
+    def _int8(self, part: int | BlocksPart | QuantBlocks) -> bool:
+        """Whether a part's prompt tokens go through `prompt_mm_int8` (`int8_prompt_of` its type)."""
+        return self.int8_prompt and not isinstance(part, int) and int8_prompt_of(part.qtype)
 
     def _product(self, x: Tensor, prompt: bool) -> Tensor:
         flat = x.reshape(-1, x.shape[-1])
@@ -307,7 +320,7 @@ class QuantLinear(nn.Module):
         (ops.cpp: its every output one fixed chain of sums, whatever the call's rows); bf16: a
         slab of rows unpacked, rounded to bf16 and multiplied by oneDNN, once for all of
         `flats`, each its own `F.linear` (oneDNN's blocking depends on a call's rows)."""
-        if self.int8_prompt:
+        if self._int8(part):
             return [torch.ops.strata_quants.prompt_mm_int8(flat, part.raw, code(part), table(part.qtype))
                     for flat in flats]
         dtype = slab_dtype()

@@ -32,8 +32,9 @@ X86 = platform.machine() in ("x86_64", "AMD64")
 # (object, source, flags). dequant.cpp must not fuse a product and a sum (numpy rounds each):
 # bit-exact unpacking. kernel.cpp and prompt.cpp twice: AVX2 + FMA (picked at run time where the
 # CPU has them, AMD and Intel alike) and the baseline; kernel.cpp a third time with AVX-512 VNNI
-# (the same bits, picked where the CPU has it); prompt_int8.cpp with VNNI alone and prompt_bf16.cpp
-# with AVX-512 BF16 alone (their only uses); ops.cpp must know whether the AVX2 ones exist.
+# (the same bits, picked where the CPU has it); prompt_int8.cpp with AVX2 and with VNNI (the same
+# bits), prompt_bf16.cpp with AVX-512 BF16 alone (its only use); ops.cpp must know whether the AVX2
+# ones exist.
 UNITS = [("dequant", "dequant.cpp", ["-ffp-contract=off"]),
          ("repack", "repack.cpp", []),
          ("kernel", "kernel.cpp", []),
@@ -42,6 +43,7 @@ UNITS = [("dequant", "dequant.cpp", ["-ffp-contract=off"]),
                                             "-mavx512vl", "-mavx512vnni"])] if X86 else []),
          ("prompt", "prompt.cpp", []),
          *([("prompt_avx2", "prompt.cpp", ["-DSTRATA_AVX2", "-mavx2", "-mfma", "-mf16c"])] if X86 else []),
+         *([("prompt_int8_avx2", "prompt_int8.cpp", ["-DSTRATA_AVX2", "-mavx2", "-mfma", "-mf16c"])] if X86 else []),
          *([("prompt_int8", "prompt_int8.cpp", ["-DSTRATA_AVX2", "-DSTRATA_VNNI", "-mavx2", "-mfma", "-mf16c",
                                                 "-mavx512vl", "-mavx512vnni"])] if X86 else []),
          *([("prompt_bf16", "prompt_bf16.cpp", ["-DSTRATA_AVX2", "-DSTRATA_BF16", "-mavx2", "-mfma", "-mf16c",

@@ -189,6 +189,16 @@ extern "C" int strata_code_offset(int qtype) {
   }
 }
 
+// The largest of those unsigned bytes (prompt_int8.cpp's AVX2 sums: how many int16 can hold).
+extern "C" int strata_code_top(int qtype) {
+  switch (qtype) {
+    case Q4_0: case Q4_1: case Q4_K: return 15;
+    case Q5_0: case Q5_1: case Q5_K: return 31;
+    case Q6_K: return 63;
+    default: return 255;
+  }
+}
+
 // cols weights (whole blocks) from src into y. table: IQ4_XS's 16 codebook values, IQ3_S's grid
 // (512 x 4), unused otherwise.
 __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))

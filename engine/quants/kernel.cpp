@@ -1309,9 +1309,9 @@ void ENTRY(strata_unpack_rows_bf16)(int qtype, const uint8_t* src, int64_t rb, i
   unpack_rows(qtype, src, rb, rows, k0, kc, kvalues, grid, table, out);
 }
 
-#ifdef STRATA_VNNI
+#ifdef STRATA_AVX2
 // `rows` (<= 16) rows of a matrix (rb bytes apart in src), weights [k0, k0 + kc) of each (whole
-// blocks) -> a panel of prompt_int8.cpp's product (the VNNI build's alone, its only caller): codes [kc/4][16][4] unsigned bytes q + the
+// blocks) -> a panel of prompt_int8.cpp's product (its AVX2 and VNNI builds'): codes [kc/4][16][4] unsigned bytes q + the
 // type's offset (row j's four weights 4i..4i+3 at codes[64 i + 4 j]), scales [kc/16][16],
 // minimums [kc/32][16]; rows past `rows` all zero (their outputs are never stored).
 void ENTRY(strata_pack_codes)(int qtype, const uint8_t* src, int64_t rb, int rows, int64_t k0, int64_t kc,

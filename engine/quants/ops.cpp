@@ -32,6 +32,7 @@ extern "C" int strata_block_weights(int qtype);
 extern "C" bool strata_takes_x16(int qtype);  // dequant.cpp
 extern "C" int strata_block_bytes(int qtype);
 extern "C" int strata_code_offset(int qtype);
+extern "C" int strata_code_top(int qtype);
 extern "C" {  // repack.cpp
 bool strata_repack(int, const uint8_t*, int64_t, int64_t, uint8_t*);
 bool strata_restore(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t, uint8_t*);
@@ -66,15 +67,20 @@ void strata_mm_rows_avx2(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t
                          const uint8_t*, float*, void*);
 void strata_quantize_x_vnni(const float*, int64_t, int64_t, int8_t*, float*, float*);
 void strata_quantize_x16_vnni(const float*, int64_t, int64_t, int8_t*, float*, float*);
-void strata_pack_codes_vnni(int, const uint8_t*, int64_t, int, int64_t, int64_t, const int8_t*, const uint8_t*,
-                            uint8_t*, float*, float*);
-void strata_group_sums_vnni(const int8_t*, int64_t, int64_t, int, int, bool, int32_t*);  // prompt_int8.cpp
-void strata_pack_q32_r8_codes_vnni(int, const uint8_t*, int64_t, int, int64_t, int64_t, uint8_t*, float*, float*);
-void strata_pack_q45_k_r8_codes_vnni(int, const uint8_t*, int64_t, int, int64_t, int64_t, uint8_t*, float*, float*);
-void strata_pack_q6_k_r8_codes_vnni(const uint8_t*, int64_t, int, int64_t, int64_t, uint8_t*, float*);
-void strata_prompt_panel_int8_vnni(const int8_t*, const float*, const float*, const int32_t*, int64_t, int64_t,
-                                   int64_t, int64_t, const uint8_t*, const float*, const float*, bool, bool, bool, float*,
-                                   int64_t, int, float*);
+#define STRATA_PROMPT_INT8(build)                                                                                    \
+  void strata_pack_codes_##build(int, const uint8_t*, int64_t, int, int64_t, int64_t, const int8_t*, const uint8_t*, \
+                                 uint8_t*, float*, float*);                                                          \
+  void strata_group_sums_##build(const int8_t*, int64_t, int64_t, int, int, bool, int32_t*); /* prompt_int8.cpp */   \
+  void strata_pack_q32_r8_codes_##build(int, const uint8_t*, int64_t, int, int64_t, int64_t, uint8_t*, float*,       \
+                                        float*);                                                                     \
+  void strata_pack_q45_k_r8_codes_##build(int, const uint8_t*, int64_t, int, int64_t, int64_t, uint8_t*, float*,     \
+                                          float*);                                                                   \
+  void strata_pack_q6_k_r8_codes_##build(const uint8_t*, int64_t, int, int64_t, int64_t, uint8_t*, float*);         \
+  void strata_prompt_panel_int8_##build(const int8_t*, const float*, const float*, const int32_t*, int64_t, int64_t, \
+                                        int64_t, int64_t, const uint8_t*, const float*, const float*, int, int, bool, \
+                                        bool, float*, int64_t, int, float*);
+STRATA_PROMPT_INT8(avx2)
+STRATA_PROMPT_INT8(vnni)
 void strata_mm_rows_vnni(int, const uint8_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                          const float*, const int8_t*, const float*, const float*, const int8_t*,
                          const uint8_t*, float*, void*);
@@ -222,11 +228,11 @@ bool has_amx() {
 #endif
 }
 
-// The prompt's product in integers (prompt_int8.cpp) where the VNNI build runs and the CPU has
-// no AMX: there oneDNN's bf16 tiles multiply several times faster than any vector instruction,
-// so the bf16 slabs stay (engine/quants/blocks.py `int8_prompt_here`).
+// The prompt's product in integers (prompt_int8.cpp) where kernel.cpp's AVX2 or VNNI build runs
+// and the CPU has no AMX: there oneDNN's bf16 tiles multiply several times faster than any vector
+// instruction, so the bf16 slabs stay (engine/quants/blocks.py `int8_prompt_here`).
 bool int8_prompt() {
-  static const bool yes = use_vnni() && !has_amx();
+  static const bool yes = use_avx2() && !has_amx();
   return yes;
 }
 
@@ -237,7 +243,7 @@ bool int8_prompt() {
 // (engine/quants/blocks.py `bf16_prompt_here`). STRATA_QUANTS_ISA=vnni keeps the 16-bit integers.
 bool bf16_prompt() {
 #if defined(__x86_64__) && defined(STRATA_HAVE_AVX2)
-  static const bool yes = int8_prompt() && __builtin_cpu_supports("avx512bf16") &&
+  static const bool yes = int8_prompt() && use_vnni() && __builtin_cpu_supports("avx512bf16") &&
                           __builtin_cpu_supports("avx512bw") && isa_cap() != "vnni";
   return yes;
 #else
@@ -441,6 +447,28 @@ at::Tensor prompt_mm(const at::Tensor& x_in, const at::Tensor& blocks, int64_t q
 }
 
 #if defined(__x86_64__) && defined(STRATA_HAVE_AVX2)
+// prompt_mm_int8's pieces from one build: the VNNI one where use_vnni(), else the AVX2 one (the
+// same bits, prompt_int8.cpp)
+struct PromptInt8 {
+  QuantizeX quantize_x, quantize_x16;
+  decltype(&strata_pack_codes_avx2) pack_codes;
+  decltype(&strata_group_sums_avx2) group_sums;
+  decltype(&strata_pack_q32_r8_codes_avx2) pack_q32_r8;
+  decltype(&strata_pack_q45_k_r8_codes_avx2) pack_q45_k_r8;
+  decltype(&strata_pack_q6_k_r8_codes_avx2) pack_q6_k_r8;
+  decltype(&strata_prompt_panel_int8_avx2) panel;
+};
+
+PromptInt8 prompt_int8_build() {
+  if (use_vnni())
+    return {strata_quantize_x_vnni, strata_quantize_x16_vnni, strata_pack_codes_vnni, strata_group_sums_vnni,
+            strata_pack_q32_r8_codes_vnni, strata_pack_q45_k_r8_codes_vnni, strata_pack_q6_k_r8_codes_vnni,
+            strata_prompt_panel_int8_vnni};
+  return {strata_quantize_x_avx2, strata_quantize_x16_avx2, strata_pack_codes_avx2, strata_group_sums_avx2,
+          strata_pack_q32_r8_codes_avx2, strata_pack_q45_k_r8_codes_avx2, strata_pack_q6_k_r8_codes_avx2,
+          strata_prompt_panel_int8_avx2};
+}
+
 // Q4_1's prompt product (layouts.h takes_x16) where `bf16_prompt()` (prompt_int8's shape: panels
 // of 16 output columns by 256 weights, each multiplied by every row of x): x rounded to bf16 once, each
 // panel's codes turned to bf16 words (prompt_bf16.cpp: straight from repacked rows, else through
@@ -489,7 +517,7 @@ at::Tensor prompt_mm_int8(const at::Tensor& x_in, const at::Tensor& blocks, int6
   at::Tensor y = at::empty({M, N}, x_in.options().dtype(at::kFloat));
   if (M == 0 || N == 0) return y;
 #if defined(__x86_64__) && defined(STRATA_HAVE_AVX2)
-  TORCH_CHECK(use_vnni(), "strata_quants::prompt_mm_int8 needs AVX-512 VNNI");
+  TORCH_CHECK(use_avx2(), "strata_quants::prompt_mm_int8 needs AVX2");
   const at::Tensor x = x_in.to(at::kFloat).contiguous();
   const int64_t Mp = (M + 3) / 4 * 4, C = K / 32;  // rows padded to the 4-row micro-panels
   // Q6_K's scales are per 16 weights; the types with minimums are those whose codes are never
@@ -497,6 +525,8 @@ at::Tensor prompt_mm_int8(const at::Tensor& x_in, const at::Tensor& blocks, int6
   const int64_t file_type = eight_rows(qtype) ? qtype - EIGHT_ROWS : qtype;
   const int offset = strata_code_offset(int(file_type));
   const bool fine = file_type == Q6_K, mins = offset == 0;
+  const int top = strata_code_top(int(file_type));
+  const PromptInt8 f = prompt_int8_build();
   // Q4_1: 16-bit activations, as its decode products (layouts.h takes_x16)
   const bool wide = takes_x16_of(file_type);
   if (wide && bf16_prompt()) return prompt_bf16(x, blocks, qtype, y);
@@ -506,9 +536,9 @@ at::Tensor prompt_mm_int8(const at::Tensor& x_in, const at::Tensor& blocks, int6
   std::vector<int32_t> corr(Mp * K / G, 0);
   at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
     int8_t* rows = xq.data() + width * r0 * K;
-    (wide ? strata_quantize_x16_vnni : strata_quantize_x_vnni)(x.data_ptr<float>() + r0 * K, r1 - r0, K, rows,
-                                                               dx.data() + r0 * C, xs.data() + r0 * C);
-    if (!mins) strata_group_sums_vnni(rows, r1 - r0, K, G, offset, wide, corr.data() + r0 * K / G);
+    (wide ? f.quantize_x16 : f.quantize_x)(x.data_ptr<float>() + r0 * K, r1 - r0, K, rows, dx.data() + r0 * C,
+                                           xs.data() + r0 * C);
+    if (!mins) f.group_sums(rows, r1 - r0, K, G, offset, wide, corr.data() + r0 * K / G);
   });
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   const Codebook book(qtype, table);
@@ -521,19 +551,19 @@ at::Tensor prompt_mm_int8(const at::Tensor& x_in, const at::Tensor& blocks, int6
     const uint8_t* panel = src + 16 * p * rb;
     // repacked rows are already the panel's order by quads: no restoring to the file's blocks
     if (!eight_rows(qtype))
-      strata_pack_codes_vnni(int(qtype), panel, rb, rows, k0, kc, book.kvalues, book.grid.data(), t.codes.data(),
-                             t.s.data(), t.m.data());
+      f.pack_codes(int(qtype), panel, rb, rows, k0, kc, book.kvalues, book.grid.data(), t.codes.data(), t.s.data(),
+                   t.m.data());
     else if (strata_block_weights(int(file_type)) == 32)
-      strata_pack_q32_r8_codes_vnni(int(file_type), panel, rb, rows, k0, kc, t.codes.data(), t.s.data(), t.m.data());
+      f.pack_q32_r8(int(file_type), panel, rb, rows, k0, kc, t.codes.data(), t.s.data(), t.m.data());
     else if (file_type == Q6_K)
-      strata_pack_q6_k_r8_codes_vnni(panel, rb, rows, k0, kc, t.codes.data(), t.s.data());
+      f.pack_q6_k_r8(panel, rb, rows, k0, kc, t.codes.data(), t.s.data());
     else  // Q4_K, Q5_K
-      strata_pack_q45_k_r8_codes_vnni(int(file_type), panel, rb, rows, k0, kc, t.codes.data(), t.s.data(), t.m.data());
-    strata_prompt_panel_int8_vnni(xq.data(), dx.data(), xs.data(), corr.data(), M, K, k0, kc, t.codes.data(),
-                                  t.s.data(), t.m.data(), mins, fine, wide, ys + 16 * p, N, rows, t.tmp.data());
+      f.pack_q45_k_r8(int(file_type), panel, rb, rows, k0, kc, t.codes.data(), t.s.data(), t.m.data());
+    f.panel(xq.data(), dx.data(), xs.data(), corr.data(), M, K, k0, kc, t.codes.data(), t.s.data(), t.m.data(),
+            offset, top, fine, wide, ys + 16 * p, N, rows, t.tmp.data());
   });
 #else
-  TORCH_CHECK(false, "strata_quants::prompt_mm_int8 needs AVX-512 VNNI");
+  TORCH_CHECK(false, "strata_quants::prompt_mm_int8 needs AVX2");
 #endif
   return y;
 }

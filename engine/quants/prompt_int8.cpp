@@ -1,10 +1,11 @@
-// The prompt's product in integers where the CPU has AVX-512 VNNI but no AMX (AMD Zen 4 and 5,
-// Intel Ice Lake): y = x @ W^T with x quantized per 32 as the decode step's `mm` quantizes it
-// (xq int8, dx, xs: kernel.cpp strata_quantize_x) and W's codes (kernel.cpp strata_pack_codes, or
-// straight from repacked rows: strata_pack_q32_r8_codes and the K-quants' below)
-// multiplied four bytes at a time by `vpdpbusd`: 32 products in one instruction, against the 16
-// of a bf16 `vdpbf16ps` (oneDNN's slabs, what this replaces there) and without a bf16 slab of
-// the weights written and read again per chunk.
+// The prompt's product in integers where the CPU has no AMX: y = x @ W^T with x quantized per 32
+// as the decode step's `mm` quantizes it (xq int8, dx, xs: kernel.cpp strata_quantize_x) and W's
+// codes (kernel.cpp strata_pack_codes, or straight from repacked rows: strata_pack_q32_r8_codes
+// and the K-quants' below) multiplied four bytes at a time: with AVX-512 VNNI (AMD Zen 4 and 5,
+// Intel Ice Lake) by `vpdpbusd`, 32 products in one instruction against the 16 of a bf16
+// `vdpbf16ps` (oneDNN's slabs, what this replaces there); on AVX2 alone (AMD Zen 2 and 3, Intel
+// before Ice Lake) by `maddubs` against prompt.cpp's float32 `fma`; no slab of the weights
+// written and read again per chunk either way.
 //
 // The codes are unsigned bytes u = q + offset (the instruction multiplies unsigned by signed):
 // q the exact integer weight of kernel.cpp's codes, offset the type's (0, 8, 16, 32 or 128:
@@ -23,19 +24,124 @@
 // bits (kernel.cpp strata_quantize_x16: each chunk's 64 bytes its high bytes xh, then its low ones
 // xl), each group's sum 256 * sum(u * xh) + sum(xl * u), the codes the signed operand of the
 // second (0..15), exact; twice the instructions, activations finer than bf16's.
-// Only the VNNI build exists (build.py); ops.cpp calls it only where use_vnni().
+// Two builds (build.py), the same integer sums (group_sums below), so the same bits.
 #include "layouts.h"
 
 namespace {
 
 constexpr int MR = 4, NR = 16;
 
-enum Kind { Offset, Minimum, Fine };  // coarse groups with an offset; coarse with minimums; Q6_K
+// coarse groups with an offset; coarse with minimums; Q6_K; the offset-128 types (Q8_0, IQ)
+enum Kind { Offset, Minimum, Fine, Signed };
+
+// Where a group's integer sums still hold the offset times its sum of xq (corr): the AVX2 build
+// multiplies Signed's codes as q (below), not as q + 128
+template <Kind kind>
+constexpr bool takes_back() {
+#ifdef STRATA_VNNI
+  return kind != Minimum;
+#else
+  return kind != Minimum && kind != Signed;
+#endif
+}
+
+// y (eight outputs of one row) += group g's share: its exact integer sums a (sum(u * xq), or
+// with takes_back the offset's share corr still in them) times the row's chunk scale d and the
+// eight columns' scales s, then the minimums m times the chunk's sum of x (xs): one fused chain
+// per output, the same in both builds
+template <Kind kind>
+[[gnu::always_inline]] inline __m256 add_group(__m256 y, __m256i a, const int32_t* corr, float d, __m256 s,
+                                               const float* m, float xs) {
+  if constexpr (takes_back<kind>()) a = _mm256_sub_epi32(a, _mm256_set1_epi32(*corr));
+  y = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a), _mm256_set1_ps(d)), s, y);
+  if constexpr (kind == Minimum) y = _mm256_fmadd_ps(_mm256_loadu_ps(m), _mm256_set1_ps(xs), y);
+  return y;
+}
+
+// Row r's four activation bytes of quad q of group g (Wide: its high bytes, or at +32 its low
+// ones), broadcast to every 32-bit lane (`vpbroadcastd`: on AMD Zen 3 faster here than
+// `vbroadcastss`)
+template <Kind kind, bool Wide>
+[[gnu::always_inline]] inline __m256i quad_x(const int8_t* x, int64_t K, int r, int64_t g, int q, int low = 0) {
+  constexpr int Q = (kind == Fine ? 16 : 32) / 4;
+  const int8_t* at = Wide ? x + r * 2 * K + 64 * g + 4 * q + 32 * low : x + r * K + 4 * (g * Q + q);
+  int32_t four;
+  std::memcpy(&four, at, 4);
+  return _mm256_set1_epi32(four);
+}
+
+// a[r][j] = group g's exact integer sums for x row r and the panel's columns 8j..8j+7: sum(u * xq)
+// (Wide: 256 * sum(u * xh) + sum(xl * u)).
+// VNNI: `vpdpbusd`, four bytes of u times four of xq an instruction.
+// AVX2: `maddubs` (int16 pairs of u * xq) summed in int16 over Span quads, then widened by `madd`:
+// Span is the most quads whose pairs cannot reach 2^15 (ops.cpp's `top`, the codes' largest
+// value: 8 for 4-bit codes, 4 for 5-bit and Wide, 2 for Q6_K, Wide's xl * u alike); Signed's codes
+// (u = q + 128, whose pairs could) multiply as |q| times xq with q's sign (xq is never -128), so
+// its sums are sum(q * xq) (`takes_back`). Integer sums either way: both builds give the same bits.
+template <Kind kind, bool Wide, int Span>
+[[gnu::always_inline]] inline void group_sums(const int8_t* x, int64_t K, const uint8_t* w, int64_t g,
+                                              __m256i (&a)[MR][2]) {
+  constexpr int Q = (kind == Fine ? 16 : 32) / 4;  // quads a group
+  __m256i lo[MR][2];  // Wide's low bytes' sums
+  for (int r = 0; r < MR; ++r) a[r][0] = a[r][1] = lo[r][0] = lo[r][1] = _mm256_setzero_si256();
+  const auto codes = [&](int q, int j) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * (g * Q + q) + 32 * j));
+  };
+#ifdef STRATA_VNNI
+#pragma GCC unroll 8
+  for (int q = 0; q < Q; ++q) {
+    const __m256i w0 = codes(q, 0), w1 = codes(q, 1);
+    for (int r = 0; r < MR; ++r) {
+      const __m256i xh = quad_x<kind, Wide>(x, K, r, g, q);
+      a[r][0] = _mm256_dpbusd_epi32(a[r][0], w0, xh);
+      a[r][1] = _mm256_dpbusd_epi32(a[r][1], w1, xh);
+      if constexpr (Wide) {
+        const __m256i xl = quad_x<kind, Wide>(x, K, r, g, q, 1);
+        lo[r][0] = _mm256_dpbusd_epi32(lo[r][0], xl, w0);
+        lo[r][1] = _mm256_dpbusd_epi32(lo[r][1], xl, w1);
+      }
+    }
+  }
+#else
+  static_assert(Q % Span == 0 && (kind != Signed || Span == 1));
+  const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(char(0x80));
+  for (int q0 = 0; q0 < Q; q0 += Span) {
+    __m256i p[MR][2], pl[MR][2];  // pl: Wide's low bytes' pairs
+    for (int r = 0; r < MR; ++r) p[r][0] = p[r][1] = pl[r][0] = pl[r][1] = _mm256_setzero_si256();
+    // unrolled twice, not more: on Zen 3 a full unroll's schedule spills (1.2x slower)
+#pragma GCC unroll 2
+    for (int q = q0; q < q0 + Span; ++q) {
+      __m256i u[2] = {codes(q, 0), codes(q, 1)}, magnitude[2];
+      if constexpr (kind == Signed)
+        for (int j = 0; j < 2; ++j) u[j] = _mm256_xor_si256(u[j], flip), magnitude[j] = _mm256_abs_epi8(u[j]);
+      for (int r = 0; r < MR; ++r) {
+        const __m256i xh = quad_x<kind, Wide>(x, K, r, g, q);
+        for (int j = 0; j < 2; ++j) {
+          if constexpr (kind == Signed)  // |q| as unsigned: -128 too
+            p[r][j] = _mm256_maddubs_epi16(magnitude[j], _mm256_sign_epi8(xh, u[j]));
+          else
+            p[r][j] = _mm256_add_epi16(p[r][j], _mm256_maddubs_epi16(u[j], xh));
+          if constexpr (Wide)
+            pl[r][j] = _mm256_add_epi16(pl[r][j], _mm256_maddubs_epi16(quad_x<kind, Wide>(x, K, r, g, q, 1), u[j]));
+        }
+      }
+    }
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < 2; ++j) {
+        a[r][j] = _mm256_add_epi32(a[r][j], _mm256_madd_epi16(p[r][j], ones));
+        if constexpr (Wide) lo[r][j] = _mm256_add_epi32(lo[r][j], _mm256_madd_epi16(pl[r][j], ones));
+      }
+  }
+#endif
+  if constexpr (Wide)
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < 2; ++j) a[r][j] = _mm256_add_epi32(_mm256_slli_epi32(a[r][j], 8), lo[r][j]);
+}
 
 // c[MR][NR] (ldc apart) = (accumulate ? c : 0) + the tile's share of k in [k0, k0 + kc): x rows
 // (K apart) from column k0, dx / xs rows (K / 32 apart) and corr rows (offset * each group's sum
 // of xq, K / G apart) from k0's chunk and group; w, s, m the panel's codes, scales, minimums.
-template <Kind kind, bool Wide>
+template <Kind kind, bool Wide, int Span>
 inline void tile(const int8_t* x, int64_t K, const float* dx, const float* xs, const int32_t* corr, const uint8_t* w,
                  const float* s, const float* m, int64_t kc, float* c, int64_t ldc, bool accumulate) {
   constexpr int G = kind == Fine ? 16 : 32;
@@ -45,58 +151,20 @@ inline void tile(const int8_t* x, int64_t K, const float* dx, const float* xs, c
   for (int r = 0; r < MR; ++r)
     for (int j = 0; j < 2; ++j) y[r][j] = accumulate ? _mm256_loadu_ps(c + r * ldc + 8 * j) : _mm256_setzero_ps();
   for (int64_t g = 0; g < kc / G; ++g) {
-    __m256i a[MR][2], lo[MR][2];  // lo: Wide's low bytes' sums
-    for (int r = 0; r < MR; ++r) a[r][0] = a[r][1] = lo[r][0] = lo[r][1] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-    for (int q = 0; q < G / 4; ++q) {
-      const int64_t quad = g * (G / 4) + q;
-      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * quad));
-      const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * quad + 32));
-      for (int r = 0; r < MR; ++r) {
-        const int8_t* at = Wide ? x + r * 2 * K + 64 * g + 4 * q : x + r * K + 4 * quad;
-        int32_t four;
-        std::memcpy(&four, at, 4);
-        const __m256i xb = _mm256_set1_epi32(four);
-        a[r][0] = _mm256_dpbusd_epi32(a[r][0], w0, xb);
-        a[r][1] = _mm256_dpbusd_epi32(a[r][1], w1, xb);
-        if constexpr (Wide) {
-          std::memcpy(&four, at + 32, 4);
-          const __m256i xl = _mm256_set1_epi32(four);
-          lo[r][0] = _mm256_dpbusd_epi32(lo[r][0], xl, w0);
-          lo[r][1] = _mm256_dpbusd_epi32(lo[r][1], xl, w1);
-        }
-      }
-    }
+    __m256i a[MR][2];
+    group_sums<kind, Wide, Span>(x, K, w, g, a);
     const int64_t chunk = g * G / 32;
-    const __m256 s0 = _mm256_loadu_ps(s + NR * (g * G / 16)), s1 = _mm256_loadu_ps(s + NR * (g * G / 16) + 8);
-    for (int r = 0; r < MR; ++r) {
-      const __m256 d = _mm256_set1_ps(dx[r * C + chunk]);
-      __m256i a0 = a[r][0], a1 = a[r][1];
-      if constexpr (Wide) {
-        a0 = _mm256_add_epi32(_mm256_slli_epi32(a0, 8), lo[r][0]);
-        a1 = _mm256_add_epi32(_mm256_slli_epi32(a1, 8), lo[r][1]);
-      }
-      if constexpr (kind != Minimum) {
-        const __m256i off = _mm256_set1_epi32(corr[r * CG + g]);
-        a0 = _mm256_sub_epi32(a0, off), a1 = _mm256_sub_epi32(a1, off);
-      }
-      y[r][0] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a0), d), s0, y[r][0]);
-      y[r][1] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a1), d), s1, y[r][1]);
-    }
-    if constexpr (kind == Minimum) {
-      const __m256 m0 = _mm256_loadu_ps(m + NR * chunk), m1 = _mm256_loadu_ps(m + NR * chunk + 8);
-      for (int r = 0; r < MR; ++r) {
-        const __m256 sum = _mm256_set1_ps(xs[r * C + chunk]);
-        y[r][0] = _mm256_fmadd_ps(m0, sum, y[r][0]);
-        y[r][1] = _mm256_fmadd_ps(m1, sum, y[r][1]);
-      }
-    }
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < 2; ++j)
+        y[r][j] = add_group<kind>(y[r][j], a[r][j], corr + r * CG + g, dx[r * C + chunk],
+                                  _mm256_loadu_ps(s + NR * (g * G / 16) + 8 * j), m + NR * chunk + 8 * j,
+                                  xs[r * C + chunk]);
   }
   for (int r = 0; r < MR; ++r)
     for (int j = 0; j < 2; ++j) _mm256_storeu_ps(c + r * ldc + 8 * j, y[r][j]);
 }
 
-template <Kind kind, bool Wide>
+template <Kind kind, bool Wide, int Span>
 void panel(const int8_t* xq, const float* dx, const float* xs, const int32_t* corr, int64_t M, int64_t K,
            int64_t k0, int64_t kc, const uint8_t* w, const float* s, const float* m, float* y, int64_t ldy,
            int cols, float* tmp) {
@@ -111,7 +179,7 @@ void panel(const int8_t* xq, const float* dx, const float* xs, const int32_t* co
     float* c = y + r0 * ldy;
     const int rows = int(M - r0 < MR ? M - r0 : MR);
     tile_at_edge<MR, NR>(c, ldy, rows, cols, accumulate, tmp, [&](float* out, int64_t ldc) {
-      tile<kind, Wide>(x, K, d, sums, off, w, s, m, kc, out, ldc, accumulate);
+      tile<kind, Wide, Span>(x, K, d, sums, off, w, s, m, kc, out, ldc, accumulate);
     });
   }
 }
@@ -261,23 +329,27 @@ void ENTRY(strata_group_sums)(const int8_t* xq, int64_t Mp, int64_t K, int G, in
 // y[:, 0:cols] (rows ldy apart, cols <= 16) = (k0 > 0 ? y : 0) + the share of weights [k0, k0 + kc)
 // of the panel (w [kc/4][16][4] codes, s [kc/16][16] scales, m [kc/32][16] minimums:
 // strata_pack_codes) for every row of x: xq [Mp, K] (Mp = M rounded up to 4, zero rows), dx and
-// xs [Mp, K/32], corr [Mp, K/G] (strata_group_sums; G 16 where fine, else 32). mins: the type has
-// minimums (then its offset is 0); fine: its scales are per 16 (Q6_K); wide: xq is 16-bit
-// (kernel.cpp strata_quantize_x16, [Mp, 2K]; corr then offset * each group's sum of x16). tmp: 64 floats.
+// xs [Mp, K/32], corr [Mp, K/G] (strata_group_sums; G 16 where fine, else 32). offset: the type's
+// (dequant.cpp strata_code_offset; 0: it has minimums); top: its codes' largest value (15, 31,
+// 63 or 255); fine: its scales are per 16 (Q6_K); wide: xq is 16-bit (kernel.cpp
+// strata_quantize_x16, [Mp, 2K]; corr then offset * each group's sum of x16). tmp: 64 floats.
 void ENTRY(strata_prompt_panel_int8)(const int8_t* xq, const float* dx, const float* xs, const int32_t* corr,
                                      int64_t M, int64_t K, int64_t k0, int64_t kc, const uint8_t* w, const float* s,
-                                     const float* m, bool mins, bool fine, bool wide, float* y, int64_t ldy, int cols,
-                                     float* tmp) {
+                                     const float* m, int offset, int top, bool fine, bool wide, float* y, int64_t ldy,
+                                     int cols, float* tmp) {
+  const auto run = [&]<Kind kind, bool Wide, int Span>() {
+    panel<kind, Wide, Span>(xq, dx, xs, corr, M, K, k0, kc, w, s, m, y, ldy, cols, tmp);
+  };
   if (fine)
-    panel<Fine, false>(xq, dx, xs, corr, M, K, k0, kc, w, s, m, y, ldy, cols, tmp);
-  else if (mins && wide)
-    panel<Minimum, true>(xq, dx, xs, corr, M, K, k0, kc, w, s, m, y, ldy, cols, tmp);
-  else if (mins)
-    panel<Minimum, false>(xq, dx, xs, corr, M, K, k0, kc, w, s, m, y, ldy, cols, tmp);
-  else if (wide)
-    panel<Offset, true>(xq, dx, xs, corr, M, K, k0, kc, w, s, m, y, ldy, cols, tmp);
+    run.operator()<Fine, false, 2>();
+  else if (offset == 128)
+    run.operator()<Signed, false, 1>();
+  else if (offset == 0)
+    wide ? run.operator()<Minimum, true, 4>() : top > 15 ? run.operator()<Minimum, false, 4>()
+                                                         : run.operator()<Minimum, false, 8>();
   else
-    panel<Offset, false>(xq, dx, xs, corr, M, K, k0, kc, w, s, m, y, ldy, cols, tmp);
+    wide ? run.operator()<Offset, true, 4>() : top > 15 ? run.operator()<Offset, false, 4>()
+                                                        : run.operator()<Offset, false, 8>();
 }
 
 }  // extern "C"

@@ -97,13 +97,13 @@ def test_prompt_product_is_one_chain_per_output_whatever_the_call(qtype):
         assert_rows_alone(product, x, y, (qtype.name, portable))
 
 
-VNNI = quants.available() and quants.ops().mm_build() == "vnni"
+INT8_PROMPT = quants.available() and quants.int8_prompt_here()
 
 
-@pytest.mark.skipif(not VNNI, reason="prompt_mm_int8 is the AVX-512 VNNI build's")
+@pytest.mark.skipif(not INT8_PROMPT, reason="prompt_mm_int8 is the AVX2 and VNNI builds' where the CPU has no AMX")
 @pytest.mark.parametrize("qtype", sorted(quants.TYPES), ids=lambda q: q.name)
 def test_integer_prompt_product_is_the_decode_steps_arithmetic_in_one_chain(qtype):
-    """`prompt_mm_int8` (the prompt's product on AVX-512 VNNI without AMX): the exact weights times
+    """`prompt_mm_int8` (the prompt's product on x86 without AMX): the exact weights times
     x quantized per 32 as `mm` quantizes it (Q4_0, Q4_1: to 16 bits, as their repacked decode
     products; with AVX-512 BF16, `bf16_prompt_here`, x rounded to bf16 instead, Q4_1's codes
     centred and the rest on float32 x: prompt_bf16.cpp), within float32 rounding (<= 1e-5 of float64 on those
@@ -141,6 +141,37 @@ def test_integer_prompt_product_is_the_decode_steps_arithmetic_in_one_chain(qtyp
     with np.errstate(all="ignore"):
         nan = ~torch.isfinite(quants.ops().mm(x[:4], broken, int(qtype), quants.table(qtype), True))
     assert torch.equal(~torch.isfinite(product(x[:4], broken)), nan), qtype.name
+
+
+# Each type's blocks with every code at its largest magnitude (prompt_int8.cpp's `top`; Q8_0 -128):
+# (type, the bytes of a block set to 0xFF, or to 0x80 for Q8_0), by gguf's block layouts
+CODE_BYTES = {Q.Q4_0: slice(2, 18), Q.Q4_1: slice(4, 20), Q.Q5_0: slice(2, 22), Q.Q5_1: slice(4, 24),
+              Q.Q8_0: slice(2, 34), Q.Q4_K: slice(16, 144), Q.Q5_K: slice(16, 176), Q.Q6_K: slice(0, 192)}
+
+
+@pytest.mark.skipif(not INT8_PROMPT, reason="prompt_mm_int8 is the AVX2 and VNNI builds' where the CPU has no AMX")
+@pytest.mark.parametrize("qtype", sorted(CODE_BYTES), ids=lambda q: q.name)
+def test_integer_prompt_sums_hold_the_largest_codes(qtype):
+    """The AVX2 build sums `maddubs`' int16 pairs over several quads before widening them: with
+    every code at its type's largest value (Q8_0's -128) and every activation at +127 (x all ones)
+    or -127 (in turns), the sums are still exact (a quad too many saturates at 2^15 - 1), the
+    file's blocks and the repacked ones alike."""
+    block, size = GGML_QUANT_SIZES[qtype]
+    cols = 512
+    raw = random_blocks(qtype, 16, cols, np.random.default_rng(int(qtype))).reshape(16, -1, size)
+    raw[:, :, CODE_BYTES[qtype]] = 0x80 if qtype == Q.Q8_0 else 0xFF
+    raw = torch.from_numpy(raw.reshape(16, -1).copy())
+    exact = torch.from_numpy(gguf_dequantize(raw.numpy(), qtype)).double()
+    x = torch.ones(5, cols)
+    x[1] = -1
+    x[3, ::2] = -1  # pairs of opposite signs
+    reference = int8_per_32(x, 32767.0 if quants.takes_x16(qtype) else 127.0) @ exact.T
+    held = [raw]
+    if qtype in quants.EIGHT_ROWS:
+        held.append(quants.ops().repack(raw, int(qtype), cols))
+    for blocks, code in zip(held, (int(qtype), quants.EIGHT_ROWS.get(qtype))):
+        y = quants.ops().prompt_mm_int8(x, blocks, code, quants.table(qtype)).double()
+        assert float((y - reference).norm() / reference.norm()) <= 1e-6, (qtype.name, code)
 
 
 def q4_float_part(raw: torch.Tensor, qtype: Q) -> torch.Tensor:
