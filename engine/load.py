@@ -63,9 +63,9 @@ def load_engine(
     weight), but where the blocks' own bf16 tile reads those prompts (with prompt_int8, AVX-512
     BF16 without AMX: engine/quants/blocks.py `bf16_prompt_here`): there no copy is made; off,
     prompts go as the file's blocks' (with prompt_int8 in integers: Q4_1's 16-bit, Q4_0's int8).
-    prompt_int8: a quantized file's K-quant / Q5 / Q8_0 / IQ matrices multiply prompt tokens in
-    int8 where the CPU does that faster than bf16 (AVX-512 VNNI without AMX: engine/quants/blocks.py
-    `int8_prompt_here`); off: bf16 slabs, closer to float32.
+    prompt_int8: a quantized file's matrices multiply prompt tokens in int8 where the CPU does
+    that faster than bf16 or float32 (AVX2 or AVX-512 VNNI without AMX: engine/quants/blocks.py
+    `int8_prompt_here`, `int8_prompt_of`); off: bf16 slabs (float32 on AVX2 alone), closer to float32.
     repack: its Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K matrices held repacked eight rows
     at a time for the decode step's dots where the CPU has AVX2 (engine/quants/blocks.py
     `repacked`: exact, Q4_K 1.03x the bytes, the rest 1.00x); off: the file's pages.
