@@ -565,8 +565,12 @@ inline __m256 bytes8(const uint8_t* p) {
   return _mm256_cvtepi32_ps(Signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b));
 }
 
-inline __m256i quad_of(const int8_t* x) {  // four activation bytes in every lane
-  return _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(x)));
+// Four activation bytes in every lane: `vpbroadcastd`, not `vbroadcastss` (a float's, whose
+// integer users wait a domain crossing on AMD Zen 3): one-row Q4_1_R8 products 576 x 1536 ~1.3x
+inline __m256i quad_of(const int8_t* x) {
+  int32_t four;
+  std::memcpy(&four, x, 4);
+  return _mm256_set1_epi32(four);
 }
 
 // Five: Q5_K_R8, each code's fifth bit from the high bits' quads (bit c: chunk c's)
