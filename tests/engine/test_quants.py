@@ -3,9 +3,9 @@
 Unpacking equals gguf's own dequantize bit for bit (random valid blocks; gguf's quantize where
 gguf-py has one); the decode product is the exact weights times the activations quantized to
 int8 per 32 (llama.cpp's arithmetic) or, for the head, float32 ones, within float32 rounding; the
-prompt product the bf16 product of their bf16 rounding, on AVX2 alone `prompt_mm`'s float32
-one, on AVX-512 VNNI without AMX the decode step's int8 arithmetic (`prompt_mm_int8`), the last
-two each output one chain of sums (prompt tokens, any number); tiny models written by gguf's writer in the mixes
+prompt product the bf16 product of their bf16 rounding, `prompt_mm`'s float32 one, or on x86
+without AMX the decode step's int8 arithmetic (`prompt_mm_int8`, AVX2 and VNNI builds alike), the
+last two each output one chain of sums (prompt tokens, any number); tiny models written by gguf's writer in the mixes
 people download hold at most 1.15x the file's tensor bytes and give the dequantized-bf16 model's
 greedy tokens."""
 
@@ -416,9 +416,11 @@ def cpu_has_avx2() -> bool:
 AVX2_PRODUCTS = """
 import sys, torch
 from engine.quants import blocks as quants
-cases = torch.load(sys.argv[1])
-torch.save([quants.ops().mm_build(), *(quants.ops().mm(x, raw, qtype, quants.table(qtype), True, False)
-                                      for qtype, raw, x in cases)], sys.argv[2])
+cases, prompts = torch.load(sys.argv[1])
+torch.save([quants.ops().mm_build(), [quants.ops().mm(x, raw, qtype, quants.table(qtype), True, False)
+                                      for qtype, raw, x in cases],
+            [quants.ops().prompt_mm_int8(x, raw, qtype, quants.table(qtype % 1000)) for qtype, raw, x in prompts]],
+           sys.argv[2])
 """
 
 
@@ -428,7 +430,9 @@ def test_the_vnni_build_gives_the_avx2_builds_bits(tmp_path):
     """Where the CPU has AVX-512 VNNI, ops.cpp runs kernel.cpp's third build (the 32-weight types'
     four-byte sums in one instruction): every type's int8 product the same bits as the AVX2 build
     gives in a process told to keep it (STRATA_QUANTS_ISA=avx2), at 1 to 9 rows and an odd number
-    of weight rows (each thread's share ends on a lone one); the repacked types' eight-row dots too."""
+    of weight rows (each thread's share ends on a lone one); the repacked types' eight-row dots too;
+    and the prompt's integer product (prompt_int8.cpp's `maddubs` sums against `vpdpbusd`), every
+    type's on the file's blocks and the repacked ones (Q4_1's where its prompts are not bf16's)."""
     import os
     import subprocess
     import sys
@@ -442,16 +446,21 @@ def test_the_vnni_build_gives_the_avx2_builds_bits(tmp_path):
     for q, code in quants.EIGHT_ROWS.items():  # 40 rows: a group cut by the threads' split
         repacked = quants.ops().repack(torch.from_numpy(random_blocks(q, 40, 512, rng)), int(q), 512)
         cases += [(code, repacked, torch.randn(rows, 512) * 3) for rows in (1, 4, 9)]
-    torch.save(cases, tmp_path / "cases.pt")
+    prompts = [(code, raw, torch.randn(13, 512) * 3) for code, raw, x in cases if x.shape[0] == 9
+               and not (quants.takes_x16(Q(code % 1000)) and quants.bf16_prompt_here())]
+    torch.save((cases, prompts), tmp_path / "cases.pt")
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "STRATA_QUANTS_ISA": "avx2", "PYTHONPATH": str(root)}
     subprocess.run([sys.executable, "-c", AVX2_PRODUCTS, str(tmp_path / "cases.pt"), str(tmp_path / "avx2.pt")],
                    env=env, cwd=root, check=True, timeout=300)
-    their_build, *avx2 = torch.load(tmp_path / "avx2.pt")
+    their_build, avx2, avx2_prompts = torch.load(tmp_path / "avx2.pt")
     assert (quants.ops().mm_build(), their_build) == ("vnni", "avx2")
     for (qtype, raw, x), theirs in zip(cases, avx2):
         ours = quants.ops().mm(x, raw, qtype, quants.table(qtype), True, False)
         assert torch.equal(ours, theirs), (qtype, x.shape[0])
+    assert len(prompts) >= 16
+    for (qtype, raw, x), theirs in zip(prompts, avx2_prompts):
+        assert torch.equal(quants.ops().prompt_mm_int8(x, raw, qtype, quants.table(qtype % 1000)), theirs), qtype
 
 
 def codes_of(raw: np.ndarray, qtype: Q) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
