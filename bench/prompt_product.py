@@ -6,7 +6,7 @@ Q4_1 prompts went through before (oneDNN's prepacked weights, `PackedLinear`; on
 their tile is prompt_bf16.cpp's).
 
     .venv/bin/python -m bench.prompt_product [--types Q4_0 Q4_K] [--rows 1 16 64 80 512]
-        [--shape 8192 2048] [--threads 2] [--rounds 3] [--int8 | --copy]
+        [--shape 8192 2048] [--threads 2] [--rounds 3] [--int8 [--repacked] | --copy]
 
 A random matrix of one type (tests/helpers/quant_models.py `random_blocks`), `rows` prompt tokens,
 GFLOP/s of: `prompt_mm` (one call for all the rows; prompt.cpp), and the float32 slabs it replaced
@@ -67,9 +67,12 @@ def products(args: argparse.Namespace, blocks: quants.QuantBlocks) -> tuple[Call
                 f"{quants.kind(held)} blocks", "bf16 copy")
     op = quants.ops().prompt_mm_int8 if args.int8 else quants.ops().prompt_mm
     if args.int8 and quants.slab_dtype() == torch.float32:  # AVX2 alone: it replaced prompt_mm's float32
+        held = quants.repacked(blocks) if args.repacked else blocks
+
         def float32(x: torch.Tensor) -> torch.Tensor:
             return quants.ops().prompt_mm(x, blocks.raw, int(qtype), quants.table(qtype))
-        return (lambda x: op(x, blocks.raw, int(qtype), quants.table(qtype)), float32, "prompt_mm_int8", "prompt_mm")
+        return (lambda x: op(x, held.raw, quants.code(held), quants.table(qtype)), float32,
+                f"prompt_mm_int8 ({quants.kind(held)})", "prompt_mm")
     dtype = torch.bfloat16 if args.int8 else torch.float32
     return (lambda x: op(x, blocks.raw, int(qtype), quants.table(qtype)), lambda x: slabs(x, blocks, dtype),
             op.__name__.split(".")[-1], f"{dtype} slabs")
@@ -84,6 +87,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--int8", action="store_true", help="prompt_mm_int8 against bf16 slabs (AVX-512 VNNI) or "
                         "prompt_mm (AVX2 alone)")
+    parser.add_argument("--repacked", action="store_true", help="with --int8 on AVX2 alone: prompt_mm_int8 on the "
+                        "blocks as the engine holds them (repacked eight rows at a time)")
     parser.add_argument("--copy", action="store_true", help="prompt_mm_int8 on the repacked blocks against a prepacked "
                         "bf16 copy (AVX-512 VNNI)")
     args = parser.parse_args()
