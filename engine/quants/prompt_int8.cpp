@@ -347,9 +347,8 @@ void ENTRY(strata_prompt_panel_int8)(const int8_t* xq, const float* dx, const fl
   else if (offset == 0)
     wide ? run.operator()<Minimum, true, 4>() : top > 15 ? run.operator()<Minimum, false, 4>()
                                                          : run.operator()<Minimum, false, 8>();
-  else
-    wide ? run.operator()<Offset, true, 4>() : top > 15 ? run.operator()<Offset, false, 4>()
-                                                        : run.operator()<Offset, false, 8>();
+  else  // wide is Q4_1 alone (layouts.h takes_x16), which has minimums
+    top > 15 ? run.operator()<Offset, false, 4>() : run.operator()<Offset, false, 8>();
 }
 
 }  // extern "C"
