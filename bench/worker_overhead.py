@@ -11,7 +11,9 @@ Lua script) is timed. Prints per decode step: wall time, engine time, Redis time
 collector's time (per step, over every round) and its longest pause. `--heap frozen` (the
 default) collects and freezes what loading built, as `strata worker` does (workers/main.py,
 `gc.freeze`); `unfrozen` leaves it to the collector, as before Dec 7 (compare two runs).
-`--profile` adds cProfile's top functions by own time."""
+`--profile` adds cProfile's top functions by own time; `--parts` times the pieces of the
+engine's decode call (the compiled step's own run, the step's inputs, the embedding, sampling)
+without cProfile's cost, in ms a call over every round."""
 
 from __future__ import annotations
 
@@ -37,6 +39,23 @@ def timed(table: dict[str, list[float]], name: str, fn):
         finally:
             table[name].append(time.perf_counter() - started)
     return wrapper
+
+
+def time_parts(table: dict[str, list[float]]) -> None:
+    """Every call of the decode call's pieces timed into `table` (class attributes wrapped, so the
+    engine loaded after this is timed)."""
+    import engine.aot
+    import engine.compiled
+    import engine.model
+    import engine.runner
+
+    for owner, name, label in ((engine.runner.TorchEngine, "decode", "engine.decode"),
+                               (engine.compiled.CompiledDecode, "__call__", "compiled step (all of it)"),
+                               (engine.aot.PackagedStep, "__call__", "compiled step's own run"),
+                               (engine.model.Transformer, "step_inputs", "step inputs"),
+                               (engine.model.Transformer, "embed_tokens", "embedding"),
+                               (engine.runner, "sample_tokens", "sampling")):
+        setattr(owner, name, timed(table, label, getattr(owner, name)))
 
 
 def enqueue(url: str, model: str, requests: list) -> None:
@@ -125,6 +144,7 @@ def main() -> None:
     parser.add_argument("--appendfsync", default="everysec", choices=["always", "everysec"],
                         help="the embedded Redis's (strata serve's --redis-fsync)")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--parts", action="store_true", help="time the pieces of the engine's decode call")
     parser.add_argument("--model", default=None, help="a GGUF file (default: SmolLM2-135M-Instruct Q4_1)")
     parser.add_argument("--serve-pool", action="store_true",
                         help="the engine as `strata serve` loads it: requests up to the model's context, a pool of "
@@ -139,6 +159,9 @@ def main() -> None:
     from engine.load import load_engine
     from queues.server import EmbeddedRedis
 
+    parts: dict[str, list[float]] = defaultdict(list)
+    if args.parts:
+        time_parts(parts)
     server = EmbeddedRedis(Path(tempfile.mkdtemp(prefix="strata-overhead-")), appendfsync=args.appendfsync).start()
     profile = cProfile.Profile() if args.profile else None
     try:
@@ -172,6 +195,8 @@ def main() -> None:
                       f"{r['redis_ms']:.2f}", f"{r['rest_ms']:.2f}", f"{r['gc_ms']:.2f}", f"{r['gc_max_ms']:.1f}",
                       ", ".join(f"{k} {n}×{ms}" for k, (n, ms) in sorted(r["redis_calls"].items())))
     Console(width=200).print(table)
+    for name, times in parts.items():
+        print(f"{name:28s} {len(times):6d} calls {1000 * sum(times) / len(times):8.3f} ms each")
     if profile:
         pstats.Stats(profile).sort_stats("tottime").print_stats(25)
 

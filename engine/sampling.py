@@ -222,8 +222,11 @@ def _sample_row(logits: Tensor, sampler: SlotSampler) -> int:
         values, ids = values[:kept], ids[:kept]
     cumulative = torch.cumsum(torch.softmax(values, dim=-1), dim=-1)
     u = torch.rand(1, generator=sampler.generator) * cumulative[-1]
-    # u can round up to the total: then the last token with any probability (never a masked one)
-    index = min(int(torch.searchsorted(cumulative, u, right=True)), int((cumulative < cumulative[-1]).sum()))
+    # u can round up to the total: then the last token with any probability (never a masked one);
+    # only then is that token looked for (a pass over the vocabulary)
+    index = int(torch.searchsorted(cumulative, u, right=True))
+    if index >= cumulative.shape[0]:
+        index = int((cumulative < cumulative[-1]).sum())
     return index if ids is None else int(ids[index])
 
 
