@@ -217,7 +217,6 @@ struct Inputs {
 // Part `part` of the (row b, KV head h) task: its G*T queries over its share of the row's seen
 // positions, on a pool of K entries. Query i = (g, t): head h * G + g, token t of row b; its
 // pointer and its token's mask row worked out once.
-
 template <Entry K, bool AVX2>
 INLINE void attend_part(const Inputs& in, int64_t b, int64_t h, int64_t part, Partial out) {
   const Shapes& s = in.s;

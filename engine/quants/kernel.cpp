@@ -566,7 +566,8 @@ inline __m256 bytes8(const uint8_t* p) {
 }
 
 // Four activation bytes in every lane: `vpbroadcastd`, not `vbroadcastss` (a float's, whose
-// integer users wait a domain crossing on AMD Zen 3): one-row Q4_1_R8 products 576 x 1536 ~1.3x
+// integer users wait a domain crossing on AMD Zen 3): a 1.7B-shaped Q4_0 decode 1.09x / 1.12x at
+// 1 / 4 rows there (docs/bench-log.md, Dec 7 eighth session)
 inline __m256i quad_of(const int8_t* x) {
   int32_t four;
   std::memcpy(&four, x, 4);
