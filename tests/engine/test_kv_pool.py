@@ -144,3 +144,21 @@ def test_rows_are_gathered_unless_their_runs_hold_them_equally_spaced():
     assert view([1, 0], [10, 10]) is None  # the next row's run starts before this one's
     assert view([2], [10], span=7 * KV_BLOCK) is None  # past the pool's end (14 blocks and the spare)
     assert view([2], [10], span=6 * KV_BLOCK) == (9 * KV_BLOCK, 0)
+
+
+def test_a_rows_read_places_come_from_its_table_as_every_position_would():
+    """span_index (the step's read places, from whole table rows) against pool_index of each
+    position 0..span-1, for scattered tables, spans off the block size, the whole context, and a
+    span past the tables (its clamps)."""
+    engine = pooled(kv_blocks=12)
+    model = engine.model
+    engine.assign(0, [7, 2, 11])
+    engine.assign(1, [3])
+    engine.assign(2, [0, 1, 5, 4])
+    per_slot = model.tables.shape[1]
+    for slots in ([0], [2, 0, 1], [1, 1]):
+        rows = torch.tensor(slots)
+        for span in (1, KV_BLOCK - 1, KV_BLOCK, 3 * KV_BLOCK + 5, model.ctx, per_slot * KV_BLOCK + 3):
+            every = torch.arange(span).expand(len(slots), span)
+            places = model.span_index(rows, span)
+            assert places.is_contiguous() and torch.equal(places, model.pool_index(rows, every)), (slots, span)
