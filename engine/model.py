@@ -531,13 +531,11 @@ class Transformer(nn.Module):
     def span_index(self, slots: Tensor, span: int) -> Tensor:
         """slots [B] long -> [B, span]: `pool_index` of positions 0..span-1 of each slot, from
         whole rows of the block tables (a few small ops a step rather than pool_index's dozen)."""
-        bs, blocks = self.kv_block, -(-span // self.kv_block)
-        if span > self.ctx or blocks > self.tables.shape[1]:  # past the tables: pool_index's clamps
-            cols = torch.arange(span, device=self.device).expand(len(slots), span)
-            return self.pool_index(slots, cols)
-        offsets = torch.arange(bs, device=self.device)
-        at = (self.tables[slots, :blocks].unsqueeze(-1) * bs + offsets).flatten(1)
-        return at if at.shape[1] == span else at[:, :span].contiguous()
+        if span > self.ctx:  # past the tables (a caller's span rounded up): pool_index's clamps
+            return self.pool_index(slots, torch.arange(span, device=self.device).expand(len(slots), span))
+        bs = self.kv_block
+        rows = self.tables[slots, :-(-span // bs)].unsqueeze(-1) * bs + torch.arange(bs, device=self.device)
+        return rows.flatten(1)[:, :span].contiguous()
 
     def slot_kv(self, slot: int, n: int) -> Tensor:
         """[layers, 2, KV, n, hd]: the K and V entries of the slot's first n positions, read through
