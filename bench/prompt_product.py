@@ -72,7 +72,7 @@ def products(args: argparse.Namespace, blocks: quants.QuantBlocks) -> tuple[Call
         def float32(x: torch.Tensor) -> torch.Tensor:
             return quants.ops().prompt_mm(x, blocks.raw, int(qtype), quants.table(qtype))
         return (lambda x: op(x, held.raw, quants.code(held), quants.table(qtype)), float32,
-                f"prompt_mm_int8 ({quants.kind(held)})", "prompt_mm")
+                f"prompt_mm_int8 ({quants.kind(held)})", f"prompt_mm ({quants.kind(blocks)})")
     dtype = torch.bfloat16 if args.int8 else torch.float32
     return (lambda x: op(x, blocks.raw, int(qtype), quants.table(qtype)), lambda x: slabs(x, blocks, dtype),
             op.__name__.split(".")[-1], f"{dtype} slabs")
