@@ -220,7 +220,8 @@ class Transformer(nn.Module):
         self.cfg = cfg
         self.layers = nn.ModuleList(self.make_block(i) for i in range(cfg.n_layers))
         # read by every step (`step_inputs`): kept on the host rather than found by walking the
-        # layers through nn.Module's attribute lookups each time (~0.25 ms a step for 30 layers)
+        # layers through nn.Module's attribute lookups each time (with `span_index`, the step's
+        # inputs 0.82 -> ~0.4 ms at one row: docs/bench-log.md, Dec 7 ninth session)
         self.window = max((getattr(b.mixer, "window", 0) for b in self.layers), default=0)
         self.attention_mixers = tuple(b.mixer for b in self.layers if isinstance(b.mixer, Attention))
         self.embed: RowTable | None = None
