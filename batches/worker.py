@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import redis
 
@@ -14,7 +15,16 @@ from batches.handoff import RQ_QUEUE, job_waiting, rq_url, submit_job
 from queues.batches import BatchStatus, BatchStore
 from queues.connect import connect
 
+if TYPE_CHECKING:
+    from rq import SimpleWorker
+
 log = logging.getLogger("strata.batch")
+
+# How long RQ's command listener waits for a message before looking whether it should stop: the
+# batch worker's stop waits for it. RQ asks 60 s, and redis-py (8.x) joins that thread with no
+# bound, so a SIGTERM landing just after the listener saw its unsubscribe kept the worker up to
+# 60 s (`strata serve` killed it at 20).
+LISTEN_WAIT_S = 0.5
 
 
 def sweep(client: redis.Redis, rq: redis.Redis | None = None) -> list[str]:
@@ -39,8 +49,22 @@ def sweep(client: redis.Redis, rq: redis.Redis | None = None) -> list[str]:
     return taken
 
 
-def run_batch_worker(settings: BatchWorkerSettings) -> None:
+def batch_rq_worker(client: redis.Redis) -> SimpleWorker:
+    """RQ's in-process worker on the batches' queue, its command listener waking every
+    `LISTEN_WAIT_S` so that a stop never waits on it."""
     from rq import Queue, SimpleWorker
+
+    class Worker(SimpleWorker):
+        def subscribe(self) -> None:  # RQ's own, but for the listener's wait
+            self.pubsub = self.connection.pubsub()
+            self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+            self.pubsub_thread = self.pubsub.run_in_thread(sleep_time=LISTEN_WAIT_S, daemon=True,
+                                                           exception_handler=self._pubsub_exception_handler)
+
+    return Worker([Queue(RQ_QUEUE, connection=client)], connection=client)
+
+
+def run_batch_worker(settings: BatchWorkerSettings) -> None:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -65,5 +89,4 @@ def run_batch_worker(settings: BatchWorkerSettings) -> None:
     # thread, so a lock the sweeper (or RQ's pubsub thread) held at that moment stays held forever
     # in the horse. The job needs no isolation: it holds a lease, and a worker that dies with it
     # only leaves the batch for the sweep to hand to another.
-    worker = SimpleWorker([Queue(RQ_QUEUE, connection=client)], connection=client)
-    worker.work(logging_level="INFO")
+    batch_rq_worker(client).work(logging_level="INFO")
