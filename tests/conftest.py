@@ -91,13 +91,16 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory):
     """A small random Llama in a Hugging Face folder, with SmolLM2's tokenizer and chat template:
     real files through the real loaders, but it loads and runs in a blink."""
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, TokenizersBackend
 
     from engine.files import default_model_path
 
     folder = tmp_path_factory.mktemp("tiny-llama")
     gguf = default_model_path()
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    # the class AutoTokenizer picks for this file, named: AutoTokenizer would first build the
+    # model's config from the GGUF, walking its 49k vocabulary strings (~11 s of the ~12 s here;
+    # engine/tokenizer.py `_gguf_tokenizer_class`). The folder saved is the same, file for file.
+    tokenizer = TokenizersBackend.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
