@@ -65,7 +65,6 @@ def batch_rq_worker(client: redis.Redis) -> SimpleWorker:
 
 
 def run_batch_worker(settings: BatchWorkerSettings) -> None:
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         rq_redis = rq_url(settings.redis_url, settings.redis_cluster, settings.rq_redis_url)
